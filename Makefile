@@ -1,0 +1,55 @@
+# servescope — `make report` (the main job) and `make test`. Everything missing is created on first use:
+# the suite's virtual environment (.venv), the engine's environment and the tiny model (per-user cache).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+SUITE ?= data/suites/default.yaml
+ARGS ?=
+CACHE := $(or $(SERVESCOPE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/servescope)
+
+.PHONY: help venv engine model report test test-fast lab clean distclean
+
+help:
+	@echo "make report     run the default suite on the embedded engine; open reports/latest/index.html"
+	@echo "make test       every test, including real runs of the embedded engine (what CI runs)"
+	@echo "make test-fast  the tests that need no engine"
+	@echo "make lab        JupyterLab on notebooks/ with the suite's kernel"
+	@echo "make clean      remove reports, results and caches of this clone (keeps the shared engine/model cache)"
+	@echo "make distclean  clean, plus .venv and the per-user cache ($(CACHE))"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(STAMP)
+
+engine: venv
+	@$(PY) -m servescope.cli engine-env vllm >/dev/null
+
+model: engine
+	@$(PY) -m servescope.cli make-model >/dev/null
+
+report: model
+	$(PY) -m servescope.cli run $(SUITE) $(ARGS)
+	@echo "open reports/latest/index.html"
+
+test: model
+	$(PY) -m pytest $(ARGS)
+
+test-fast: venv
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+lab: venv
+	$(PY) -m pip install -q -e '.[dev,lab]'
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+clean:
+	rm -rf reports data/runs .pytest_cache
+	find . -name __pycache__ -prune -exec rm -rf {} + 2>/dev/null || true
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info lib/*.egg-info "$(CACHE)"

@@ -1,0 +1,1 @@
+"""Pure functions over measurement DataFrames."""

@@ -1,0 +1,65 @@
+"""A/B comparison of configurations measured in paired, alternating repetitions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..findings import Confidence
+
+# Direction of "better" for each serving metric family.
+HIGHER_IS_BETTER = {"output_tok_s": True, "total_tok_s": True, "request_s": True}
+
+
+def higher_is_better(metric: str) -> bool:
+    """Throughputs go up, latencies go down."""
+    return HIGHER_IS_BETTER.get(metric, not metric.split("_")[0] in {"ttft", "tpot", "itl", "e2e"})
+
+
+def paired_effects(summary: pd.DataFrame, metric: str, baseline: str, treatment: str) -> pd.DataFrame:
+    """Per concurrency: medians of each config over repetitions, the ratio of medians, and the range of per-rep ratios.
+
+    Repetition r of the treatment is paired with repetition r of the baseline (they ran back to back)."""
+    cols = ["concurrency", "rep", "config", metric]
+    s = summary[summary["config"].isin([baseline, treatment])][cols]
+    rows = []
+    for c, g in s.groupby("concurrency", sort=True):
+        wide = g.pivot_table(index="rep", columns="config", values=metric, aggfunc="first")
+        b = wide[baseline].dropna() if baseline in wide else pd.Series(dtype=float)
+        t = wide[treatment].dropna() if treatment in wide else pd.Series(dtype=float)
+        both = wide.dropna(subset=[x for x in (baseline, treatment) if x in wide])
+        ratios = (both[treatment] / both[baseline] - 1.0) * 100 if {baseline, treatment} <= set(both) else pd.Series(dtype=float)
+        bm, tm = (float(np.median(b)) if len(b) else np.nan), (float(np.median(t)) if len(t) else np.nan)
+        rows.append({
+            "concurrency": c, "metric": metric, "baseline": baseline, "treatment": treatment,
+            "baseline_median": bm, "treatment_median": tm,
+            "effect_pct": (tm / bm - 1.0) * 100 if bm and not np.isnan(bm) and not np.isnan(tm) else np.nan,
+            "low_pct": float(ratios.min()) if len(ratios) else np.nan,
+            "high_pct": float(ratios.max()) if len(ratios) else np.nan,
+            "n_pairs": int(len(ratios)),
+            "baseline_spread_pct": _spread_pct(b), "treatment_spread_pct": _spread_pct(t),
+        })
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["confidence"] = [confidence(r.low_pct, r.high_pct, r.n_pairs) for r in out.itertuples()]
+    return out
+
+
+def _spread_pct(x: pd.Series) -> float:
+    """(max - min) / median over repetitions, in percent: the run-to-run noise of one configuration."""
+    if len(x) < 2:
+        return float("nan")
+    med = float(np.median(x))
+    return float((x.max() - x.min()) / med * 100) if med else float("nan")
+
+
+def confidence(low_pct: float, high_pct: float, n_pairs: int) -> Confidence:
+    """How sure the sign of an effect is, from its paired range.
+
+    none: nothing paired; low: one pair, or the range crosses zero (indistinguishable from run-to-run noise);
+    medium: every pair agrees on the sign but fewer than 3 pairs; high: 3 or more pairs, all agreeing."""
+    if n_pairs == 0 or np.isnan(low_pct) or np.isnan(high_pct):
+        return "none"
+    if n_pairs == 1 or (low_pct <= 0 <= high_pct):
+        return "low"
+    return "high" if n_pairs >= 3 else "medium"

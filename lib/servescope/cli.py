@@ -1,0 +1,101 @@
+"""Command line: `servescope run SUITE`, plus small verbs a user reaches for alone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from .errors import ServescopeError
+
+
+def _cmd_run(a: argparse.Namespace) -> int:
+    from .report import run_suite
+
+    out = run_suite(a.suite, only=a.only or (), offline=a.offline, hide_code=a.hide_code,
+                    reports_dir=a.reports_dir, store_dir=a.store_dir, run_id=a.run_id, progress=not a.quiet)
+    index = (out / "index.html").read_text()
+    return 1 if ('class="failed"' in index and a.strict) else 0
+
+
+def _cmd_engines(a: argparse.Namespace) -> int:
+    from .engines import engine_names, get_engine
+
+    for name in engine_names():
+        ad = get_engine(name)
+        env = ad.managed_env(None)
+        print(f"{name:10s} launches={'yes' if ad.launches else 'no':3s} managed_env={env.key if env else '-'}"
+              f"{' (ready)' if env and env.is_ready() else ''}")
+    return 0
+
+
+def _cmd_engine_env(a: argparse.Namespace) -> int:
+    from .engines import get_engine
+    from .engines.envs import ensure_engine_env
+
+    env = get_engine(a.engine).managed_env(a.version)
+    if env is None:
+        raise ServescopeError(f"engine {a.engine!r} has no managed environment")
+    print(ensure_engine_env(env))
+    return 0
+
+
+def _cmd_make_model(a: argparse.Namespace) -> int:
+    from .engines import get_engine
+    from .engines.envs import ensure_engine_env
+    from .models import ensure_tiny_model
+    from .spec import TinyModelSpec, parse
+
+    spec = parse(TinyModelSpec, json.loads(a.spec) if a.spec else {}, "tiny model spec")
+    python = a.python
+    if not python:
+        env = get_engine("vllm").managed_env(None)
+        assert env is not None
+        python = str(ensure_engine_env(env))
+    print(ensure_tiny_model(spec, python))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `servescope` command."""
+    p = argparse.ArgumentParser(prog="servescope", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="log library activity")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="run a suite of notebooks and render the report")
+    r.add_argument("suite", help="suite YAML, e.g. data/suites/default.yaml")
+    r.add_argument("--only", action="append", help="run only notebooks whose id starts with this (repeatable)")
+    r.add_argument("--offline", action="store_true", help="render from the result store only; launch nothing")
+    r.add_argument("--hide-code", action="store_true", help="leave code cells out of the HTML")
+    r.add_argument("--reports-dir", help="default: <project>/reports")
+    r.add_argument("--store-dir", help="default: <project>/data/runs")
+    r.add_argument("--run-id", help="default: <timestamp>-<suite name>")
+    r.add_argument("--strict", action="store_true", help="exit 1 if any notebook failed")
+    r.add_argument("--quiet", action="store_true", help="no per-cell progress bar")
+    r.set_defaults(fn=_cmd_run)
+
+    e = sub.add_parser("engines", help="list engines and their managed environments")
+    e.set_defaults(fn=_cmd_engines)
+
+    ee = sub.add_parser("engine-env", help="create an engine's managed environment if missing; print its python")
+    ee.add_argument("engine", nargs="?", default="vllm")
+    ee.add_argument("--version")
+    ee.set_defaults(fn=_cmd_engine_env)
+
+    m = sub.add_parser("make-model", help="build the tiny random-weight MoE model if missing; print its folder")
+    m.add_argument("--spec", help='JSON of TinyModelSpec fields, e.g. \'{"num_layers": 2}\'')
+    m.add_argument("--python", help="interpreter with torch+transformers (default: the managed vLLM env)")
+    m.set_defaults(fn=_cmd_make_model)
+
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return a.fn(a)
+    except ServescopeError as ex:
+        print(f"servescope: error: {ex}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

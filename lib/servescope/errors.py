@@ -1,0 +1,47 @@
+"""The library's own errors, so callers can tell a bad input from a dead server."""
+
+from __future__ import annotations
+
+
+class ServescopeError(Exception):
+    """Base of every error the library raises on purpose."""
+
+
+class SpecError(ServescopeError, ValueError):
+    """The input (suite, parameters, knobs) is invalid; raised before anything is launched."""
+
+
+class UnknownEngineError(SpecError):
+    """No engine adapter is registered under that name."""
+
+
+class KnobError(SpecError):
+    """An intent the installed engine version cannot express."""
+
+
+class EngineEnvError(ServescopeError):
+    """The engine's virtual environment could not be created."""
+
+
+class ServerError(ServescopeError):
+    """A server failed to start, died, or could not be torn down cleanly."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message + (f"\n--- server log tail ---\n{log_tail}" if log_tail else ""))
+        self.log_tail = log_tail
+
+
+class ServerExitedError(ServerError):
+    """The server process exited before it became ready."""
+
+
+class ServerStartTimeout(ServerError):
+    """The server did not become ready within the startup timeout."""
+
+
+class PortInUseError(ServerError):
+    """The port is taken (before launch) or still taken after teardown."""
+
+
+class NotMeasuredError(ServescopeError):
+    """Offline rendering asked for a point the store does not hold."""

@@ -1,0 +1,158 @@
+"""Measure configurations of one engine under one load, with alternating repetitions, through the store."""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .engines import get_engine
+from .errors import NotMeasuredError, ServescopeError
+from .launch import Prepared, prepare, serve
+from .load import load_tokenizer, run_sweep, summarize
+from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec
+from .store import Store
+
+
+@dataclass(frozen=True)
+class Config:
+    """A named configuration to measure."""
+
+    name: str
+    knobs: Knobs
+
+
+@dataclass
+class Results:
+    """Everything measured (or read back) for a set of configurations, as tidy DataFrames."""
+
+    summary: pd.DataFrame
+    requests: pd.DataFrame
+    startup: pd.DataFrame
+    points: pd.DataFrame
+    errors: pd.DataFrame
+    resolved: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _say(msg: str) -> None:
+    print(time.strftime("%H:%M:%S"), msg, flush=True)
+
+
+def engine_identity(engine: EngineSpec) -> str:
+    """What the store key says about the engine, computable without installing anything."""
+    if engine.url:
+        return f"external:{engine.url}"
+    if engine.python:
+        return f"{engine.name}:{engine.python}:{engine.version or ''}"
+    env = get_engine(engine.name).managed_env(engine.version)
+    return f"{engine.name}:managed:{env.key if env else ''}"
+
+
+def point_parts(engine: EngineSpec, model: ModelSpec, knobs: Knobs, load: LoadSpec, rep: int) -> dict[str, Any]:
+    """Key material of one point: engine identity, model, knobs, load, repetition index."""
+    return {"engine": engine_identity(engine), "engine_env": dict(sorted(engine.env.items())),
+            "model": model.model_dump(mode="json"), "knobs": knobs.model_dump(mode="json"),
+            "load": load.model_dump(mode="json"), "rep": rep}
+
+
+def measure(
+    engine: EngineSpec, model: ModelSpec, configs: Sequence[Config], load: LoadSpec, repetitions: int = 3,
+    store: Store | None = None, offline: bool = False, force: bool = False, progress: bool = False,
+    say: Callable[[str], None] = _say,
+) -> Results:
+    """Each repetition launches every configuration once, alternating their order (ABBA...) so drift cancels.
+
+    Completed points come from the store; a failing point is recorded and the rest go on."""
+    if repetitions < 1:
+        raise ServescopeError("repetitions must be at least 1")
+    if len({c.name for c in configs}) != len(configs):
+        raise ServescopeError("configuration names must be unique")
+    store = store or Store()
+    prep: Prepared | None = None
+    summaries, requests, startups, points, errors = [], [], [], [], []
+    resolved: dict[str, dict[str, Any]] = {}
+    for rep in range(repetitions):
+        order = list(configs) if rep % 2 == 0 else list(reversed(configs))
+        for cfg in order:
+            parts = point_parts(engine, model, cfg.knobs, load, rep)
+            key = store.key(parts)
+            tag = f"rep {rep + 1}/{repetitions} {cfg.name}"
+            try:
+                if store.has(key) and not force:
+                    say(f"{tag}: from store ({key})")
+                else:
+                    if offline:
+                        raise NotMeasuredError(f"{tag}: not in the store ({key}) and offline=True")
+                    if prep is None:
+                        prep = prepare(engine, model, say)
+                    _run_point(store, key, parts, prep, cfg, load, progress, tag, say)
+                pt = store.get(key)
+            except Exception as e:  # a failed point must not lose the others
+                say(f"{tag}: FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                errors.append({"config": cfg.name, "rep": rep, "key": key, "error_type": type(e).__name__,
+                               "error": str(e)[-3000:], "traceback": traceback.format_exc()[-4000:]})
+                continue
+            ids = {"config": cfg.name, "rep": rep}
+            summaries.append(pt.table("summary").assign(**ids))
+            requests.append(pt.table("requests").assign(**ids))
+            m = pt.manifest
+            startups.append({**ids, **(m.get("target", {}).get("startup") or {})})
+            points.append({**ids, "key": key, "path": str(pt.path), "flags": " ".join(m.get("target", {}).get("flags", [])),
+                           "command": m.get("target", {}).get("command", ""), "started_unix": m.get("started_unix"),
+                           "ended_unix": m.get("ended_unix")})
+            if m.get("resolved") and cfg.name not in resolved:
+                resolved[cfg.name] = m["resolved"]
+    cat = lambda xs: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame()  # noqa: E731
+    return Results(summary=cat(summaries), requests=cat(requests), startup=pd.DataFrame(startups),
+                   points=pd.DataFrame(points), errors=pd.DataFrame(errors), resolved=resolved)
+
+
+def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config, load: LoadSpec,
+               progress: bool, tag: str, say: Callable[[str], None]) -> None:
+    tokenizer = load_tokenizer(prep.model_path) if prep.model_path.startswith("/") else None
+    with store.writing(key, parts) as w:
+        say(f"{tag}: launching {prep.engine.name} {prep.install.version} ({cfg.knobs.label()})")
+        t0 = time.monotonic()
+        with serve(prep, cfg.knobs, w.dir) as target:
+            say(f"{tag}: ready in {time.monotonic() - t0:.0f} s; load {list(load.concurrency)} x {load.num_requests} requests")
+            w.manifest["target"] = target.describe()
+            w.manifest["resolved"] = _resolved_summary(target.resolved_config)
+            reqs = run_sweep(target.base_url, target.model, load, tokenizer, target.api_key, progress, f"{cfg.name} ")
+            w.put_table("requests", reqs)
+            summ = summarize(reqs)
+            w.put_table("summary", summ)
+        say(f"{tag}: done; output tok/s by concurrency: " + ", ".join(
+            f"c={int(r.concurrency)}: {r.output_tok_s:.0f}" for r in summ.itertuples()))
+        bad = int(summ["failed"].sum()) if len(summ) else 0
+        if bad:
+            say(f"{tag}: {bad} requests failed (kept in the records)")
+
+
+def _resolved_summary(cfg: dict[str, Any] | None) -> dict[str, Any]:
+    """The few resolved settings the threads read, pulled out of an engine's full resolved config."""
+    if not cfg:
+        return {}
+    out: dict[str, Any] = {}
+    vc = cfg.get("vllm_config")
+    if isinstance(vc, dict):
+        cc = vc.get("compilation_config") or {}
+        mc = vc.get("model_config") or {}
+        out |= {"compilation_mode": cc.get("mode"), "cudagraph_mode": cc.get("cudagraph_mode"),
+                "compile_backend": cc.get("backend"), "cudagraph_capture_sizes": cc.get("cudagraph_capture_sizes"),
+                "enforce_eager": mc.get("enforce_eager"), "optimization_level": vc.get("optimization_level"),
+                "device": (vc.get("device_config") or {}).get("device")}
+    return out
+
+
+def python_version() -> str:
+    """This interpreter's version, for manifests."""
+    return sys.version.split()[0]
+
+
+__all__ = ["Config", "Results", "measure", "point_parts", "engine_identity", "Path"]

@@ -1,0 +1,117 @@
+"""One call from a spec to a serving endpoint: prepare the engine and model, launch, yield, tear down."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .engines import get_engine
+from .engines.base import EngineInstall
+from .engines.envs import ensure_engine_env
+from .errors import SpecError
+from .models import resolve_model
+from .server import ManagedServer, free_port
+from .spec import EngineSpec, Knobs, ModelSpec
+from .util import atomic_write_json, redact_mapping
+
+
+@dataclass
+class Prepared:
+    """An engine install and a model ready to serve (nothing launched yet)."""
+
+    engine: EngineSpec
+    install: EngineInstall
+    model_path: str
+    served_name: str
+
+
+@dataclass
+class Target:
+    """A serving endpoint the load generator can hit, with what is known about how it was configured."""
+
+    base_url: str
+    model: str
+    engine: str
+    install: EngineInstall
+    knobs: Knobs
+    flags: list[str] = field(default_factory=list)
+    command: str = ""
+    resolved_config: dict[str, Any] | None = None
+    startup: dict[str, float | None] = field(default_factory=dict)
+    log_dir: Path | None = None
+    api_key: str | None = field(default=None, repr=False)
+
+    def describe(self) -> dict[str, Any]:
+        """Manifest-friendly description (no secrets, no bulky resolved config)."""
+        return {"base_url": self.base_url, "model": self.model, "engine": self.engine,
+                "install": self.install.as_dict(), "knobs": self.knobs.model_dump(mode="json"),
+                "flags": self.flags, "command": self.command, "startup": self.startup}
+
+
+def _api_key(engine: EngineSpec) -> str | None:
+    if engine.api_key_env is None:
+        return None
+    if engine.api_key_env not in os.environ:
+        raise SpecError(f"engine.api_key_env names {engine.api_key_env!r}, which is not set in the environment")
+    return os.environ[engine.api_key_env]
+
+
+def prepare(engine: EngineSpec, model: ModelSpec, say: Callable[[str], None] = print) -> Prepared:
+    """Create the engine environment and the model if missing; validate everything that can be checked early."""
+    adapter = get_engine(engine.name)
+    if not adapter.launches:
+        if not engine.url:
+            raise SpecError("engine 'external' needs engine.url")
+        served = model.served_name or model.path or ""
+        return Prepared(engine, adapter.probe(""), model.path or "", served)
+    if engine.url:
+        raise SpecError(f"engine.url is only for engine 'external'; {engine.name!r} is launched by servescope")
+    if engine.python:
+        python = engine.python
+        if not Path(python).exists():
+            raise SpecError(f"engine.python {python!r} does not exist")
+    else:
+        env_spec = adapter.managed_env(engine.version)
+        if env_spec is None:
+            raise SpecError(f"engine {engine.name!r} has no managed environment; set engine.python")
+        python = str(ensure_engine_env(env_spec, say))
+    install = adapter.probe(python)
+    if engine.version and install.version != engine.version:
+        raise SpecError(f"engine.version is {engine.version} but {python} has {engine.name} {install.version}")
+    path, served = resolve_model(model, python)
+    return Prepared(engine, install, path, served)
+
+
+@contextlib.contextmanager
+def serve(prep: Prepared, knobs: Knobs, log_dir: Path) -> Iterator[Target]:
+    """Launch one configuration and yield its Target; the whole server tree is gone when the block ends."""
+    engine = prep.engine
+    adapter = get_engine(engine.name)
+    api_key = _api_key(engine)
+    if not adapter.launches:
+        adapter.knob_flags(knobs, prep.install)  # raises if knobs were asked of a server we do not control
+        assert engine.url is not None
+        yield Target(base_url=engine.url.rstrip("/"), model=prep.served_name, engine=engine.name,
+                     install=prep.install, knobs=knobs, api_key=api_key)
+        return
+    port = engine.port or free_port(engine.host)
+    plan = adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
+                        host=engine.host, port=port, knobs=knobs, extra_env=dict(engine.env))
+    ready = dataclasses.replace(plan.ready, api_key=api_key)
+    server = ManagedServer(command=plan.command, port=port, host=engine.host, log_dir=Path(log_dir),
+                           model=prep.served_name, env=plan.env, startup_timeout_s=engine.startup_timeout_s,
+                           ready=ready)
+    with server:
+        resolved = adapter.resolved_config(server.base_url)
+        resolved = redact_mapping(resolved) if resolved is not None else None
+        if resolved is not None:
+            atomic_write_json(Path(log_dir) / "resolved_config.json", resolved)
+        yield Target(base_url=server.base_url, model=prep.served_name, engine=engine.name, install=prep.install,
+                     knobs=knobs, flags=plan.flags, command=(Path(log_dir) / "command.txt").read_text().strip(),
+                     resolved_config=resolved, startup=server.timings.as_dict(), log_dir=Path(log_dir),
+                     api_key=api_key)

@@ -1,0 +1,66 @@
+"""Tiny-model factory: a seeded random-weight MoE written to the per-user cache, nothing downloaded."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .errors import ServescopeError
+from .paths import cache_root
+from .spec import ModelSpec, TinyModelSpec
+from .util import file_lock
+
+log = logging.getLogger(__name__)
+
+META = "servescope-model.json"
+
+
+def tiny_model_dir(spec: TinyModelSpec) -> Path:
+    """Cache folder of a tiny model, keyed by the hash of its spec."""
+    return cache_root() / "models" / f"tiny-moe-{spec.digest()}"
+
+
+def ensure_tiny_model(spec: TinyModelSpec, python: str | os.PathLike[str] | None = None) -> Path:
+    """Build the model once (under a lock, atomically) with an interpreter that has torch+transformers."""
+    target = tiny_model_dir(spec)
+    if (target / META).is_file():
+        return target
+    with file_lock(target.parent / f".{target.name}.lock"):
+        if (target / META).is_file():
+            return target
+        tmp = target.parent / f".tmp-{target.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        script = Path(__file__).with_name("_build_tiny_model.py")
+        cmd = [str(python or sys.executable), str(script), json.dumps(spec.model_dump(mode="json")), str(tmp)]
+        t0 = time.monotonic()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if res.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ServescopeError(f"tiny model build failed ({res.returncode}):\n{res.stderr[-3000:]}")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        log.info("built tiny model %s in %.1f s", target, time.monotonic() - t0)
+    return target
+
+
+def model_info(path: str | os.PathLike[str]) -> dict:
+    """The metadata a generated model carries, or {} for a foreign model."""
+    p = Path(path) / META
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def resolve_model(model: ModelSpec, python: str | os.PathLike[str] | None) -> tuple[str, str]:
+    """(path or hub id to serve, name the server exposes it as)."""
+    if model.tiny is not None:
+        path = str(ensure_tiny_model(model.tiny, python))
+        return path, model.served_name or f"tiny-moe-{model.tiny.digest()}"
+    assert model.path is not None
+    return model.path, model.served_name or model.path

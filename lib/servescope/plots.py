@@ -1,0 +1,58 @@
+"""Plots for the notebooks; Figures are built without pyplot so a notebook shows each exactly once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+
+def throughput_latency(summary: pd.DataFrame, title: str = "") -> Figure:
+    """Left: output tok/s vs concurrency (median over repetitions, bars = min..max). Right: median TTFT vs tok/s."""
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    for cfg, g in summary.groupby("config", sort=False):
+        agg = g.groupby("concurrency").agg(
+            tok=("output_tok_s", "median"), lo=("output_tok_s", "min"), hi=("output_tok_s", "max"),
+            ttft=("ttft_ms_p50", "median"), tpot=("tpot_ms_p50", "median"))
+        x = agg.index.to_numpy()
+        ax1.errorbar(x, agg["tok"], yerr=[agg["tok"] - agg["lo"], agg["hi"] - agg["tok"]], marker="o",
+                     capsize=3, label=cfg)
+        ax2.plot(agg["tok"], agg["ttft"], marker="o", label=cfg)
+        for xi, ti, yi in zip(x, agg["tok"], agg["ttft"]):
+            ax2.annotate(f"c={xi}", (ti, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel("concurrency (closed loop)")
+    ax1.set_ylabel("output tokens/s")
+    ax1.set_title("throughput (median, bars: min..max over repetitions)")
+    ax1.grid(alpha=0.3)
+    ax1.legend()
+    ax2.set_xlabel("output tokens/s")
+    ax2.set_ylabel("median TTFT (ms)")
+    ax2.set_title("latency vs throughput")
+    ax2.grid(alpha=0.3)
+    ax2.legend()
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def effect_bars(effects: pd.DataFrame, title: str = "") -> Figure:
+    """Effect (%) per concurrency with its paired min..max range, one panel per metric."""
+    metrics = list(dict.fromkeys(effects["metric"]))
+    fig = Figure(figsize=(4 * max(1, len(metrics)), 3.4), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, max(1, len(metrics))))
+    for ax, m in zip(axes, metrics):
+        e = effects[effects["metric"] == m]
+        x = np.arange(len(e))
+        lo = (e["effect_pct"] - e["low_pct"]).clip(lower=0).fillna(0)
+        hi = (e["high_pct"] - e["effect_pct"]).clip(lower=0).fillna(0)
+        ax.bar(x, e["effect_pct"], yerr=[lo, hi], capsize=3, color="#4c72b0")
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xticks(x, [f"c={c}" for c in e["concurrency"]])
+        ax.set_title(m)
+        ax.set_ylabel("change (%)")
+        ax.grid(alpha=0.3, axis="y")
+    if title:
+        fig.suptitle(title)
+    return fig

@@ -1,0 +1,160 @@
+"""Run a suite: execute each notebook with papermill, render HTML, and write an index with each key finding."""
+
+from __future__ import annotations
+
+import html
+import os
+import platform
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import papermill as pm
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from nbconvert import HTMLExporter
+
+from .errors import SpecError
+from .findings import Finding, read_findings
+from .paths import default_reports_dir, default_store_dir, project_root
+from .suite import QUESTIONS, Suite, load_suite
+from .util import atomic_write_text
+
+
+@dataclass
+class NotebookRun:
+    """Outcome of one notebook in a suite run."""
+
+    id: str
+    status: str  # ok | failed | skipped
+    duration_s: float = 0.0
+    html: str = ""
+    error: str = ""
+    findings: list[Finding] = field(default_factory=list)
+    question: str = ""
+
+
+def notebook_path(nb_id: str) -> Path:
+    """The committed notebook for an id (notebooks/<id>.ipynb)."""
+    return project_root() / "notebooks" / f"{nb_id}.ipynb"
+
+
+def _declared_parameters(path: Path) -> dict[str, Any]:
+    return pm.inspect_notebook(str(path))
+
+
+def plan_parameters(suite: Suite, nb_id: str, overrides: dict[str, Any], out_dir: Path, store_dir: Path,
+                    offline: bool) -> dict[str, Any]:
+    """Parameters papermill injects: suite-wide engine/model/load, the notebook's overrides, and run paths."""
+    path = notebook_path(nb_id)
+    if not path.is_file():
+        raise SpecError(f"suite names notebook {nb_id!r}, but {path} does not exist")
+    declared = _declared_parameters(path)
+    params: dict[str, Any] = {}
+    suite_wide = {"engine": suite.engine, "model": suite.model, "load": suite.load,
+                  "store_dir": str(store_dir), "offline": offline,
+                  "findings_path": str(out_dir / f"{nb_id}.findings.json"), "report_dir": str(out_dir)}
+    for k, v in suite_wide.items():
+        if k in declared:
+            params[k] = v
+    for k, v in overrides.items():
+        if k not in declared:
+            raise SpecError(f"suite gives parameter {k!r} to {nb_id}, which declares only: {', '.join(declared)}")
+        params[k] = {**params[k], **v} if isinstance(v, dict) and isinstance(params.get(k), dict) else v
+    return params
+
+
+def render_html(ipynb: Path, html_path: Path, hide_code: bool = False) -> None:
+    """Self-contained HTML (images embedded) of an executed notebook."""
+    nb = nbformat.read(str(ipynb), as_version=4)
+    exporter = HTMLExporter(template_name="lab", embed_images=True, exclude_input=hide_code,
+                            exclude_input_prompt=hide_code, exclude_output_prompt=hide_code)
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": ipynb.stem}})
+    atomic_write_text(html_path, body)
+
+
+def _error_excerpt(e: BaseException) -> str:
+    if isinstance(e, pm.PapermillExecutionError):
+        tb = "\n".join(e.traceback[-6:]) if e.traceback else ""
+        import re
+
+        tb = re.sub(r"\x1b\[[0-9;]*m", "", tb)  # ANSI colours from IPython tracebacks
+        return f"{e.ename}: {e.evalue}\n{tb}"[-2500:]
+    return f"{type(e).__name__}: {e}"[-2500:]
+
+
+def run_suite(
+    suite_path: str | Path, only: Sequence[str] = (), offline: bool = False, hide_code: bool = False,
+    reports_dir: str | Path | None = None, store_dir: str | Path | None = None, run_id: str | None = None,
+    kernel_name: str | None = None, progress: bool = True,
+) -> Path:
+    """Execute the suite's notebooks into reports/<run-id>/, render HTML, write index.html, point reports/latest at it."""
+    suite = load_suite(suite_path)
+    entries = [n for n in suite.notebooks if not only or any(n.id.startswith(o) for o in only)]
+    if not entries:
+        raise SpecError(f"--only {list(only)} matches no notebook of the suite ({[n.id for n in suite.notebooks]})")
+    reports = Path(reports_dir) if reports_dir else default_reports_dir()
+    store = Path(store_dir) if store_dir else default_store_dir()
+    run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{suite.name}"
+    out_dir = (reports / run_id).resolve()
+    out_dir.mkdir(parents=True, exist_ok=False)
+    plans = {e.id: plan_parameters(suite, e.id, e.parameters, out_dir, store.resolve(), offline) for e in entries}
+
+    t_start = time.time()
+    runs: list[NotebookRun] = []
+    for i, entry in enumerate(entries, 1):
+        print(f"[{i}/{len(entries)}] {entry.id}: running", flush=True)
+        t0 = time.monotonic()
+        run = NotebookRun(id=entry.id, status="ok", question=QUESTIONS.get(entry.id, ""))
+        executed = out_dir / f"{entry.id}.ipynb"
+        try:
+            pm.execute_notebook(str(notebook_path(entry.id)), str(executed), parameters=plans[entry.id],
+                                cwd=str(notebook_path(entry.id).parent), kernel_name=kernel_name,
+                                progress_bar=progress, log_output=True, report_mode=hide_code)
+        except Exception as e:  # a failing notebook is reported, and the others still run
+            run.status = "failed"
+            run.error = _error_excerpt(e)
+        run.duration_s = time.monotonic() - t0
+        if executed.exists():
+            html_path = out_dir / f"{entry.id}.html"
+            try:
+                render_html(executed, html_path, hide_code)
+                run.html = html_path.name
+            except Exception as e:  # rendering trouble must not hide the measurement
+                run.error += f"\n(HTML rendering failed: {type(e).__name__}: {e})"
+        fpath = Path(plans[entry.id].get("findings_path", out_dir / f"{entry.id}.findings.json"))
+        if fpath.is_file():
+            run.findings = read_findings(fpath)
+        print(f"[{i}/{len(entries)}] {entry.id}: {run.status} in {run.duration_s:.0f} s"
+              + (f" — {run.error.splitlines()[0]}" if run.error else ""), flush=True)
+        runs.append(run)
+        _write_index(out_dir, suite, Path(suite_path), run_id, t_start, runs)
+    _point_latest(reports, out_dir)
+    print(f"report: {out_dir / 'index.html'}", flush=True)
+    return out_dir
+
+
+def _write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_start: float,
+                 runs: list[NotebookRun]) -> None:
+    env = Environment(loader=FileSystemLoader(str(Path(__file__).with_name("templates"))),
+                      autoescape=select_autoescape(["html", "j2"]))
+    page = env.get_template("index.html.j2").render(
+        suite=suite, suite_path=str(suite_path), run_id=run_id, rows=runs,
+        started=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_start)), total_s=time.time() - t_start,
+        engine_line=html.unescape(", ".join(f"{k}={v}" for k, v in suite.engine.items() if k != "env")),
+        model_line=", ".join(f"{k}={v}" for k, v in suite.model.items()),
+        host=f"{socket.gethostname()} ({platform.machine()}, {os.cpu_count()} CPUs)")
+    atomic_write_text(out_dir / "index.html", page)
+
+
+def _point_latest(reports: Path, out_dir: Path) -> None:
+    """reports/latest -> this run, replaced atomically so it is never missing or half-made."""
+    link = reports / "latest"
+    tmp = reports / f".latest-{os.getpid()}"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(out_dir.name)
+    os.replace(tmp, link)

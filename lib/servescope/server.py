@@ -1,0 +1,340 @@
+"""Server lifecycle: launch an engine command in its own process group, wait until it really serves, tear the whole tree down."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .errors import PortInUseError, ServerError, ServerExitedError, ServerStartTimeout
+
+log = logging.getLogger(__name__)
+
+# Flags whose value is a secret: the logged command shows them redacted.
+SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "--token", "--admin-api-key"})
+
+
+def redact_command(command: list[str]) -> str:
+    """The command as one shell-quoted line, with secret flag values hidden."""
+    out: list[str] = []
+    hide_next = False
+    for arg in command:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if name in SECRET_FLAGS:
+            if eq:
+                out.append(f"{name}=***")
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(arg)
+    return shlex.join(out)
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when nothing listens on host:port (TIME_WAIT leftovers do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now on host."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ReadyCheck:
+    """What 'ready' means: health answers, the model is listed, and one real token comes back."""
+
+    health_path: str | None = "/health"
+    models_path: str | None = "/v1/models"
+    generate_path: str | None = "/v1/completions"
+    request_timeout_s: float = 5.0
+    generate_timeout_s: float = 120.0
+    poll_interval_s: float = 0.5
+    api_key: str | None = None
+
+
+@dataclass
+class StartupTimings:
+    """Seconds from launch until each readiness step first succeeded."""
+
+    health_s: float | None = None
+    models_s: float | None = None
+    first_token_s: float | None = None
+
+    def as_dict(self) -> dict[str, float | None]:
+        """Plain dict for manifests."""
+        return {"health_s": self.health_s, "models_s": self.models_s, "first_token_s": self.first_token_s}
+
+
+def _http(
+    method: str, url: str, timeout_s: float, body: dict[str, Any] | None = None, api_key: str | None = None
+) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read() or b""
+
+
+@dataclass
+class ManagedServer:
+    """A server process tree owned by this Python process; use as a context manager."""
+
+    command: list[str]
+    port: int
+    log_dir: Path
+    model: str
+    host: str = "127.0.0.1"
+    env: dict[str, str] = field(default_factory=dict)
+    startup_timeout_s: float = 600.0
+    ready: ReadyCheck = field(default_factory=ReadyCheck)
+    term_grace_s: float = 15.0
+    cwd: Path | None = None
+
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    timings: StartupTimings = field(default_factory=StartupTimings, init=False)
+    _reaper: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _files: list[Any] = field(default_factory=list, init=False, repr=False)
+
+    @property
+    def base_url(self) -> str:
+        """http://host:port of the running server."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def stdout_path(self) -> Path:
+        """Where the server's stdout goes."""
+        return Path(self.log_dir) / "server.stdout.log"
+
+    @property
+    def stderr_path(self) -> Path:
+        """Where the server's stderr goes."""
+        return Path(self.log_dir) / "server.stderr.log"
+
+    def log_tail(self, lines: int = 40) -> str:
+        """Last lines of the server's stdout then stderr."""
+        parts = []
+        for p in (self.stdout_path, self.stderr_path):
+            if p.exists():
+                text = p.read_text(errors="replace").splitlines()[-lines:]
+                if text:
+                    parts.append(f"[{p.name}]\n" + "\n".join(text))
+        return "\n".join(parts)
+
+    # -- launch -------------------------------------------------------------------------------
+    def start(self) -> "ManagedServer":
+        """Launch and block until ready; on any failure the tree is torn down before raising."""
+        if not port_is_free(self.host, self.port):
+            raise PortInUseError(f"port {self.host}:{self.port} is already in use; nothing was launched")
+        log_dir = Path(self.log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        shown = redact_command(self.command)
+        (log_dir / "command.txt").write_text(shown + "\n")
+        log.info("launching: %s", shown)
+        out = open(self.stdout_path, "ab")
+        err = open(self.stderr_path, "ab")
+        self._files = [out, err]
+        env = {**os.environ, **self.env}
+        self._t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.command,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=self.cwd,
+            start_new_session=True,  # own session and process group: one killpg reaches every child
+        )
+        self._reaper = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("_reaper.py")), str(self.proc.pid), str(self.term_grace_s)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop(check_port=False)
+            raise
+        (log_dir / "startup.json").write_text(json.dumps(self.timings.as_dict(), indent=2))
+        return self
+
+    def _check_alive(self) -> None:
+        assert self.proc is not None
+        rc = self.proc.poll()
+        if rc is not None:
+            raise ServerExitedError(
+                f"server exited with code {rc} before it was ready ({time.monotonic() - self._t0:.1f} s after launch)",
+                self.log_tail(),
+            )
+
+    def _poll(self, step: str, attempt: Any, deadline: float) -> float:
+        last = ""
+        while True:
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise ServerStartTimeout(
+                    f"server not ready after {self.startup_timeout_s:.0f} s (stuck at step '{step}'; last answer: {last or 'none'})",
+                    self.log_tail(),
+                )
+            try:
+                ok, last = attempt()
+            except (OSError, urllib.error.URLError, TimeoutError) as e:
+                ok, last = False, f"{type(e).__name__}: {e}"
+            if ok:
+                return time.monotonic() - self._t0
+            time.sleep(self.ready.poll_interval_s)
+
+    def _wait_ready(self) -> None:
+        r = self.ready
+        deadline = self._t0 + self.startup_timeout_s
+        url = self.base_url
+
+        if r.health_path:
+
+            def health() -> tuple[bool, str]:
+                code, _ = _http("GET", url + r.health_path, r.request_timeout_s, api_key=r.api_key)
+                return code == 200, f"HTTP {code}"
+
+            self.timings.health_s = self._poll("health", health, deadline)
+        if r.models_path:
+
+            def models() -> tuple[bool, str]:
+                code, body = _http("GET", url + r.models_path, r.request_timeout_s, api_key=r.api_key)
+                if code != 200:
+                    return False, f"HTTP {code}"
+                ids = [m.get("id") for m in json.loads(body).get("data", [])]
+                return self.model in ids, f"models listed: {ids}"
+
+            self.timings.models_s = self._poll("models", models, deadline)
+        if r.generate_path:
+
+            def generate() -> tuple[bool, str]:
+                body = {"model": self.model, "prompt": "Hello", "max_tokens": 1, "temperature": 0.0}
+                code, raw = _http("POST", url + r.generate_path, r.generate_timeout_s, body, api_key=r.api_key)
+                if code != 200:
+                    return False, f"HTTP {code}: {raw[:300].decode(errors='replace')}"
+                choices = json.loads(raw).get("choices") or []
+                return bool(choices), f"choices: {choices!r:.200}"
+
+            self.timings.first_token_s = self._poll("first token", generate, deadline)
+
+    # -- teardown -----------------------------------------------------------------------------
+    def stop(self, check_port: bool = True) -> None:
+        """TERM the whole tree, wait, KILL what is left, reap, then check the port is free."""
+        proc = self.proc
+        if proc is None:
+            return
+        pgid = proc.pid  # start_new_session made the server its group's leader
+        tree = _tree_and_group(proc.pid, pgid)
+        self._signal_all(pgid, tree, signal.SIGTERM)
+        alive = _wait_gone(proc, tree, self.term_grace_s)
+        if alive:
+            log.warning("%d server processes alive %.0f s after SIGTERM; sending SIGKILL", len(alive), self.term_grace_s)
+            self._signal_all(pgid, alive, signal.SIGKILL)
+            alive = _wait_gone(proc, alive, 5.0)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        if self._reaper is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._reaper.kill()
+            self._reaper.wait()
+        for f in self._files:
+            f.close()
+        self._files = []
+        self.proc = None
+        if alive:
+            raise ServerError(f"processes {[p.pid for p in alive]} of the server tree survived SIGKILL")
+        if check_port:
+            deadline = time.monotonic() + 10
+            while not port_is_free(self.host, self.port):
+                if time.monotonic() > deadline:
+                    raise PortInUseError(f"port {self.host}:{self.port} still in use after teardown")
+                time.sleep(0.2)
+
+    @staticmethod
+    def _signal_all(pgid: int, procs: list[psutil.Process], sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        # children that left the group (setsid) are reached one by one
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+
+    def __enter__(self) -> "ManagedServer":
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.stop()
+        except ServerError:
+            if exc_type is None:
+                raise
+            log.exception("teardown failed while handling %s", exc_type.__name__)
+
+
+def _tree_and_group(pid: int, pgid: int) -> list[psutil.Process]:
+    """The root, its descendants, and anything else still in its process group."""
+    procs: dict[int, psutil.Process] = {}
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        procs[root.pid] = root
+        for c in root.children(recursive=True):
+            procs[c.pid] = c
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if p.pid not in procs and os.getpgid(p.pid) == pgid:
+                procs[p.pid] = p
+    return list(procs.values())
+
+
+def _wait_gone(root: subprocess.Popen[bytes], procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until every process is gone (zombies count as gone); return those still alive."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        root.poll()  # reap our direct child so it does not linger as a zombie
+        alive = [p for p in procs if _alive(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -1,0 +1,114 @@
+"""Result store: one folder per experiment point, keyed by a hash of what was measured; written atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shutil
+import socket
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from . import __version__
+from .paths import default_store_dir
+from .spec import stable_hash
+from .util import atomic_write_json
+
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class Point:
+    """A completed point read back from the store."""
+
+    key: str
+    path: Path
+    manifest: dict[str, Any]
+
+    def table(self, name: str) -> pd.DataFrame:
+        """A parquet table of this point (empty DataFrame if it has none)."""
+        p = self.path / f"{name}.parquet"
+        return pd.read_parquet(p) if p.is_file() else pd.DataFrame()
+
+
+@dataclass
+class PointWriter:
+    """Collects a point's tables and manifest in a temporary folder until it completes."""
+
+    key: str
+    dir: Path
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    def put_table(self, name: str, df: pd.DataFrame) -> None:
+        """Write a table as parquet (atomically, so even a failed point keeps what it had)."""
+        tmp = self.dir / f".{name}.parquet.tmp"
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, self.dir / f"{name}.parquet")
+
+
+class Store:
+    """The source of truth for results; notebooks re-render from it alone."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        self.root = Path(root) if root else default_store_dir()
+
+    @staticmethod
+    def key(parts: dict[str, Any]) -> str:
+        """Content key of an experiment point."""
+        return stable_hash(parts, n=16)
+
+    def path(self, key: str) -> Path:
+        """Folder of a completed point."""
+        return self.root / key
+
+    def has(self, key: str) -> bool:
+        """True when a completed point is stored under key."""
+        m = self.path(key) / MANIFEST
+        if not m.is_file():
+            return False
+        return json.loads(m.read_text()).get("status") == "complete"
+
+    def get(self, key: str) -> Point:
+        """Read a completed point."""
+        p = self.path(key)
+        return Point(key, p, json.loads((p / MANIFEST).read_text()))
+
+    def failed_attempts(self, key: str) -> list[Path]:
+        """Folders of earlier failed attempts at key (kept for their logs)."""
+        d = self.root / "_failed"
+        return sorted(d.glob(f"{key}-*")) if d.is_dir() else []
+
+    @contextlib.contextmanager
+    def writing(self, key: str, parts: dict[str, Any]) -> Iterator[PointWriter]:
+        """Yield a writer; on success the point appears complete in one rename, on failure it moves to _failed/."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".tmp-{key}-{os.getpid()}-{int(time.time() * 1e3)}"
+        tmp.mkdir()
+        w = PointWriter(key, tmp, {
+            "key": key, "parts": parts, "servescope_version": __version__, "host": socket.gethostname(),
+            "platform": platform.platform(), "cpu_count": os.cpu_count(), "started_unix": time.time(),
+        })
+        try:
+            yield w
+        except BaseException as e:
+            w.manifest |= {"status": "failed", "ended_unix": time.time(),
+                           "error": f"{type(e).__name__}: {e}"[-4000:], "traceback": traceback.format_exc()[-8000:]}
+            atomic_write_json(tmp / MANIFEST, w.manifest)
+            dest = self.root / "_failed" / f"{key}-{time.strftime('%Y%m%d-%H%M%S')}"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, dest)
+            raise
+        w.manifest |= {"status": "complete", "ended_unix": time.time()}
+        atomic_write_json(tmp / MANIFEST, w.manifest)
+        final = self.path(key)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)

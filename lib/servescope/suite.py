@@ -1,0 +1,65 @@
+"""Suite files: which notebooks to run, against which engine and model, with which load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import SpecError
+from .spec import EngineSpec, LoadSpec, ModelSpec, parse
+
+# What each notebook answers, for the index and the README.
+QUESTIONS = {
+    "00_environment": "What hardware, driver, engine version and capabilities are we measuring on?",
+    "01_cuda_graph_disable_reason": "Why are CUDA graphs off: a flag, an auto-disable rule, or a crash at capture?",
+    "02_piecewise_cuda_graphs": "Do piecewise/breakable CUDA graphs (attention graphed, MoE eager) help?",
+    "03_clocks_power": "Are the GPUs throttled, or stalled (high utilization, low power)?",
+    "04_data_parallelism": "Would DP replicas or DP attention beat pure tensor parallelism?",
+    "05_torch_compile": "Does torch.compile help, and does it exclude piecewise graphs here?",
+    "06_grouped_gemm": "Is the MoE path a grouped GEMM, which kernel runs, and what share of GPU time does it take?",
+    "99_summary": "Which changes, ranked by measured effect, should we make?",
+}
+
+
+class NotebookEntry(BaseModel):
+    """One notebook of a suite and its parameter overrides."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class Suite(BaseModel):
+    """A suite file (data/suites/*.yaml)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    title: str = ""
+    engine: dict[str, Any] = Field(default_factory=lambda: {"name": "vllm"})
+    model: dict[str, Any] = Field(default_factory=lambda: {"tiny": {}})
+    load: dict[str, Any] = Field(default_factory=dict)
+    notebooks: list[NotebookEntry]
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read and validate a suite file; every error is raised here, before anything is launched."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"suite file {p} does not exist")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(f"suite file {p} is not valid YAML: {e}") from None
+    suite = parse(Suite, raw, f"suite {p}") if isinstance(raw, dict) else None
+    if suite is None:
+        raise SpecError(f"suite file {p} must be a mapping with at least 'name' and 'notebooks'")
+    parse(EngineSpec, suite.engine, f"{p}: engine")
+    parse(ModelSpec, suite.model, f"{p}: model")
+    parse(LoadSpec, suite.load, f"{p}: load")
+    for nb in suite.notebooks:
+        if "load" in nb.parameters:
+            parse(LoadSpec, {**suite.load, **nb.parameters["load"]}, f"{p}: notebooks[{nb.id}].load")
+    return suite

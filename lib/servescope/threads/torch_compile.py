@@ -1,0 +1,157 @@
+"""Thread 5: does torch.compile help this server, measured as compiled (the engine's default) vs eager?"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from .. import plots
+from ..analysis.ab import higher_is_better, paired_effects
+from ..experiment import Config, Results, measure
+from ..findings import Effect, Finding
+from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, parse
+from ..store import Store
+
+THREAD = "05_torch_compile"
+BASELINE, TREATMENT = "eager", "compiled"
+CONFIGS = (
+    Config(TREATMENT, Knobs()),  # the engine's default: vLLM compiles unless told otherwise
+    Config(BASELINE, Knobs(torch_compile=False, cuda_graph="off")),  # vLLM: --enforce-eager
+)
+METRICS = ("output_tok_s", "ttft_ms_p50", "tpot_ms_p50")
+
+# vLLM CompilationMode and CUDAGraphMode values as they appear in /server_info (vllm/config/compilation.py).
+VLLM_COMPILE_MODES = {0: "NONE", 1: "STOCK_TORCH_COMPILE", 2: "DYNAMO_TRACE_ONCE", 3: "VLLM_COMPILE"}
+VLLM_GRAPH_MODES = {0: "NONE", 1: "PIECEWISE", 2: "FULL", (2, 0): "FULL_DECODE_ONLY", (2, 1): "FULL_AND_PIECEWISE"}
+
+
+def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
+        repetitions: int = 3, store_dir: str = "", offline: bool = False, force: bool = False) -> Results:
+    """Validate the inputs (before anything launches), then measure both configurations in alternating repetitions."""
+    e = parse(EngineSpec, engine, "engine")
+    m = parse(ModelSpec, model, "model")
+    ld = parse(LoadSpec, load, "load")
+    return measure(e, m, CONFIGS, ld, repetitions=repetitions, store=Store(store_dir or None), offline=offline,
+                   force=force)
+
+
+def _mode_name(table: dict[Any, str], value: Any) -> str:
+    key = tuple(value) if isinstance(value, list) else value
+    return table.get(key, str(value)) if value is not None else "unknown"
+
+
+def resolved_table(res: Results) -> pd.DataFrame:
+    """What each configuration actually ran with, as the server reported it."""
+    rows = []
+    for cfg in CONFIGS:
+        r = res.resolved.get(cfg.name, {})
+        pts = res.points[res.points["config"] == cfg.name] if len(res.points) else pd.DataFrame()
+        rows.append({
+            "config": cfg.name,
+            "flags": pts["flags"].iloc[0] if len(pts) else "",
+            "compilation_mode": _mode_name(VLLM_COMPILE_MODES, r.get("compilation_mode")),
+            "cudagraph_mode": _mode_name(VLLM_GRAPH_MODES, r.get("cudagraph_mode")),
+            "enforce_eager": r.get("enforce_eager"),
+            "device": r.get("device"),
+        })
+    return pd.DataFrame(rows)
+
+
+def table(res: Results) -> pd.DataFrame:
+    """Median over repetitions per configuration and concurrency, with the repetition count."""
+    if res.summary.empty:
+        return pd.DataFrame()
+    g = res.summary.groupby(["config", "concurrency"], sort=True)
+    out = g.agg(reps=("rep", "nunique"), output_tok_s=("output_tok_s", "median"),
+                output_tok_s_min=("output_tok_s", "min"), output_tok_s_max=("output_tok_s", "max"),
+                ttft_ms_p50=("ttft_ms_p50", "median"), tpot_ms_p50=("tpot_ms_p50", "median"),
+                e2e_ms_p50=("e2e_ms_p50", "median"), failed=("failed", "sum")).reset_index()
+    return out
+
+
+def startup_table(res: Results) -> pd.DataFrame:
+    """Seconds from launch to first generated token, per configuration (median and range over launches)."""
+    if res.startup.empty or "first_token_s" not in res.startup:
+        return pd.DataFrame()
+    return res.startup.groupby("config").agg(
+        launches=("rep", "count"), first_token_s=("first_token_s", "median"),
+        first_token_s_min=("first_token_s", "min"), first_token_s_max=("first_token_s", "max")).reset_index()
+
+
+def effects(res: Results) -> pd.DataFrame:
+    """Compiled vs eager, per concurrency, for each headline metric."""
+    if res.summary.empty:
+        return pd.DataFrame()
+    return pd.concat([paired_effects(res.summary, m, BASELINE, TREATMENT) for m in METRICS], ignore_index=True)
+
+
+def plot(res: Results) -> Figure | None:
+    """Throughput vs concurrency and latency vs throughput, both configurations."""
+    return plots.throughput_latency(res.summary, "torch.compile: compiled vs eager") if not res.summary.empty else None
+
+
+def plot_effects(res: Results) -> Figure | None:
+    """Relative change compiled vs eager, per metric and concurrency, with the paired range."""
+    e = effects(res)
+    return plots.effect_bars(e, "compiled vs eager (positive = higher value with compile)") if len(e) else None
+
+
+def findings(res: Results) -> list[Finding]:
+    """The thread's conclusion: the measured effect of compile on peak throughput, its spread, and what to set."""
+    e = effects(res)
+    errors = res.errors.to_dict("records") if len(res.errors) else []
+    if e.empty or e[e["metric"] == "output_tok_s"]["n_pairs"].max() == 0:
+        return [Finding(thread=THREAD, title="torch.compile: not measured", applies=False, confidence="none",
+                        claim="No paired measurement of compiled vs eager completed, so no effect can be stated.",
+                        reason="; ".join(f"{x['config']} rep {x['rep']}: {x['error_type']}" for x in errors)
+                        or "no data", evidence={"errors": errors})]
+    tok = e[(e["metric"] == "output_tok_s") & (e["n_pairs"] > 0)]
+    peak = tok.loc[tok["concurrency"].idxmax()]
+    rt = resolved_table(res)
+    modes = {r.config: r for r in rt.itertuples()}
+    start = startup_table(res)
+    st = {r.config: r.first_token_s for r in start.itertuples()} if len(start) else {}
+    startup_cost_s = st.get(TREATMENT, np.nan) - st.get(BASELINE, np.nan)
+    graphs_differ = modes[TREATMENT].cudagraph_mode != modes[BASELINE].cudagraph_mode
+    effect = Effect(metric="output_tok_s", value_pct=round(float(peak.effect_pct), 2),
+                    low_pct=round(float(peak.low_pct), 2), high_pct=round(float(peak.high_pct), 2),
+                    n=int(peak.n_pairs), at=f"concurrency={int(peak.concurrency)}", baseline=BASELINE,
+                    treatment=TREATMENT)
+    conf = peak.confidence
+    better = peak.effect_pct > 0
+    install = ""
+    if len(res.points):
+        install = res.points["command"].iloc[0].split(" -m ")[0]
+    flags: list[str] = []
+    if conf in ("high", "medium"):
+        verdict = "helps" if better else "hurts"
+        if not better:
+            flags = ["--enforce-eager"]
+    elif effect.n == 1:
+        verdict = "was measured once; one repetition cannot separate its effect from run-to-run noise"
+    else:
+        verdict = "makes no difference that this measurement can resolve"
+    claim = (f"torch.compile {verdict}: {effect.text()}; compiled ran as "
+             f"{modes[TREATMENT].compilation_mode}, eager as {modes[BASELINE].compilation_mode}.")
+    if not np.isnan(startup_cost_s):
+        claim += f" Compile adds {startup_cost_s:+.0f} s to startup (median launch to first token)."
+    if graphs_differ:
+        claim += (f" CUDA graphs also differ ({modes[TREATMENT].cudagraph_mode} vs {modes[BASELINE].cudagraph_mode}),"
+                  " so this effect mixes compile with graphs; thread 2 separates them.")
+    else:
+        claim += f" CUDA graph mode is {modes[TREATMENT].cudagraph_mode} in both, so the effect is compile alone."
+    other = {f"{r.metric}@c={int(r.concurrency)}": {"effect_pct": r.effect_pct, "low_pct": r.low_pct,
+                                                     "high_pct": r.high_pct, "n": r.n_pairs,
+                                                     "higher_is_better": higher_is_better(r.metric)}
+             for r in e.itertuples()}
+    return [Finding(
+        thread=THREAD, title="torch.compile vs eager", claim=claim, effect=effect, recommended_flags=flags,
+        confidence=conf,
+        evidence={"effects": other, "resolved": rt.to_dict("records"), "startup_first_token_s": st,
+                  "startup_cost_s": None if np.isnan(startup_cost_s) else round(float(startup_cost_s), 1),
+                  "errors": errors, "engine_python": install,
+                  "noise_pct": {"baseline": peak.baseline_spread_pct, "treatment": peak.treatment_spread_pct}},
+    )]

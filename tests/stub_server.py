@@ -1,0 +1,101 @@
+"""A small OpenAI-compatible stub server on loopback, for lifecycle and load tests (never for measurements).
+
+Behaviours are chosen on the command line: exit at once, never ready, ready late, spawn children,
+ignore SIGTERM, fail some requests, stream N tokens with a fixed gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from aiohttp import web
+
+
+def build_app(a: argparse.Namespace) -> web.Application:
+    t0 = time.monotonic()
+    counter = {"n": 0}
+
+    def ready() -> bool:
+        return a.mode != "never" and time.monotonic() - t0 >= a.ready_after
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(status=200 if ready() else 503)
+
+    async def models(_: web.Request) -> web.Response:
+        if not ready():
+            return web.Response(status=503)
+        return web.json_response({"object": "list", "data": [{"id": a.model, "object": "model"}]})
+
+    async def completions(req: web.Request) -> web.StreamResponse:
+        if not ready():
+            return web.Response(status=503)
+        body = await req.json()
+        counter["n"] += 1
+        if a.fail_every and counter["n"] % a.fail_every == 0:
+            return web.json_response({"error": {"message": "stub failure"}}, status=500)
+        n = int(body.get("max_tokens") or 16)
+        chat = req.path.endswith("/chat/completions")
+        if not body.get("stream"):
+            text = "x" * n
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {"index": 0, "text": text}
+            return web.json_response({"choices": [choice], "usage": {"prompt_tokens": 4, "completion_tokens": n}})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(req)
+        if a.ttft_ms:
+            await asyncio.sleep(a.ttft_ms / 1e3)
+        text = " ".join(m.get("content", "") for m in body["messages"]) if chat else str(body.get("prompt", ""))
+        prompt_tokens = len(text.split())  # the stub's "tokenizer": one token per word
+        for i in range(n):
+            if i and a.itl_ms:
+                await asyncio.sleep(a.itl_ms / 1e3)
+            delta = {"delta": {"content": "x"}} if chat else {"text": "x"}
+            await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, **delta}]}).encode() + b"\n\n")
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.add_routes([web.get("/health", health), web.get("/v1/models", models),
+                    web.post("/v1/completions", completions), web.post("/v1/chat/completions", completions)])
+    return app
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--model", default="stub")
+    p.add_argument("--mode", choices=["ok", "exit", "never"], default="ok")
+    p.add_argument("--ready-after", type=float, default=0.0)
+    p.add_argument("--children", type=int, default=0, help="spawn this many sleeping grandchildren")
+    p.add_argument("--ignore-term", action="store_true")
+    p.add_argument("--fail-every", type=int, default=0, help="answer every Nth request with HTTP 500")
+    p.add_argument("--ttft-ms", type=float, default=0.0)
+    p.add_argument("--itl-ms", type=float, default=0.0)
+    p.add_argument("--pid-file", default="")
+    a = p.parse_args()
+    if a.mode == "exit":
+        print("stub: fatal configuration error, exiting", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if a.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    kids = [subprocess.Popen([sys.executable, "-c", "import signal,time; "
+                              + ("signal.signal(signal.SIGTERM, signal.SIG_IGN); " if a.ignore_term else "")
+                              + "time.sleep(3600)"]) for _ in range(a.children)]
+    if a.pid_file:
+        with open(a.pid_file, "w") as fh:
+            fh.write(" ".join(str(x) for x in [os.getpid(), *[k.pid for k in kids]]))
+    print(f"stub: serving on {a.host}:{a.port}", flush=True)
+    web.run_app(build_app(a), host=a.host, port=a.port, print=None, handle_signals=not a.ignore_term)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Server lifecycle against the loopback stub: exits at once, never ready, ready late, killed mid-way, interrupted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from servescope.errors import PortInUseError, ServerExitedError, ServerStartTimeout
+from servescope.server import ManagedServer, ReadyCheck, free_port, port_is_free, redact_command
+
+from conftest import stub_command
+
+FAST = ReadyCheck(poll_interval_s=0.1)
+
+
+def _server(tmp_path: Path, *args: str, timeout: float = 20, **kw) -> ManagedServer:
+    port = free_port()
+    return ManagedServer(command=stub_command(port, *args), port=port, log_dir=tmp_path / "srv", model="stub",
+                         startup_timeout_s=timeout, ready=FAST, **kw)
+
+
+def _gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
+def _pids(pid_file: Path) -> list[int]:
+    for _ in range(100):
+        if pid_file.exists() and pid_file.read_text().strip():
+            return [int(x) for x in pid_file.read_text().split()]
+        time.sleep(0.05)
+    raise AssertionError("stub wrote no pid file")
+
+
+def test_ready_then_teardown_kills_whole_tree(tmp_path):
+    pid_file = tmp_path / "pids"
+    srv = _server(tmp_path, "--children", "2", "--pid-file", str(pid_file))
+    with srv:
+        pids = _pids(pid_file)
+        assert len(pids) == 3 and all(psutil.pid_exists(p) for p in pids)
+        assert srv.timings.first_token_s is not None
+        assert (tmp_path / "srv" / "command.txt").read_text().startswith(sys.executable)
+    assert _gone(pids)
+    assert port_is_free("127.0.0.1", srv.port)
+
+
+def test_exits_at_once_raises_with_log_tail(tmp_path):
+    srv = _server(tmp_path, "--mode", "exit")
+    with pytest.raises(ServerExitedError) as ei:
+        srv.start()
+    assert "code 3" in str(ei.value)
+    assert "fatal configuration error" in ei.value.log_tail
+
+
+def test_never_ready_times_out_and_is_killed(tmp_path):
+    pid_file = tmp_path / "pids"
+    srv = _server(tmp_path, "--mode", "never", "--children", "1", "--pid-file", str(pid_file), timeout=2)
+    t0 = time.monotonic()
+    with pytest.raises(ServerStartTimeout) as ei:
+        srv.start()
+    assert 2 <= time.monotonic() - t0 < 15
+    assert "health" in str(ei.value)
+    assert _gone(_pids(pid_file))
+
+
+def test_ready_late_waits(tmp_path):
+    with _server(tmp_path, "--ready-after", "1.5") as srv:
+        assert srv.timings.health_s is not None and srv.timings.health_s >= 1.5
+
+
+def test_killed_mid_way_is_cleaned_up(tmp_path):
+    pid_file = tmp_path / "pids"
+    srv = _server(tmp_path, "--children", "2", "--pid-file", str(pid_file))
+    with srv:
+        pids = _pids(pid_file)
+        os.kill(pids[0], signal.SIGKILL)  # the server dies under us; its children are orphaned in its group
+        time.sleep(0.3)
+    assert _gone(pids)
+
+
+def test_keyboard_interrupt_tears_down(tmp_path):
+    pid_file = tmp_path / "pids"
+    srv = _server(tmp_path, "--children", "1", "--pid-file", str(pid_file))
+    with pytest.raises(KeyboardInterrupt):
+        with srv:
+            pids = _pids(pid_file)
+            raise KeyboardInterrupt
+    assert _gone(pids)
+    assert port_is_free("127.0.0.1", srv.port)
+
+
+def test_sigterm_ignored_escalates_to_kill(tmp_path):
+    pid_file = tmp_path / "pids"
+    srv = _server(tmp_path, "--ignore-term", "--children", "1", "--pid-file", str(pid_file), term_grace_s=1.0)
+    with srv:
+        pids = _pids(pid_file)
+    assert _gone(pids)
+
+
+def test_port_in_use_refused_before_launch(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        srv = ManagedServer(command=stub_command(port), port=port, log_dir=tmp_path, model="stub", ready=FAST)
+        with pytest.raises(PortInUseError):
+            srv.start()
+        assert srv.proc is None
+
+
+def test_reaper_kills_server_when_launcher_dies(tmp_path):
+    """A notebook kernel killed outright cannot run `finally`; the watchdog must still end the server."""
+    pid_file = tmp_path / "pids"
+    port = free_port()
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from conftest import stub_command
+        from servescope.server import ManagedServer, ReadyCheck
+        srv = ManagedServer(command=stub_command({port}, "--children", "1", "--pid-file", {str(pid_file)!r}),
+                            port={port}, log_dir={str(tmp_path / 'srv')!r}, model="stub", ready=ReadyCheck(poll_interval_s=0.1))
+        srv.start()
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert launcher.stdout.readline().strip() == "ready"
+        pids = _pids(pid_file)
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 20
+        while not _gone(pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _gone(pids)
+    finally:
+        launcher.kill()
+
+
+def test_redact_command_hides_secrets():
+    shown = redact_command(["srv", "--api-key", "sk-123", "--hf-token=abc", "--port", "1"])
+    assert "sk-123" not in shown and "abc" not in shown
+    assert "--port 1" in shown

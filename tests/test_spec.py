@@ -1,0 +1,48 @@
+"""Specs: bad input is a clear SpecError before anything launches."""
+
+from __future__ import annotations
+
+import pytest
+
+from servescope.errors import SpecError, UnknownEngineError
+from servescope.engines import engine_names, get_engine
+from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TinyModelSpec, parse
+
+
+def test_unknown_engine_names_the_known_ones():
+    with pytest.raises(SpecError, match="no engine named 'vlm'.*vllm"):
+        parse(EngineSpec, {"name": "vlm"}, "engine")
+    with pytest.raises(UnknownEngineError, match="known engines"):
+        get_engine("nope")
+    assert {"vllm", "external"} <= set(engine_names())
+
+
+@pytest.mark.parametrize("data,msg", [
+    ({"concurrency": []}, "concurrency"),
+    ({"concurrency": [1, -2]}, "concurrency"),
+    ({"num_requests": 0}, "num_requests"),
+    ({"endpoint": "generate"}, "endpoint"),
+    ({"typo_field": 1}, "typo_field"),
+])
+def test_load_spec_errors(data, msg):
+    with pytest.raises(SpecError, match=msg):
+        parse(LoadSpec, data, "load")
+
+
+def test_model_spec_needs_exactly_one_source():
+    with pytest.raises(SpecError, match="exactly one"):
+        parse(ModelSpec, {}, "model")
+    with pytest.raises(SpecError, match="exactly one"):
+        parse(ModelSpec, {"path": "/m", "tiny": {}}, "model")
+    with pytest.raises(SpecError, match="top_k"):
+        parse(ModelSpec, {"tiny": {"num_experts": 4, "top_k": 8}}, "model")
+
+
+def test_knobs_label_and_digest():
+    assert Knobs().label() == "engine defaults"
+    k = Knobs(torch_compile=False, cuda_graph="off")
+    assert "torch_compile=False" in k.label() and "cuda_graph=off" in k.label()
+    assert k.digest() != Knobs().digest()
+    assert TinyModelSpec().digest() == TinyModelSpec().digest()
+    with pytest.raises(SpecError, match="cuda_graph"):
+        parse(Knobs, {"cuda_graph": "sometimes"}, "knobs")

