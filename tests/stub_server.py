@@ -48,6 +48,8 @@ def build_app(a: argparse.Namespace) -> web.Application:
             return web.json_response({"choices": [choice], "usage": {"prompt_tokens": 4, "completion_tokens": n}})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(req)
+        if chat:  # OpenAI servers open a chat stream with a role-only delta that carries no token
+            await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}).encode() + b"\n\n")
         if a.ttft_ms:
             await asyncio.sleep(a.ttft_ms / 1e3)
         text = " ".join(m.get("content", "") for m in body["messages"]) if chat else str(body.get("prompt", ""))
@@ -55,7 +57,8 @@ def build_app(a: argparse.Namespace) -> web.Application:
         for i in range(n):
             if i and a.itl_ms:
                 await asyncio.sleep(a.itl_ms / 1e3)
-            delta = {"delta": {"content": "x"}} if chat else {"text": "x"}
+            piece = "" if i == 1 else "x"  # a token that decodes to no text (special token, half a character)
+            delta = {"delta": {"content": piece}} if chat else {"text": piece}
             await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, **delta}]}).encode() + b"\n\n")
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
         await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")

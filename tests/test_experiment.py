@@ -79,3 +79,15 @@ def test_thread05_nothing_measured_says_so(tmp_path, stub_engine):
     (f,) = t05.findings(res)
     assert not f.applies and f.confidence == "none" and f.effect is None
     assert "NotMeasuredError" in f.reason
+
+
+def test_store_keys_of_defaults_are_stable():
+    """Changing a spec default changes what stored points mean: this pins the defaults' key.
+
+    If it fails, you changed a default of Knobs/LoadSpec/ModelSpec/TinyModelSpec; put the old value back and add
+    a new field instead, or re-record data/reference (see its README) and update the key here."""
+    from servescope.experiment import point_parts
+
+    parts = point_parts(EngineSpec(), ModelSpec(tiny={}), Knobs(), LoadSpec(), 0)
+    assert parts["knobs"] == {} and parts["load"] == {}
+    assert Store.key(parts) == "47610d9e1f10eeb3"

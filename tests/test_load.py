@@ -94,3 +94,17 @@ def test_random_prompts_have_exact_token_length(n_tokens):
         assert "<|endoftext|>" not in p.text
     assert prompts == random_prompts(tok, 5, n_tokens, 16, seed=1)  # seeded
     assert prompts != random_prompts(tok, 5, n_tokens, 16, seed=2)
+
+
+@pytest.mark.parametrize("stub", [()], indirect=True)
+def test_runs_inside_a_running_event_loop(stub):
+    """Jupyter runs cells inside an event loop; the load must still run there."""
+    import asyncio
+
+    load = LoadSpec(concurrency=(2,), num_requests=3, output_len=4, warmup_requests=0)
+
+    async def cell():
+        return run_sweep(stub.base_url, "stub", load, None, progress=False)
+
+    df = asyncio.run(cell())
+    assert (df["status"] == "ok").all() and len(df) == 3

@@ -10,11 +10,25 @@ import sys
 from .errors import ServescopeError
 
 
+def _drop_cell_markers(record: logging.LogRecord) -> bool:
+    msg = record.getMessage()
+    return not (msg.startswith(("Executing Cell", "Ending Cell", "Executing notebook with kernel")) or not msg.strip())
+
+
 def _cmd_run(a: argparse.Namespace) -> int:
     from .report import run_suite
 
+    if not a.quiet:
+        # papermill logs each notebook's printed lines at INFO: that is the progress a user watches
+        pm_log = logging.getLogger("papermill")
+        pm_log.setLevel(logging.INFO)
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("  %(message)s"))
+        handler.addFilter(_drop_cell_markers)
+        pm_log.addHandler(handler)
+        pm_log.propagate = False
     out = run_suite(a.suite, only=a.only or (), offline=a.offline, hide_code=a.hide_code,
-                    reports_dir=a.reports_dir, store_dir=a.store_dir, run_id=a.run_id, progress=not a.quiet)
+                    reports_dir=a.reports_dir, store_dir=a.store_dir, run_id=a.run_id, progress=False)
     index = (out / "index.html").read_text()
     return 1 if ('class="failed"' in index and a.strict) else 0
 
@@ -57,6 +71,16 @@ def _cmd_make_model(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_store_export(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .store import Store, export_points
+
+    keys = export_points(Store(a.store_dir), Path(a.dest), keep_logs=a.keep_logs)
+    print(f"copied {len(keys)} complete points to {a.dest}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `servescope` command."""
     p = argparse.ArgumentParser(prog="servescope", description=__doc__)
@@ -72,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--store-dir", help="default: <project>/data/runs")
     r.add_argument("--run-id", help="default: <timestamp>-<suite name>")
     r.add_argument("--strict", action="store_true", help="exit 1 if any notebook failed")
-    r.add_argument("--quiet", action="store_true", help="no per-cell progress bar")
+    r.add_argument("--quiet", action="store_true", help="do not stream the notebooks' progress lines")
     r.set_defaults(fn=_cmd_run)
 
     e = sub.add_parser("engines", help="list engines and their managed environments")
@@ -87,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--spec", help='JSON of TinyModelSpec fields, e.g. \'{"num_layers": 2}\'')
     m.add_argument("--python", help="interpreter with torch+transformers (default: the managed vLLM env)")
     m.set_defaults(fn=_cmd_make_model)
+
+    x = sub.add_parser("store-export", help="copy complete points of a store (e.g. into data/reference/store)")
+    x.add_argument("dest")
+    x.add_argument("--store-dir", help="default: <project>/data/runs")
+    x.add_argument("--keep-logs", action="store_true", help="also copy the server logs")
+    x.set_defaults(fn=_cmd_store_export)
 
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

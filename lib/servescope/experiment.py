@@ -55,10 +55,14 @@ def engine_identity(engine: EngineSpec) -> str:
 
 
 def point_parts(engine: EngineSpec, model: ModelSpec, knobs: Knobs, load: LoadSpec, rep: int) -> dict[str, Any]:
-    """Key material of one point: engine identity, model, knobs, load, repetition index."""
+    """Key material of one point: engine identity, model, knobs, load, repetition index.
+
+    Fields left at their defaults are left out, so adding a field keeps old keys valid; changing a default
+    would silently change what old points mean, which tests/test_experiment.py guards against."""
     return {"engine": engine_identity(engine), "engine_env": dict(sorted(engine.env.items())),
-            "model": model.model_dump(mode="json"), "knobs": knobs.model_dump(mode="json"),
-            "load": load.model_dump(mode="json"), "rep": rep}
+            "model": model.model_dump(mode="json", exclude_none=True),  # a tiny model in full: it is the model
+            "knobs": knobs.model_dump(mode="json", exclude_defaults=True),
+            "load": load.model_dump(mode="json", exclude_defaults=True), "rep": rep}
 
 
 def measure(

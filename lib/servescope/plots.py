@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure as _Figure
+
+
+class Figure(_Figure):
+    """A matplotlib Figure that Jupyter displays as PNG by itself (no pyplot, so it is shown exactly once)."""
+
+    def _repr_png_(self) -> bytes:
+        buf = io.BytesIO()
+        self.savefig(buf, format="png", dpi=110)
+        return buf.getvalue()
 
 
 def throughput_latency(summary: pd.DataFrame, title: str = "") -> Figure:
@@ -22,6 +33,9 @@ def throughput_latency(summary: pd.DataFrame, title: str = "") -> Figure:
         for xi, ti, yi in zip(x, agg["tok"], agg["ttft"]):
             ax2.annotate(f"c={xi}", (ti, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax1.set_xscale("log", base=2)
+    levels = sorted(summary["concurrency"].unique())
+    ax1.set_xticks(levels, [str(int(c)) for c in levels])
+    ax1.minorticks_off()
     ax1.set_xlabel("concurrency (closed loop)")
     ax1.set_ylabel("output tokens/s")
     ax1.set_title("throughput (median, bars: min..max over repetitions)")

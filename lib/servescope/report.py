@@ -19,8 +19,8 @@ from nbconvert import HTMLExporter
 
 from .errors import SpecError
 from .findings import Finding, read_findings
-from .paths import default_reports_dir, default_store_dir, project_root
-from .suite import QUESTIONS, Suite, load_suite
+from .paths import default_reports_dir, default_store_dir
+from .suite import QUESTIONS, Suite, load_suite, notebook_file
 from .util import atomic_write_text
 
 
@@ -37,22 +37,10 @@ class NotebookRun:
     question: str = ""
 
 
-def notebook_path(nb_id: str) -> Path:
-    """The committed notebook for an id (notebooks/<id>.ipynb)."""
-    return project_root() / "notebooks" / f"{nb_id}.ipynb"
-
-
-def _declared_parameters(path: Path) -> dict[str, Any]:
-    return pm.inspect_notebook(str(path))
-
-
-def plan_parameters(suite: Suite, nb_id: str, overrides: dict[str, Any], out_dir: Path, store_dir: Path,
-                    offline: bool) -> dict[str, Any]:
+def plan_parameters(suite: Suite, path: Path, nb_id: str, overrides: dict[str, Any], out_dir: Path,
+                    store_dir: Path, offline: bool) -> dict[str, Any]:
     """Parameters papermill injects: suite-wide engine/model/load, the notebook's overrides, and run paths."""
-    path = notebook_path(nb_id)
-    if not path.is_file():
-        raise SpecError(f"suite names notebook {nb_id!r}, but {path} does not exist")
-    declared = _declared_parameters(path)
+    declared = pm.inspect_notebook(str(path))
     params: dict[str, Any] = {}
     suite_wide = {"engine": suite.engine, "model": suite.model, "load": suite.load,
                   "store_dir": str(store_dir), "offline": offline,
@@ -100,8 +88,10 @@ def run_suite(
     store = Path(store_dir) if store_dir else default_store_dir()
     run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{suite.name}"
     out_dir = (reports / run_id).resolve()
+    files = {e.id: notebook_file(suite_path, e) for e in entries}
+    plans = {e.id: plan_parameters(suite, files[e.id], e.id, e.parameters, out_dir, store.resolve(), offline)
+             for e in entries}
     out_dir.mkdir(parents=True, exist_ok=False)
-    plans = {e.id: plan_parameters(suite, e.id, e.parameters, out_dir, store.resolve(), offline) for e in entries}
 
     t_start = time.time()
     runs: list[NotebookRun] = []
@@ -111,8 +101,8 @@ def run_suite(
         run = NotebookRun(id=entry.id, status="ok", question=QUESTIONS.get(entry.id, ""))
         executed = out_dir / f"{entry.id}.ipynb"
         try:
-            pm.execute_notebook(str(notebook_path(entry.id)), str(executed), parameters=plans[entry.id],
-                                cwd=str(notebook_path(entry.id).parent), kernel_name=kernel_name,
+            pm.execute_notebook(str(files[entry.id]), str(executed), parameters=plans[entry.id],
+                                cwd=str(files[entry.id].parent), kernel_name=kernel_name,
                                 progress_bar=progress, log_output=True, report_mode=hide_code)
         except Exception as e:  # a failing notebook is reported, and the others still run
             run.status = "failed"

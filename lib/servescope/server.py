@@ -167,7 +167,7 @@ class ManagedServer:
         out = open(self.stdout_path, "ab")
         err = open(self.stderr_path, "ab")
         self._files = [out, err]
-        env = {**os.environ, **self.env}
+        env = {**os.environ, "NO_COLOR": "1", **self.env}  # plain logs: they are parsed and shown in reports
         self._t0 = time.monotonic()
         self.proc = subprocess.Popen(
             self.command,

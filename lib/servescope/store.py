@@ -112,3 +112,19 @@ class Store:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+
+
+def export_points(src: Store, dest: Path, keep_logs: bool = False) -> list[str]:
+    """Copy every complete point of src into dest (e.g. data/reference/store), server logs left out unless asked."""
+    dest = Path(dest)
+    copied = []
+    for p in sorted(src.root.iterdir()) if src.root.is_dir() else []:
+        if p.name.startswith((".", "_")) or not src.has(p.name):
+            continue
+        ignore = None if keep_logs else shutil.ignore_patterns("server.stdout.log", "server.stderr.log")
+        target = dest / p.name
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(p, target, ignore=ignore)
+        copied.append(p.name)
+    return copied

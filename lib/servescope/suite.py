@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import SpecError
+from .paths import project_root
 from .spec import EngineSpec, LoadSpec, ModelSpec, parse
 
 # What each notebook answers, for the index and the README.
@@ -29,6 +30,7 @@ class NotebookEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     id: str
+    path: str | None = Field(None, description="notebook file, relative to the suite file; default notebooks/<id>.ipynb")
     parameters: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -42,6 +44,13 @@ class Suite(BaseModel):
     model: dict[str, Any] = Field(default_factory=lambda: {"tiny": {}})
     load: dict[str, Any] = Field(default_factory=dict)
     notebooks: list[NotebookEntry]
+
+
+def notebook_file(suite_path: str | Path, entry: NotebookEntry) -> Path:
+    """Where a suite entry's notebook lives."""
+    if entry.path:
+        return (Path(suite_path).parent / entry.path).resolve()
+    return project_root() / "notebooks" / f"{entry.id}.ipynb"
 
 
 def load_suite(path: str | Path) -> Suite:
@@ -60,6 +69,8 @@ def load_suite(path: str | Path) -> Suite:
     parse(ModelSpec, suite.model, f"{p}: model")
     parse(LoadSpec, suite.load, f"{p}: load")
     for nb in suite.notebooks:
+        if not notebook_file(p, nb).is_file():
+            raise SpecError(f"suite {p} names notebook {nb.id!r}, but {notebook_file(p, nb)} does not exist")
         if "load" in nb.parameters:
             parse(LoadSpec, {**suite.load, **nb.parameters["load"]}, f"{p}: notebooks[{nb.id}].load")
     return suite

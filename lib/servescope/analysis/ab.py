@@ -63,3 +63,33 @@ def confidence(low_pct: float, high_pct: float, n_pairs: int) -> Confidence:
     if n_pairs == 1 or (low_pct <= 0 <= high_pct):
         return "low"
     return "high" if n_pairs >= 3 else "medium"
+
+
+def verdict(levels: pd.DataFrame) -> tuple[str, str]:
+    """Say what the paired effects of one metric across load levels amount to.
+
+    Returns (direction, text): direction is 'better', 'worse', 'mixed' or 'unresolved' for the treatment,
+    judged per level on levels whose confidence is medium or high; text names the levels."""
+    lv = levels[levels["n_pairs"] > 0]
+    if lv.empty:
+        return "unresolved", "was not measured"
+    hib = higher_is_better(str(lv["metric"].iloc[0]))
+    sure = lv["confidence"].isin(["high", "medium"])
+    good = lv[sure & ((lv["effect_pct"] > 0) == hib)]
+    bad = lv[sure & ((lv["effect_pct"] > 0) != hib)]
+    unsure = lv[~sure]
+
+    def at(df: pd.DataFrame) -> str:
+        return "c=" + ", ".join(str(int(c)) for c in df["concurrency"])
+
+    if good.empty and bad.empty:
+        if (lv["n_pairs"] == 1).all():
+            return "unresolved", "was measured once per configuration; one repetition cannot separate its effect from run-to-run noise"
+        return "unresolved", "makes no difference that this measurement can resolve"
+    if not good.empty and not bad.empty:
+        return "mixed", f"helps at {at(good)} but hurts at {at(bad)}"
+    word, which = ("helps", good) if not good.empty else ("hurts", bad)
+    direction = "better" if word == "helps" else "worse"
+    if unsure.empty:
+        return direction, f"{word} at every load measured ({at(which)})"
+    return direction, f"{word} at {at(which)}; not resolved at {at(unsure)}"

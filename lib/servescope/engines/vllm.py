@@ -121,6 +121,7 @@ class VllmAdapter(EngineAdapter):
             "VLLM_SERVER_DEV_MODE": "1",  # exposes /server_info?config_format=json: the resolved config
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
+            "VLLM_LOGGING_COLOR": "0",
         }
         if model_path.startswith("/"):
             env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

@@ -49,15 +49,17 @@ def _body(endpoint: str, model: str, prompt: Prompt) -> dict[str, Any]:
     return {**common, "prompt": prompt.text}
 
 
-def _delta_text(chunk: dict[str, Any], endpoint: str) -> str:
-    choices = chunk.get("choices") or []
+def _is_token_event(chunk: dict[str, Any], endpoint: str) -> bool:
+    """Does this chunk carry a generated token? Its text may be empty (a special token, half a UTF-8 character),
+    so text is not the test; the usage-only chunk (no choices) and chat's role-only opening delta are not tokens."""
+    choices = chunk.get("choices")
     if not choices:
-        return ""
-    c = choices[0]
+        return False
     if endpoint == "chat":
-        d = c.get("delta") or {}
-        return (d.get("content") or "") + (d.get("reasoning_content") or "")
-    return c.get("text") or ""
+        d = choices[0].get("delta") or {}
+        if "role" in d and not (d.get("content") or d.get("reasoning_content") or d.get("reasoning")):
+            return False
+    return True
 
 
 async def send_request(
@@ -93,7 +95,7 @@ async def send_request(
                         rec.error = str(chunk["error"])[:500]
                         return rec
                     now = time.perf_counter()
-                    if _delta_text(chunk, endpoint):
+                    if _is_token_event(chunk, endpoint):
                         if not got_first:
                             rec.ttft_ms = (now - t0) * 1e3
                             got_first = True
@@ -107,7 +109,7 @@ async def send_request(
         rec.e2e_ms = (time.perf_counter() - t0) * 1e3
         if not got_first:
             rec.status = "error"
-            rec.error = "stream ended without any generated text"
+            rec.error = "stream ended without any generated token"
         elif rec.output_tokens is None:
             rec.output_tokens = len(rec.itl_ms) + 1  # server sent no usage: count streamed chunks
     except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, ValueError) as e:

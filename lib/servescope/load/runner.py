@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import aiohttp
 import pandas as pd
-from tqdm.auto import tqdm
+from tokenizers import Tokenizer
+from tqdm import tqdm
 
 from ..spec import LoadSpec
 from .client import RequestRecord, send_request
 from .datasets import Prompt, random_prompts
-from tokenizers import Tokenizer
+
+T = TypeVar("T")
 
 
 async def _closed_loop(
@@ -40,6 +44,16 @@ async def _closed_loop(
     return records
 
 
+def run_coro(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from sync code, also inside Jupyter, whose own event loop is already running."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro_fn())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="servescope-load") as ex:
+        return ex.submit(lambda: asyncio.run(coro_fn())).result()
+
+
 def run_level(
     base_url: str, model: str, load: LoadSpec, concurrency: int, prompts: Sequence[Prompt],
     warmup: Sequence[Prompt] = (), api_key: str | None = None, progress: bool = True, label: str = "",
@@ -51,12 +65,12 @@ def run_level(
     ids = itertools.count()
     out: list[RequestRecord] = []
     if warmup:
-        out += asyncio.run(_closed_loop(url, load.endpoint, model, warmup, concurrency, "warmup", headers,
-                                        load.request_timeout_s, ids, None))
+        out += run_coro(lambda: _closed_loop(url, load.endpoint, model, warmup, concurrency, "warmup", headers,
+                                             load.request_timeout_s, ids, None))
     bar = tqdm(total=len(prompts), desc=f"{label}c={concurrency}", leave=False, disable=not progress)
     try:
-        out += asyncio.run(_closed_loop(url, load.endpoint, model, prompts, concurrency, "measure", headers,
-                                        load.request_timeout_s, ids, bar))
+        out += run_coro(lambda: _closed_loop(url, load.endpoint, model, prompts, concurrency, "measure", headers,
+                                             load.request_timeout_s, ids, bar))
     finally:
         bar.close()
     return out

