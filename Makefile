@@ -7,14 +7,16 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUITE ?= data/suites/default.yaml
 ARGS ?=
+LAB_ARGS ?=
 CACHE := $(or $(SERVESCOPE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/servescope)
 
-.PHONY: help venv engine model report test test-fast lab clean distclean
+.PHONY: help venv engine model report lint test test-fast lab clean distclean
 
 help:
 	@echo "make report     run the default suite on the embedded engine; open reports/latest/index.html"
 	@echo "make test       every test, including real runs of the embedded engine (what CI runs)"
 	@echo "make test-fast  the tests that need no engine"
+	@echo "make lint       ruff over lib/ and tests/ (part of make test)"
 	@echo "make lab        JupyterLab on notebooks/ with the suite's kernel"
 	@echo "make clean      remove reports, results and caches of this clone (keeps the shared engine/model cache)"
 	@echo "make distclean  clean, plus .venv and the per-user cache ($(CACHE))"
@@ -37,15 +39,18 @@ report: model
 	$(PY) -m servescope.cli run $(SUITE) $(ARGS)
 	@echo "open reports/latest/index.html"
 
-test: model
+lint: venv
+	$(VENV)/bin/ruff check lib tests
+
+test: model lint
 	$(PY) -m pytest $(ARGS)
 
-test-fast: venv
+test-fast: venv lint
 	$(PY) -m pytest -m "not slow" $(ARGS)
 
 lab: venv
 	$(PY) -m pip install -q -e '.[dev,lab]'
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 clean:
 	rm -rf reports data/runs .pytest_cache

@@ -49,7 +49,8 @@ def build_app(a: argparse.Namespace) -> web.Application:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(req)
         if chat:  # OpenAI servers open a chat stream with a role-only delta that carries no token
-            await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}).encode() + b"\n\n")
+            role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+            await resp.write(b"data: " + json.dumps(role).encode() + b"\n\n")
         if a.ttft_ms:
             await asyncio.sleep(a.ttft_ms / 1e3)
         text = " ".join(m.get("content", "") for m in body["messages"]) if chat else str(body.get("prompt", ""))

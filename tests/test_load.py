@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from conftest import stub_command
 from servescope.load import random_prompts, run_level, run_sweep, summarize
 from servescope.server import ManagedServer, ReadyCheck, free_port
 from servescope.spec import LoadSpec
-
-from conftest import stub_command
 
 
 @pytest.fixture

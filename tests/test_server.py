@@ -14,10 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import stub_command
 from servescope.errors import PortInUseError, ServerExitedError, ServerStartTimeout
 from servescope.server import ManagedServer, ReadyCheck, free_port, port_is_free, redact_command
-
-from conftest import stub_command
 
 FAST = ReadyCheck(poll_interval_s=0.1)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from servescope.errors import SpecError, UnknownEngineError
 from servescope.engines import engine_names, get_engine
+from servescope.errors import SpecError, UnknownEngineError
 from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TinyModelSpec, parse
 
 

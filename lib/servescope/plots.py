@@ -30,7 +30,7 @@ def throughput_latency(summary: pd.DataFrame, title: str = "") -> Figure:
         ax1.errorbar(x, agg["tok"], yerr=[agg["tok"] - agg["lo"], agg["hi"] - agg["tok"]], marker="o",
                      capsize=3, label=cfg)
         ax2.plot(agg["tok"], agg["ttft"], marker="o", label=cfg)
-        for xi, ti, yi in zip(x, agg["tok"], agg["ttft"]):
+        for xi, ti, yi in zip(x, agg["tok"], agg["ttft"], strict=True):
             ax2.annotate(f"c={xi}", (ti, yi), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax1.set_xscale("log", base=2)
     levels = sorted(summary["concurrency"].unique())
@@ -56,7 +56,7 @@ def effect_bars(effects: pd.DataFrame, title: str = "") -> Figure:
     metrics = list(dict.fromkeys(effects["metric"]))
     fig = Figure(figsize=(4 * max(1, len(metrics)), 3.4), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, max(1, len(metrics))))
-    for ax, m in zip(axes, metrics):
+    for ax, m in zip(axes, metrics, strict=True):
         e = effects[effects["metric"] == m]
         x = np.arange(len(e))
         lo = (e["effect_pct"] - e["low_pct"]).clip(lower=0).fillna(0)

@@ -155,7 +155,7 @@ class ManagedServer:
         return "\n".join(parts)
 
     # -- launch -------------------------------------------------------------------------------
-    def start(self) -> "ManagedServer":
+    def start(self) -> ManagedServer:
         """Launch and block until ready; on any failure the tree is torn down before raising."""
         if not port_is_free(self.host, self.port):
             raise PortInUseError(f"port {self.host}:{self.port} is already in use; nothing was launched")
@@ -208,7 +208,8 @@ class ManagedServer:
             self._check_alive()
             if time.monotonic() > deadline:
                 raise ServerStartTimeout(
-                    f"server not ready after {self.startup_timeout_s:.0f} s (stuck at step '{step}'; last answer: {last or 'none'})",
+                    f"server not ready after {self.startup_timeout_s:.0f} s "
+                    f"(stuck at step '{step}'; last answer: {last or 'none'})",
                     self.log_tail(),
                 )
             try:
@@ -295,7 +296,7 @@ class ManagedServer:
             with contextlib.suppress(psutil.Error):
                 p.send_signal(sig)
 
-    def __enter__(self) -> "ManagedServer":
+    def __enter__(self) -> ManagedServer:
         return self.start()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

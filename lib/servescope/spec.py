@@ -44,7 +44,7 @@ class TinyModelSpec(_Spec):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _check(self) -> "TinyModelSpec":
+    def _check(self) -> TinyModelSpec:
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -60,7 +60,7 @@ class ModelSpec(_Spec):
     served_name: str | None = None
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ModelSpec":
+    def _one_source(self) -> ModelSpec:
         if (self.path is None) == (self.tiny is None):
             raise ValueError("give exactly one of model.path or model.tiny")
         return self

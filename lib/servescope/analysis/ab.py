@@ -13,7 +13,7 @@ HIGHER_IS_BETTER = {"output_tok_s": True, "total_tok_s": True, "request_s": True
 
 def higher_is_better(metric: str) -> bool:
     """Throughputs go up, latencies go down."""
-    return HIGHER_IS_BETTER.get(metric, not metric.split("_")[0] in {"ttft", "tpot", "itl", "e2e"})
+    return HIGHER_IS_BETTER.get(metric, metric.split("_")[0] not in {"ttft", "tpot", "itl", "e2e"})
 
 
 def paired_effects(summary: pd.DataFrame, metric: str, baseline: str, treatment: str) -> pd.DataFrame:
@@ -84,7 +84,8 @@ def verdict(levels: pd.DataFrame) -> tuple[str, str]:
 
     if good.empty and bad.empty:
         if (lv["n_pairs"] == 1).all():
-            return "unresolved", "was measured once per configuration; one repetition cannot separate its effect from run-to-run noise"
+            return "unresolved", ("was measured once per configuration; one repetition cannot separate its effect "
+                                  "from run-to-run noise")
         return "unresolved", "makes no difference that this measurement can resolve"
     if not good.empty and not bad.empty:
         return "mixed", f"helps at {at(good)} but hurts at {at(bad)}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -112,7 +111,7 @@ async def send_request(
             rec.error = "stream ended without any generated token"
         elif rec.output_tokens is None:
             rec.output_tokens = len(rec.itl_ms) + 1  # server sent no usage: count streamed chunks
-    except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError, ValueError) as e:
+    except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError, ValueError) as e:
         rec.status = "error"
         rec.error = f"{type(e).__name__}: {e}"[:500]
         rec.e2e_ms = (time.perf_counter() - t0) * 1e3

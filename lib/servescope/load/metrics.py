@@ -30,7 +30,7 @@ def summarize(requests: pd.DataFrame, by: list[str] | None = None) -> pd.DataFra
         in_tok = float(ok["input_tokens"].fillna(0).sum())
         tpot = (ok["e2e_ms"] - ok["ttft_ms"]) / (ok["output_tokens"] - 1).where(ok["output_tokens"] > 1)
         itl = np.concatenate([np.asarray(x, dtype=float) for x in ok["itl_ms"]]) if len(ok) else np.array([])
-        row = dict(zip(keys, key))
+        row = dict(zip(keys, key, strict=True))
         row |= {
             "completed": int(len(ok)),
             "failed": int(len(g) - len(ok)),

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 
 from .. import plots
-from ..plots import Figure
 from ..analysis.ab import higher_is_better, paired_effects, verdict
 from ..experiment import Config, Results, measure
 from ..findings import Effect, Finding
+from ..plots import Figure
 from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, parse
 from ..store import Store
 
