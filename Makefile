@@ -10,7 +10,7 @@ ARGS ?=
 LAB_ARGS ?=
 CACHE := $(or $(SERVESCOPE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/servescope)
 
-.PHONY: help venv engine model report lint test test-fast lab clean distclean
+.PHONY: help venv engine model report lint test test-fast lab clean distclean bench-client bench-agreement
 
 help:
 	@echo "make report     run the default suite on the embedded engine; open reports/latest/index.html"
@@ -18,6 +18,8 @@ help:
 	@echo "make test-fast  the tests that need no engine"
 	@echo "make lint       ruff over lib/ and tests/ (part of make test)"
 	@echo "make lab        JupyterLab on notebooks/ with the suite's kernel"
+	@echo "make bench-client     our streaming client vs vLLM's benchmark client on a zero-work stub"
+	@echo "make bench-agreement  our client vs vLLM's benchmark client measuring the embedded vLLM"
 	@echo "make clean      remove reports, results and caches of this clone (keeps the shared engine/model cache)"
 	@echo "make distclean  clean, plus .venv and the per-user cache ($(CACHE))"
 
@@ -40,7 +42,7 @@ report: model
 	@echo "open reports/latest/index.html"
 
 lint: venv
-	$(VENV)/bin/ruff check lib tests
+	$(VENV)/bin/ruff check lib tests benchmarks
 
 test: model lint
 	$(PY) -m pytest $(ARGS)
@@ -51,6 +53,12 @@ test-fast: venv lint
 lab: venv
 	$(PY) -m pip install -q -e '.[dev,lab]'
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+bench-client: model
+	$(PY) benchmarks/bench_client.py $(ARGS)
+
+bench-agreement: model
+	$(PY) benchmarks/bench_agreement.py $(ARGS)
 
 clean:
 	rm -rf reports data/runs .pytest_cache

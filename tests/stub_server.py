@@ -66,8 +66,32 @@ def build_app(a: argparse.Namespace) -> web.Application:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
+    async def generate(req: web.Request) -> web.StreamResponse:
+        """SGLang's native endpoint: each chunk carries the text so far and meta_info token counts."""
+        if not ready():
+            return web.Response(status=503)
+        body = await req.json()
+        counter["n"] += 1
+        if a.fail_every and counter["n"] % a.fail_every == 0:
+            return web.json_response({"error": {"message": "stub failure"}}, status=500)
+        n = int(body["sampling_params"]["max_new_tokens"])
+        prompt_tokens = len(str(body.get("text", "")).split())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(req)
+        if a.ttft_ms:
+            await asyncio.sleep(a.ttft_ms / 1e3)
+        done = 0
+        while done < n:
+            if done and a.itl_ms:
+                await asyncio.sleep(a.itl_ms / 1e3 * a.chunk_tokens)
+            done = min(n, done + (1 if done == 0 else a.chunk_tokens))
+            chunk = {"text": "x" * done, "meta_info": {"prompt_tokens": prompt_tokens, "completion_tokens": done}}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
     app = web.Application()
-    app.add_routes([web.get("/health", health), web.get("/v1/models", models),
+    app.add_routes([web.get("/health", health), web.get("/v1/models", models), web.post("/generate", generate),
                     web.post("/v1/completions", completions), web.post("/v1/chat/completions", completions)])
     return app
 
@@ -84,6 +108,7 @@ def main() -> None:
     p.add_argument("--fail-every", type=int, default=0, help="answer every Nth request with HTTP 500")
     p.add_argument("--ttft-ms", type=float, default=0.0)
     p.add_argument("--itl-ms", type=float, default=0.0)
+    p.add_argument("--chunk-tokens", type=int, default=1, help="/generate: tokens per streamed chunk after the first")
     p.add_argument("--pid-file", default="")
     a = p.parse_args()
     if a.mode == "exit":

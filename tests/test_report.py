@@ -95,3 +95,19 @@ def test_hide_code(tmp_path):
                     reports_dir=tmp_path / "reports", store_dir=store)
     html = (out / "05_torch_compile.html").read_text()
     assert "t05.run(" not in html and "data:image/png;base64" in html
+
+
+def test_progress_bars_collapse_to_their_final_state():
+    import nbformat
+
+    from servescope.report import collapse_progress
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="\rc=4:   0%| 0/30"),
+                    nbformat.v4.new_output("stream", name="stderr", text="\rc=4:  50%| 15/30"),
+                    nbformat.v4.new_output("stream", name="stderr", text="\rc=4: 100%| 30/30\n"),
+                    nbformat.v4.new_output("stream", name="stdout", text="done\n")]
+    nb.cells = [cell]
+    outs = collapse_progress(nb).cells[0].outputs
+    assert [o.text for o in outs] == ["c=4: 100%| 30/30\n", "done\n"]

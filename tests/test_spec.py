@@ -21,7 +21,7 @@ def test_unknown_engine_names_the_known_ones():
     ({"concurrency": []}, "concurrency"),
     ({"concurrency": [1, -2]}, "concurrency"),
     ({"num_requests": 0}, "num_requests"),
-    ({"endpoint": "generate"}, "endpoint"),
+    ({"endpoint": "responses"}, "endpoint"),
     ({"typo_field": 1}, "typo_field"),
 ])
 def test_load_spec_errors(data, msg):

@@ -81,6 +81,25 @@ def _cmd_store_export(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_import_bench(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .load.importers import import_bench
+
+    summary, requests = import_bench(a.file)
+    cols = ["source", "point", "completed", "failed", "request_s", "output_tok_s", "ttft_ms_p50", "ttft_ms_p99",
+            "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50"]
+    print(summary[cols].to_string(index=False))
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        summary.to_parquet(out / "summary.parquet", index=False)
+        if not requests.empty:
+            requests.to_parquet(out / "requests.parquet", index=False)
+        print(f"written to {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `servescope` command."""
     p = argparse.ArgumentParser(prog="servescope", description=__doc__)
@@ -117,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     x.add_argument("--store-dir", help="default: <project>/data/runs")
     x.add_argument("--keep-logs", action="store_true", help="also copy the server logs")
     x.set_defaults(fn=_cmd_store_export)
+
+    ib = sub.add_parser("import-bench", help="read a vllm bench serve JSON or sglang bench_serving JSONL result")
+    ib.add_argument("file")
+    ib.add_argument("--out", help="folder to write summary.parquet (and requests.parquet) into")
+    ib.set_defaults(fn=_cmd_import_bench)
 
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -15,7 +15,7 @@ import pandas as pd
 from .engines import get_engine
 from .errors import NotMeasuredError, ServescopeError
 from .launch import Prepared, prepare, serve
-from .load import load_tokenizer, run_sweep, summarize
+from .load import load_tokenizer, run_sweep
 from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec
 from .store import Store
 
@@ -38,6 +38,27 @@ class Results:
     points: pd.DataFrame
     errors: pd.DataFrame
     resolved: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def client_health(self) -> pd.DataFrame:
+        """Per configuration, repetition and point: how busy the load client was, and whether it may have
+        limited the measurement (points recorded before client health was measured show NaN)."""
+        cols = ["config", "rep", "point", "client_cpu_pct", "loop_lag_ms_p99", "achieved_rate", "requested_rate",
+                "client_limited", "client_warning"]
+        if self.summary.empty:
+            return pd.DataFrame(columns=cols)
+        s = self.summary.copy()
+        if "point" not in s:
+            s["point"] = "c=" + s["concurrency"].astype(int).astype(str)
+        for c in cols:
+            if c not in s:
+                s[c] = float("nan") if c not in ("client_limited", "client_warning") else (False if c == "client_limited" else "")
+        return s[cols]
+
+    def client_warnings(self) -> list[str]:
+        """One line per point where the client, not the server, may have set the figure."""
+        h = self.client_health()
+        bad = h[h["client_limited"].fillna(False).astype(bool)]
+        return [f"{r.config} rep {r.rep} {r.point}: {r.client_warning}" for r in bad.itertuples()]
 
 
 def _say(msg: str) -> None:
@@ -124,18 +145,22 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
         say(f"{tag}: launching {prep.engine.name} {prep.install.version} ({cfg.knobs.label()})")
         t0 = time.monotonic()
         with serve(prep, cfg.knobs, w.dir) as target:
-            say(f"{tag}: ready in {time.monotonic() - t0:.0f} s; load {list(load.concurrency)} x {load.num_requests} requests")
+            points = ", ".join(p.label for p in load.points())
+            say(f"{tag}: ready in {time.monotonic() - t0:.0f} s; load {points}")
             w.manifest["target"] = target.describe()
             w.manifest["resolved"] = _resolved_summary(target.resolved_config)
-            reqs = run_sweep(target.base_url, target.model, load, tokenizer, target.api_key, progress, f"{cfg.name} ")
-            w.put_table("requests", reqs)
-            summ = summarize(reqs)
+            result = run_sweep(target.base_url, target.model, load, tokenizer, target.api_key, progress,
+                               f"{cfg.name} ")
+            w.put_table("requests", result.requests)
+            w.put_table("health", result.health)
+            summ = result.summary(load.slo_ms)
             w.put_table("summary", summ)
-        say(f"{tag}: done; output tok/s by concurrency: " + ", ".join(
-            f"c={int(r.concurrency)}: {r.output_tok_s:.0f}" for r in summ.itertuples()))
+        say(f"{tag}: done; output tok/s: " + ", ".join(f"{r.point}: {r.output_tok_s:.0f}" for r in summ.itertuples()))
         bad = int(summ["failed"].sum()) if len(summ) else 0
         if bad:
             say(f"{tag}: {bad} requests failed (kept in the records)")
+        for r in summ[summ["client_limited"]].itertuples() if "client_limited" in summ else []:
+            say(f"{tag}: WARNING at {r.point}: the client may have limited this measurement: {r.client_warning}")
 
 
 def _resolved_summary(cfg: dict[str, Any] | None) -> dict[str, Any]:

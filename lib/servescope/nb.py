@@ -34,3 +34,19 @@ def show_errors(res: Results) -> Markdown | pd.DataFrame:
     if res.errors.empty:
         return Markdown("Every point completed.")
     return res.errors[["config", "rep", "key", "error_type", "error"]]
+
+
+def show_client_health(res: Results) -> Markdown | pd.DataFrame:
+    """The load client's own load per point, with a warning where it may have limited the measurement."""
+    h = res.client_health()
+    warnings = res.client_warnings()
+    if h.empty:
+        return Markdown("No points measured.")
+    if h["client_cpu_pct"].isna().all():
+        return Markdown("Client health was not recorded for these points (stored before it was measured).")
+    if not warnings:
+        return Markdown(
+            f"The client never limited a measurement: at most {h['client_cpu_pct'].max():.0f}% of one core, "
+            f"event-loop lag p99 at most {h['loop_lag_ms_p99'].max():.1f} ms.")
+    display_md = "**Warning: the client may have limited these measurements:**\n\n" + "\n".join(f"- {w}" for w in warnings)
+    return Markdown(display_md)

@@ -55,9 +55,30 @@ def plan_parameters(suite: Suite, path: Path, nb_id: str, overrides: dict[str, A
     return params
 
 
+def collapse_progress(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Merge each cell's consecutive stream outputs and keep only what a terminal would show after carriage
+    returns, so a progress bar appears once, in its final state, not once per update."""
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        merged: list[nbformat.NotebookNode] = []
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream" \
+                    and merged[-1].get("name") == out.get("name"):
+                merged[-1]["text"] += out["text"]
+            else:
+                merged.append(out)
+        for out in merged:
+            if out.get("output_type") == "stream" and "\r" in out["text"]:
+                lines = out["text"].replace("\r\n", "\n").split("\n")
+                out["text"] = "\n".join(line.rsplit("\r", 1)[-1] for line in lines)
+        cell["outputs"] = merged
+    return nb
+
+
 def render_html(ipynb: Path, html_path: Path, hide_code: bool = False) -> None:
-    """Self-contained HTML (images embedded) of an executed notebook."""
-    nb = nbformat.read(str(ipynb), as_version=4)
+    """Self-contained HTML (images embedded) of an executed notebook, progress bars collapsed."""
+    nb = collapse_progress(nbformat.read(str(ipynb), as_version=4))
     exporter = HTMLExporter(template_name="lab", embed_images=True, exclude_input=hide_code,
                             exclude_input_prompt=hide_code, exclude_output_prompt=hide_code)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": ipynb.stem}})

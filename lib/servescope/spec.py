@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -12,7 +14,7 @@ from .errors import SpecError
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="strings")
 
     def digest(self) -> str:
         """Stable short hash of the content (the store's key material)."""
@@ -122,26 +124,87 @@ class EngineSpec(_Spec):
         return v
 
 
-class LoadSpec(_Spec):
-    """A closed-loop load: a number of streamed requests at each concurrency level."""
+SLO_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
-    concurrency: tuple[int, ...] = (1, 4, 16)
-    num_requests: int = Field(32, ge=1, description="measured requests per concurrency level")
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """One point of a load sweep: a closed-loop concurrency level or an open-loop arrival rate."""
+
+    index: int
+    label: str
+    mode: str
+    concurrency: int | None  # closed loop: the level; open loop: the in-flight cap, if any
+    request_rate: float | None  # open loop: requests per second (inf = all at once)
+
+
+class LoadSpec(_Spec):
+    """How to load a server: closed-loop concurrency levels or open-loop arrival rates, and what to send."""
+
+    mode: Literal["closed", "open"] = "closed"
+    concurrency: tuple[int, ...] = Field((1, 4, 16), description="closed loop: one point per level")
+    request_rate: tuple[float, ...] = Field((), description="open loop: one point per rate, requests/s (inf allowed)")
+    burstiness: float = Field(1.0, gt=0, description="gamma shape of inter-arrival times: 1 = Poisson, <1 burstier")
+    max_concurrency: int | None = Field(None, ge=1, description="open loop: cap on requests in flight")
+    num_requests: int = Field(32, ge=1, description="measured requests per point (the prompt pool, with duration_s)")
+    duration_s: float | None = Field(None, gt=0, description="if set, each point runs this long instead of a count")
     warmup_requests: int | None = Field(
-        None, ge=0, description="unmeasured requests before each level; None = one per concurrent slot, so every "
-        "batch size the level reaches is warmed (compiled engines build code per shape)")
-    input_len: int = Field(64, ge=1)
-    output_len: int = Field(64, ge=1)
-    endpoint: Literal["completions", "chat"] = "completions"
+        None, ge=0, description="unmeasured requests before each point; None = one per concurrent slot, so every "
+        "batch size the point reaches is warmed (compiled engines build code per shape)")
+    dataset: Literal["random", "sharegpt", "jsonl"] = "random"
+    dataset_path: str | None = Field(None, description="ShareGPT JSON or JSONL prompts file")
+    input_len: int = Field(64, ge=1, description="random dataset: exact prompt tokens")
+    output_len: int = Field(64, ge=1, description="output tokens asked for (files may give their own per prompt)")
+    ignore_eos: bool = Field(True, description="ask for exact output lengths (ignore_eos and min_tokens)")
+    endpoint: Literal["completions", "chat", "generate"] = "completions"
+    slo_ms: dict[str, float] = Field(default_factory=dict, description="goodput SLOs, e.g. {ttft_ms: 500, tpot_ms: 50}")
     request_timeout_s: float = Field(300, gt=0)
     seed: int = 0
 
     @field_validator("concurrency")
     @classmethod
     def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if not v or any(c < 1 for c in v):
-            raise ValueError("concurrency levels must be a non-empty list of positive integers")
+        if any(c < 1 for c in v):
+            raise ValueError("concurrency levels must be positive integers")
         return v
+
+    @field_validator("request_rate")
+    @classmethod
+    def _rates(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not r > 0 for r in v):
+            raise ValueError("request rates must be positive (inf allowed)")
+        return v
+
+    @field_validator("slo_ms")
+    @classmethod
+    def _slos(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k in v if k not in SLO_METRICS]
+        if bad:
+            raise ValueError(f"unknown SLO metric(s) {bad}; use {list(SLO_METRICS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LoadSpec:
+        if self.mode == "closed" and not self.concurrency:
+            raise ValueError("closed-loop load needs at least one concurrency level")
+        if self.mode == "open" and not self.request_rate:
+            raise ValueError("open-loop load needs at least one request_rate")
+        if self.mode == "open" and self.duration_s and any(r == float("inf") for r in self.request_rate):
+            raise ValueError("an infinite request_rate sends everything at once: give num_requests, not duration_s")
+        if self.dataset != "random":
+            if not self.dataset_path:
+                raise ValueError(f"dataset {self.dataset!r} needs dataset_path")
+            if not Path(self.dataset_path).expanduser().is_file():
+                raise ValueError(f"dataset_path {self.dataset_path!r} does not exist")
+        return self
+
+    def points(self) -> list[LoadPoint]:
+        """The sweep's points in order."""
+        if self.mode == "closed":
+            return [LoadPoint(i, f"c={c}", "closed", c, None) for i, c in enumerate(self.concurrency)]
+        cap = f", cap={self.max_concurrency}" if self.max_concurrency else ""
+        return [LoadPoint(i, f"rate={r:g}{cap}", "open", self.max_concurrency, r)
+                for i, r in enumerate(self.request_rate)]
 
 
 def parse(model: type[_Spec], data: Any, where: str) -> Any:

@@ -1,7 +1,8 @@
 """Load generation and serving metrics."""
 
-from .datasets import Prompt, load_tokenizer, random_prompts
+from .datasets import Prompt, jsonl_prompts, load_tokenizer, random_prompts, sharegpt_prompts
 from .metrics import summarize
-from .runner import run_level, run_sweep
+from .runner import LoadResult, make_prompts, run_coro, run_level, run_sweep
 
-__all__ = ["Prompt", "load_tokenizer", "random_prompts", "run_level", "run_sweep", "summarize"]
+__all__ = ["LoadResult", "Prompt", "jsonl_prompts", "load_tokenizer", "make_prompts", "random_prompts", "run_coro",
+           "run_level", "run_sweep", "sharegpt_prompts", "summarize"]

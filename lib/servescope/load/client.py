@@ -1,8 +1,14 @@
-"""Streaming OpenAI-compatible client: one record per request, a failed request is recorded, never raised."""
+"""Streaming client for OpenAI-compatible servers and SGLang's native /generate.
+
+One record per request; a failed request is recorded, never raised. Parsing is kept cheap because on a
+small machine the client shares CPUs with the server: token chunks are recognised from their bytes and only
+chunks that carry usage, errors or chat roles are decoded as JSON.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -11,20 +17,30 @@ import aiohttp
 
 from .datasets import Prompt
 
+PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "generate": "/generate"}
 
-@dataclass
+_EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+_HAS_USAGE = re.compile(rb'"usage"\s*:\s*\{')
+_HAS_ERROR = re.compile(rb'"error"\s*:')
+_HAS_ROLE = re.compile(rb'"role"\s*:')
+
+
+@dataclass(slots=True)
 class RequestRecord:
-    """What happened to one request; times in ms relative to its own start unless named *_unix."""
+    """What happened to one request; durations in ms from its own start, absolute times in unix seconds."""
 
     request_id: int
     phase: str
-    concurrency: int
-    start_unix: float
+    point_index: int = 0
+    start_unix: float = 0.0
+    scheduled_unix: float | None = None  # open loop: when the arrival process wanted it sent
     ttft_ms: float | None = None
     e2e_ms: float | None = None
     itl_ms: list[float] = field(default_factory=list)
     input_tokens: int | None = None
     output_tokens: int | None = None
+    expected_output_tokens: int | None = None
+    chunks: int = 0
     status: str = "ok"
     error: str = ""
 
@@ -33,85 +49,109 @@ class RequestRecord:
         return asdict(self)
 
 
-def _body(endpoint: str, model: str, prompt: Prompt) -> dict[str, Any]:
-    common: dict[str, Any] = {
-        "model": model,
-        "max_tokens": prompt.output_len,
-        "min_tokens": prompt.output_len,  # exact output length where the engine supports it
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+def build_body(endpoint: str, model: str, prompt: Prompt, ignore_eos: bool = True) -> bytes:
+    """The JSON request body, encoded once per request."""
+    if endpoint == "generate":
+        sp: dict[str, Any] = {"max_new_tokens": prompt.output_len, "temperature": 0.0}
+        if ignore_eos:
+            sp |= {"ignore_eos": True, "min_new_tokens": prompt.output_len}
+        return json.dumps({"text": prompt.text, "sampling_params": sp, "stream": True}).encode()
+    body: dict[str, Any] = {"model": model, "max_tokens": prompt.output_len, "temperature": 0.0, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body |= {"ignore_eos": True, "min_tokens": prompt.output_len}  # exact lengths where the engine supports it
     if endpoint == "chat":
-        return {**common, "messages": [{"role": "user", "content": prompt.text}]}
-    return {**common, "prompt": prompt.text}
+        msgs = prompt.messages or (("user", prompt.text),)
+        body["messages"] = [{"role": r, "content": c} for r, c in msgs]
+    else:
+        body["prompt"] = prompt.text
+    return json.dumps(body).encode()
 
 
-def _is_token_event(chunk: dict[str, Any], endpoint: str) -> bool:
-    """Does this chunk carry a generated token? Its text may be empty (a special token, half a UTF-8 character),
-    so text is not the test; the usage-only chunk (no choices) and chat's role-only opening delta are not tokens."""
-    choices = chunk.get("choices")
-    if not choices:
-        return False
-    if endpoint == "chat":
-        d = choices[0].get("delta") or {}
-        if "role" in d and not (d.get("content") or d.get("reasoning_content") or d.get("reasoning")):
+def _openai_line(data: bytes, chat: bool, rec: RequestRecord) -> bool:
+    """Handle one OpenAI SSE payload; True when it carries a generated token (whose text may be empty)."""
+    if _HAS_ERROR.search(data):
+        obj = json.loads(data)
+        if obj.get("error"):
+            rec.status = "error"
+            rec.error = str(obj["error"])[:500]
             return False
-    return True
+    if _HAS_USAGE.search(data):
+        usage = json.loads(data)["usage"]
+        rec.input_tokens = usage.get("prompt_tokens", rec.input_tokens)
+        rec.output_tokens = usage.get("completion_tokens", rec.output_tokens)
+    if _EMPTY_CHOICES.search(data):
+        return False
+    if chat and _HAS_ROLE.search(data):
+        # chat streams open with a role-only delta that carries no token
+        choices = json.loads(data).get("choices") or [{}]
+        d = choices[0].get("delta") or {}
+        return bool(d.get("content") or d.get("reasoning_content") or d.get("reasoning"))
+    return b'"choices"' in data
 
 
-async def send_request(
-    session: aiohttp.ClientSession, url: str, endpoint: str, model: str, prompt: Prompt, rec: RequestRecord,
-    headers: dict[str, str],
-) -> RequestRecord:
+async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, body: bytes, rec: RequestRecord,
+                       headers: dict[str, str]) -> RequestRecord:
     """Stream one request and fill rec: TTFT, every inter-token gap, E2E, token counts from usage."""
-    body = _body(endpoint, model, prompt)
-    t0 = time.perf_counter()
+    chat = endpoint == "chat"
+    generate = endpoint == "generate"
     rec.start_unix = time.time()
-    last = t0
-    got_first = False
+    t0 = last = time.perf_counter()
+    first = True
+    done_tokens = 0  # /generate: completion tokens seen so far (a chunk may carry several)
     try:
-        async with session.post(url, json=body, headers=headers) as resp:
+        async with session.post(url, data=body, headers=headers) as resp:
             if resp.status != 200:
                 rec.status = "error"
                 rec.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
                 return rec
             buf = b""
             async for piece in resp.content.iter_any():
-                buf += piece
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    line = line.strip()
+                now = time.perf_counter()  # arrival time of this read; every event in it arrived together
+                lines = (buf + piece).split(b"\n")
+                buf = lines.pop()
+                for line in lines:
                     if not line.startswith(b"data:"):
                         continue
                     data = line[5:].strip()
-                    if data == b"[DONE]":
+                    if data == b"[DONE]" or not data:
                         continue
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        rec.status = "error"
-                        rec.error = str(chunk["error"])[:500]
-                        return rec
-                    now = time.perf_counter()
-                    if _is_token_event(chunk, endpoint):
-                        if not got_first:
+                    if generate:
+                        obj = json.loads(data)
+                        meta = obj.get("meta_info") or {}
+                        n_done = int(meta.get("completion_tokens") or 0)
+                        rec.input_tokens = meta.get("prompt_tokens", rec.input_tokens)
+                        new = n_done - done_tokens
+                        if new <= 0:
+                            continue
+                        rec.output_tokens = done_tokens = n_done
+                        rec.chunks += 1
+                        if first:
                             rec.ttft_ms = (now - t0) * 1e3
-                            got_first = True
+                            first = False
+                            new -= 1
+                        if new > 0:
+                            gap = (now - last) * 1e3 / new  # spread a multi-token chunk evenly, as SGLang's client does
+                            rec.itl_ms.extend([gap] * new)
+                        last = now
+                        continue
+                    if _openai_line(data, chat, rec):
+                        rec.chunks += 1
+                        if first:
+                            rec.ttft_ms = (now - t0) * 1e3
+                            first = False
                         else:
                             rec.itl_ms.append((now - last) * 1e3)
                         last = now
-                    usage = chunk.get("usage")
-                    if usage:
-                        rec.input_tokens = usage.get("prompt_tokens")
-                        rec.output_tokens = usage.get("completion_tokens")
+                    elif rec.status == "error":
+                        return rec
         rec.e2e_ms = (time.perf_counter() - t0) * 1e3
-        if not got_first:
+        if first:
             rec.status = "error"
             rec.error = "stream ended without any generated token"
         elif rec.output_tokens is None:
-            rec.output_tokens = len(rec.itl_ms) + 1  # server sent no usage: count streamed chunks
-    except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError, ValueError) as e:
+            rec.output_tokens = rec.chunks  # the server sent no usage: count token events
+    except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError, ValueError, KeyError) as e:
         rec.status = "error"
         rec.error = f"{type(e).__name__}: {e}"[:500]
         rec.e2e_ms = (time.perf_counter() - t0) * 1e3

@@ -1,14 +1,20 @@
-"""Serving metrics per load point, from per-request records."""
+"""Serving metrics per load point, from per-request records (the same schema as imported peer benchmarks)."""
 
 from __future__ import annotations
+
+from functools import partial
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-PCTS = (50, 90, 99)
+PCTS = (50, 90, 95, 99)
+LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+POINT_COLS = ["point_index", "point", "mode", "concurrency", "request_rate"]
 
 
-def _stats(values: pd.Series | np.ndarray, name: str) -> dict[str, float]:
+def stats(values: Any, name: str) -> dict[str, float]:
+    """mean and percentiles of one latency, NaN when there are no values."""
     v = np.asarray(values, dtype=float)
     v = v[~np.isnan(v)]
     out = {f"{name}_mean": float(v.mean()) if v.size else float("nan")}
@@ -17,30 +23,61 @@ def _stats(values: pd.Series | np.ndarray, name: str) -> dict[str, float]:
     return out
 
 
-def summarize(requests: pd.DataFrame, by: list[str] | None = None) -> pd.DataFrame:
-    """One row per load point (grouped by `by` + concurrency): throughput and latency statistics."""
-    keys = [*(by or []), "concurrency"]
+def per_request_tpot(df: pd.DataFrame) -> pd.Series:
+    """Time per output token after the first, per request (NaN for single-token outputs)."""
+    return (df["e2e_ms"] - df["ttft_ms"]) / (df["output_tokens"] - 1).where(df["output_tokens"] > 1)
+
+
+def good_requests(ok: pd.DataFrame, slo_ms: dict[str, float]) -> pd.Series:
+    """Which successful requests met every SLO (TTFT, TPOT, E2E thresholds in ms)."""
+    good = pd.Series(True, index=ok.index)
+    values = {"ttft_ms": ok["ttft_ms"], "e2e_ms": ok["e2e_ms"], "tpot_ms": per_request_tpot(ok)}
+    for metric, limit in slo_ms.items():
+        good &= values[metric].fillna(0) <= limit
+    return good
+
+
+def _rate(count: float, duration_s: float) -> float:
+    return count / duration_s if duration_s > 0 else float("nan")
+
+
+def summarize(requests: pd.DataFrame, health: pd.DataFrame | None = None,
+              slo_ms: dict[str, float] | None = None, by: list[str] | None = None) -> pd.DataFrame:
+    """One row per load point: counts, throughputs, latency statistics, goodput, and the client's health."""
+    if requests.empty:
+        return pd.DataFrame()
+    keys = [*(by or []), *[c for c in POINT_COLS if c in requests.columns]]
+    m = requests[requests["phase"] == "measure"]
     rows = []
-    for key, g in requests[requests["phase"] == "measure"].groupby(keys, sort=True):
-        key = key if isinstance(key, tuple) else (key,)
+    for key, g in m.groupby(keys, sort=True, dropna=False):
         ok = g[g["status"] == "ok"]
         end = (g["start_unix"] + g["e2e_ms"].fillna(0) / 1e3).max()
         duration_s = float(end - g["start_unix"].min()) if len(g) else float("nan")
         out_tok = float(ok["output_tokens"].sum())
         in_tok = float(ok["input_tokens"].fillna(0).sum())
-        tpot = (ok["e2e_ms"] - ok["ttft_ms"]) / (ok["output_tokens"] - 1).where(ok["output_tokens"] > 1)
         itl = np.concatenate([np.asarray(x, dtype=float) for x in ok["itl_ms"]]) if len(ok) else np.array([])
+        per_s = partial(_rate, duration_s=duration_s)
         row = dict(zip(keys, key, strict=True))
         row |= {
-            "completed": int(len(ok)),
-            "failed": int(len(g) - len(ok)),
-            "duration_s": duration_s,
-            "request_s": len(ok) / duration_s if duration_s > 0 else float("nan"),
-            "output_tok_s": out_tok / duration_s if duration_s > 0 else float("nan"),
-            "total_tok_s": (out_tok + in_tok) / duration_s if duration_s > 0 else float("nan"),
+            "completed": int(len(ok)), "failed": int(len(g) - len(ok)), "duration_s": duration_s,
+            "request_s": per_s(len(ok)), "input_tok_s": per_s(in_tok), "output_tok_s": per_s(out_tok),
+            "total_tok_s": per_s(out_tok + in_tok),
+            "mean_input_tokens": float(ok["input_tokens"].mean()) if len(ok) else float("nan"),
             "mean_output_tokens": float(ok["output_tokens"].mean()) if len(ok) else float("nan"),
+            "achieved_concurrency": float(ok["e2e_ms"].sum() / 1e3 / duration_s) if duration_s > 0 else float("nan"),
         }
-        row |= _stats(ok["ttft_ms"], "ttft_ms") | _stats(tpot, "tpot_ms") | _stats(itl, "itl_ms")
-        row |= _stats(ok["e2e_ms"], "e2e_ms")
+        if "expected_output_tokens" in ok:
+            row["short_outputs"] = int((ok["output_tokens"] < ok["expected_output_tokens"]).sum())
+        row |= stats(ok["ttft_ms"], "ttft_ms") | stats(per_request_tpot(ok), "tpot_ms") | stats(itl, "itl_ms")
+        row |= stats(ok["e2e_ms"], "e2e_ms")
+        if slo_ms:
+            good = int(good_requests(ok, slo_ms).sum())
+            row |= {"good_requests": good, "goodput_req_s": per_s(good),
+                    "slo": ", ".join(f"{k}<={v:g}" for k, v in slo_ms.items())}
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if health is not None and not health.empty and "point_index" in out:
+        cols = [c for c in health.columns if c != "point"]
+        out = out.merge(health[cols], on="point_index", how="left")
+    out["source"] = "servescope"
+    return out

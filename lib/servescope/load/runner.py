@@ -1,47 +1,36 @@
-"""Closed-loop load: at each concurrency level, N workers each send their next request when the last one ends."""
+"""Run load points: closed loop (N workers, each sends its next request when the last one ends) or open loop
+(arrivals from a seeded Poisson/gamma process, optionally capped), while watching the client's own health."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import itertools
+import math
+import resource
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import aiohttp
+import numpy as np
 import pandas as pd
+import psutil
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from ..spec import LoadSpec
-from .client import RequestRecord, send_request
-from .datasets import Prompt, random_prompts
+from ..spec import LoadPoint, LoadSpec
+from .client import PATHS, RequestRecord, build_body, send_request
+from .datasets import Prompt, jsonl_prompts, random_prompts, sharegpt_prompts
 
 T = TypeVar("T")
 
-
-async def _closed_loop(
-    url: str, endpoint: str, model: str, prompts: Sequence[Prompt], concurrency: int, phase: str,
-    headers: dict[str, str], timeout_s: float, ids: itertools.count, bar: tqdm | None,
-) -> list[RequestRecord]:
-    queue = list(enumerate(prompts))
-    queue.reverse()
-    records: list[RequestRecord] = []
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-
-        async def worker() -> None:
-            while queue:
-                _, prompt = queue.pop()
-                rec = RequestRecord(request_id=next(ids), phase=phase, concurrency=concurrency, start_unix=0.0)
-                records.append(await send_request(session, url, endpoint, model, prompt, rec, headers))
-                if bar is not None:
-                    bar.update(1)
-
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
-    return records
+# When the client, not the server, may have limited a measurement (named so reports can quote them).
+CLIENT_CPU_LIMIT_PCT = 90.0  # of one core
+LOOP_LAG_LIMIT_MS = 10.0  # p99 event-loop lag
+RATE_SHORTFALL = 0.95  # achieved / requested arrival rate, open loop without a cap
 
 
 def run_coro(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -54,43 +43,239 @@ def run_coro(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return ex.submit(lambda: asyncio.run(coro_fn())).result()
 
 
-def run_level(
-    base_url: str, model: str, load: LoadSpec, concurrency: int, prompts: Sequence[Prompt],
-    warmup: Sequence[Prompt] = (), api_key: str | None = None, progress: bool = True, label: str = "",
-) -> list[RequestRecord]:
-    """Warm up, then measure one concurrency level; returns every record (warmup ones tagged phase='warmup')."""
-    path = "/v1/chat/completions" if load.endpoint == "chat" else "/v1/completions"
-    url = base_url.rstrip("/") + path
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def ensure_fd_limit(needed: int) -> int:
+    """Raise the soft open-file limit towards the hard one so `needed` sockets fit; returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard if hard != resource.RLIM_INFINITY else needed, max(soft, needed))
+    if want > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        soft = want
+    return soft
+
+
+def make_prompts(load: LoadSpec, tok: Tokenizer | None, n: int, seed: int) -> list[Prompt]:
+    """n prompts from the load's dataset."""
+    if load.dataset == "sharegpt":
+        return sharegpt_prompts(load.dataset_path, tok, n, None, seed)
+    if load.dataset == "jsonl":
+        return jsonl_prompts(load.dataset_path, tok, n, load.output_len, seed)
+    return random_prompts(tok, n, load.input_len, load.output_len, seed)
+
+
+@dataclass
+class PointResult:
+    """The records of one point and what the client saw of itself while it ran."""
+
+    records: list[RequestRecord]
+    health: dict[str, Any]
+
+
+class _LoopLag:
+    """Samples how late the event loop wakes up: a busy client inflates every timestamp it takes."""
+
+    def __init__(self, interval_s: float = 0.01) -> None:
+        self.interval_s = interval_s
+        self.lags_ms: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(self.interval_s)
+            self.lags_ms.append(max(0.0, (time.perf_counter() - t - self.interval_s) * 1e3))
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+
+async def _point(
+    url: str, endpoint: str, model: str, prompts: Sequence[Prompt], point: LoadPoint, load: LoadSpec, phase: str,
+    headers: dict[str, str], ids: itertools.count, bar: tqdm | None, count: int | None,
+) -> PointResult:
+    """One point. count=None with load.duration_s: run for that long; else send `count` requests."""
+    bodies = [build_body(endpoint, model, p, load.ignore_eos) for p in prompts]
+    expected = [p.output_len for p in prompts]
+    records: list[RequestRecord] = []
+    timeout = aiohttp.ClientTimeout(total=load.request_timeout_s)
+    conns = point.concurrency or (count or len(bodies))
+    ensure_fd_limit(2 * conns + 256)
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    lag = _LoopLag()
+    proc = psutil.Process()
+    cpu0 = proc.cpu_times()
+    t_start = time.perf_counter()
+    deadline = t_start + load.duration_s if count is None and load.duration_s else math.inf
+    total = count if count is not None else math.inf
+    sent_times: list[float] = []
+    send_lags_ms: list[float] = []
+
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        lag.start()
+
+        async def one(i: int, scheduled: float | None) -> None:
+            rec = RequestRecord(request_id=next(ids), phase=phase, point_index=point.index,
+                                expected_output_tokens=expected[i % len(bodies)])
+            if scheduled is not None:
+                rec.scheduled_unix = time.time() - (time.perf_counter() - scheduled)
+            sent_times.append(time.perf_counter())
+            records.append(await send_request(session, url, endpoint, bodies[i % len(bodies)], rec, headers))
+            if bar is not None:
+                bar.update(1)
+
+        if point.mode == "closed":
+            counter = itertools.count()
+
+            async def worker() -> None:
+                while True:
+                    i = next(counter)
+                    if i >= total or time.perf_counter() >= deadline:
+                        return
+                    await one(i, None)
+
+            n_workers = int(min(point.concurrency or 1, total))
+            await asyncio.gather(*(worker() for _ in range(n_workers)))
+        else:
+            rate = point.request_rate or math.inf
+            rng = np.random.default_rng(load.seed + 7919 * point.index)
+            sem = asyncio.Semaphore(point.concurrency) if point.concurrency else None
+            tasks: list[asyncio.Task[None]] = []
+
+            async def capped(i: int, scheduled: float) -> None:
+                if sem is None:
+                    await one(i, scheduled)
+                    return
+                async with sem:
+                    await one(i, scheduled)
+
+            t_next = time.perf_counter()
+            for i in itertools.count():
+                if i >= total or t_next >= deadline:
+                    break
+                delay = t_next - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                send_lags_ms.append(max(0.0, (time.perf_counter() - t_next) * 1e3))
+                tasks.append(asyncio.create_task(capped(i, t_next)))
+                if math.isfinite(rate):
+                    # gamma(shape=k, scale=1/(rate*k)) has mean 1/rate; k=1 is Poisson, k<1 burstier
+                    t_next += float(rng.gamma(load.burstiness, 1.0 / (rate * load.burstiness)))
+            await asyncio.gather(*tasks)
+        await lag.stop()
+
+    wall_s = time.perf_counter() - t_start
+    cpu1 = proc.cpu_times()
+    cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    health = _health(point, load, wall_s, cpu_s, lag.lags_ms, send_lags_ms, sent_times)
+    return PointResult(records, health)
+
+
+def _health(point: LoadPoint, load: LoadSpec, wall_s: float, cpu_s: float, lags_ms: list[float],
+            send_lags_ms: list[float], sent_times: list[float]) -> dict[str, Any]:
+    lag = np.asarray(lags_ms, dtype=float)
+    pct = (lambda q: float(np.percentile(lag, q))) if lag.size else (lambda q: float("nan"))
+    span = (max(sent_times) - min(sent_times)) if len(sent_times) > 1 else float("nan")
+    achieved = (len(sent_times) - 1) / span if span and span > 0 else float("nan")
+    h: dict[str, Any] = {
+        "point_index": point.index, "client_wall_s": wall_s,
+        "client_cpu_pct": 100.0 * cpu_s / wall_s if wall_s > 0 else float("nan"),
+        "loop_lag_ms_p50": pct(50), "loop_lag_ms_p99": pct(99), "loop_lag_ms_max": pct(100),
+        "requested_rate": point.request_rate if point.request_rate is not None else float("nan"),
+        "achieved_rate": achieved,
+        "send_lag_ms_p99": float(np.percentile(send_lags_ms, 99)) if send_lags_ms else float("nan"),
+    }
+    warnings = []
+    if h["client_cpu_pct"] >= CLIENT_CPU_LIMIT_PCT:
+        warnings.append(f"client used {h['client_cpu_pct']:.0f}% of a core")
+    if h["loop_lag_ms_p99"] >= LOOP_LAG_LIMIT_MS:
+        warnings.append(f"client event loop lagged {h['loop_lag_ms_p99']:.1f} ms (p99), inflating latencies")
+    rate = point.request_rate
+    if point.mode == "open" and rate and math.isfinite(rate) and not point.concurrency \
+            and achieved < RATE_SHORTFALL * rate:
+        warnings.append(f"client sent {achieved:.2f} req/s of the {rate:g} asked for")
+    h["client_limited"] = bool(warnings)
+    h["client_warning"] = "; ".join(warnings)
+    return h
+
+
+@dataclass
+class LoadResult:
+    """A sweep's per-request records and per-point client health, as tidy DataFrames."""
+
+    requests: pd.DataFrame
+    health: pd.DataFrame
+
+    def summary(self, slo_ms: dict[str, float] | None = None) -> pd.DataFrame:
+        """One row per point (see metrics.summarize)."""
+        from .metrics import summarize
+
+        return summarize(self.requests, self.health, slo_ms)
+
+
+def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | None, api_key: str | None = None,
+              progress: bool = True, label: str = "") -> LoadResult:
+    """Every point of the load spec, each with its warmup first; warmup records are kept, tagged phase='warmup'."""
+    url = base_url.rstrip("/") + PATHS[load.endpoint]
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     ids = itertools.count()
+    rows: list[dict[str, Any]] = []
+    health: list[dict[str, Any]] = []
+    for pt in load.points():
+        prompts = make_prompts(load, tokenizer, load.num_requests, load.seed + 1000 * pt.index)
+        n_warm = load.warmup_requests if load.warmup_requests is not None else (pt.concurrency or 1)
+        if n_warm:
+            warm = make_prompts(load, tokenizer, n_warm, load.seed - 1 - pt.index)
+            closed = LoadPoint(pt.index, pt.label, "closed", pt.concurrency or 1, None)
+            res = run_coro(partial(_point, url, load.endpoint, model, warm, closed, load, "warmup", headers, ids,
+                                   None, n_warm))
+            rows += [_row(r, pt, warm) for r in res.records]
+        count = None if load.duration_s else load.num_requests
+        total = count if count is not None else None
+        unit = "req" if count is not None else "req (timed)"
+        bar = tqdm(total=total, desc=f"{label}{pt.label}", unit=unit, leave=True, disable=not progress,
+                   mininterval=1.0)
+        try:
+            res = run_coro(partial(_point, url, load.endpoint, model, prompts, pt, load, "measure", headers, ids,
+                                   bar, count))
+        finally:
+            bar.close()
+        rows += [_row(r, pt, prompts) for r in res.records]
+        health.append({"point": pt.label, **res.health})
+    return LoadResult(pd.DataFrame(rows), pd.DataFrame(health))
+
+
+def _row(r: RequestRecord, pt: LoadPoint, prompts: Sequence[Prompt]) -> dict[str, Any]:
+    row = r.as_row()
+    row |= {"point": pt.label, "mode": pt.mode, "concurrency": pt.concurrency, "request_rate": pt.request_rate,
+            "input_len_exact": bool(prompts and prompts[0].exact)}
+    return row
+
+
+def run_level(base_url: str, model: str, load: LoadSpec, concurrency: int, prompts: Sequence[Prompt],
+              warmup: Sequence[Prompt] = (), api_key: str | None = None, progress: bool = True,
+              label: str = "") -> list[RequestRecord]:
+    """One closed-loop level with the given prompts (for callers that bring their own)."""
+    url = base_url.rstrip("/") + PATHS[load.endpoint]
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
+    ids = itertools.count()
+    pt = LoadPoint(0, f"c={concurrency}", "closed", concurrency, None)
     out: list[RequestRecord] = []
     if warmup:
-        out += run_coro(lambda: _closed_loop(url, load.endpoint, model, warmup, concurrency, "warmup", headers,
-                                             load.request_timeout_s, ids, None))
-    bar = tqdm(total=len(prompts), desc=f"{label}c={concurrency}", leave=False, disable=not progress)
+        out += run_coro(partial(_point, url, load.endpoint, model, warmup, pt, load, "warmup", headers, ids, None,
+                                len(warmup))).records
+    bar = tqdm(total=len(prompts), desc=f"{label}{pt.label}", unit="req", disable=not progress, mininterval=1.0)
     try:
-        out += run_coro(lambda: _closed_loop(url, load.endpoint, model, prompts, concurrency, "measure", headers,
-                                             load.request_timeout_s, ids, bar))
+        out += run_coro(partial(_point, url, load.endpoint, model, prompts, pt, load, "measure", headers, ids, bar,
+                                len(prompts))).records
     finally:
         bar.close()
     return out
-
-
-def run_sweep(
-    base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | None, api_key: str | None = None,
-    progress: bool = True, label: str = "",
-) -> pd.DataFrame:
-    """Every concurrency level of the load spec; one tidy row per request."""
-    rows: list[dict] = []
-    for i, c in enumerate(load.concurrency):
-        prompts = random_prompts(tokenizer, load.num_requests, load.input_len, load.output_len, load.seed + 1000 * i)
-        n_warm = c if load.warmup_requests is None else load.warmup_requests
-        warm = random_prompts(tokenizer, n_warm, load.input_len, load.output_len, load.seed - 1 - i)
-        t0 = time.time()
-        recs = run_level(base_url, model, load, c, prompts, warm, api_key, progress, label)
-        for r in recs:
-            row = r.as_row()
-            row["level_start_unix"] = t0
-            row["input_len_exact"] = prompts[0].exact if prompts else False
-            rows.append(row)
-    return pd.DataFrame(rows)

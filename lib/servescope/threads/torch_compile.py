@@ -29,13 +29,14 @@ VLLM_GRAPH_MODES = {0: "NONE", 1: "PIECEWISE", 2: "FULL", (2, 0): "FULL_DECODE_O
 
 
 def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
-        repetitions: int = 3, store_dir: str = "", offline: bool = False, force: bool = False) -> Results:
+        repetitions: int = 3, store_dir: str = "", offline: bool = False, force: bool = False,
+        progress: bool = True) -> Results:
     """Validate the inputs (before anything launches), then measure both configurations in alternating repetitions."""
     e = parse(EngineSpec, engine, "engine")
     m = parse(ModelSpec, model, "model")
     ld = parse(LoadSpec, load, "load")
     return measure(e, m, CONFIGS, ld, repetitions=repetitions, store=Store(store_dir or None), offline=offline,
-                   force=force)
+                   force=force, progress=progress)
 
 
 def _mode_name(table: dict[Any, str], value: Any) -> str:
@@ -138,6 +139,9 @@ def findings(res: Results) -> list[Finding]:
                   " so this effect mixes compile with graphs; thread 2 separates them.")
     else:
         claim += f" CUDA graph mode is {modes[TREATMENT].cudagraph_mode} in both, so the effect is compile alone."
+    client = res.client_warnings()
+    if client:
+        claim += f" Caution: the load client may have limited {len(client)} point(s) (see evidence.client_warnings)."
     other = {f"{r.metric}@c={int(r.concurrency)}": {"effect_pct": r.effect_pct, "low_pct": r.low_pct,
                                                      "high_pct": r.high_pct, "n": r.n_pairs,
                                                      "higher_is_better": higher_is_better(r.metric)}
@@ -147,6 +151,6 @@ def findings(res: Results) -> list[Finding]:
         confidence=conf,
         evidence={"effects": other, "resolved": rt.to_dict("records"), "startup_first_token_s": st,
                   "startup_cost_s": None if np.isnan(startup_cost_s) else round(float(startup_cost_s), 1),
-                  "errors": errors, "engine_python": install,
+                  "errors": errors, "engine_python": install, "client_warnings": client,
                   "noise_pct": {"baseline": peak.baseline_spread_pct, "treatment": peak.treatment_spread_pct}},
     )]
