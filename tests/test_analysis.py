@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -20,7 +21,8 @@ def test_paired_effects_median_ratio_and_paired_range():
     assert row["effect_pct"] == pytest.approx(20.0)  # median 120 / median 100
     assert row["low_pct"] == pytest.approx(10.0)  # rep 1: 121/110
     assert row["high_pct"] == pytest.approx(30.0)  # rep 2: 117/90
-    assert row["n_pairs"] == 3 and row["confidence"] == "high"
+    assert row["n_pairs"] == 3 and row["confidence"] == "low"  # +10..+30%: too spread for 3 pairs
+    assert row["ci_low_pct"] < 20 < row["ci_high_pct"]
     assert row["baseline_spread_pct"] == pytest.approx(20.0)
 
 
@@ -30,12 +32,21 @@ def test_unpaired_repetition_is_not_counted():
     assert row["n_pairs"] == 1 and row["confidence"] == "low"
 
 
-@pytest.mark.parametrize("lo,hi,n,want", [
-    (5, 10, 3, "high"), (5, 10, 2, "medium"), (-5, 10, 3, "low"), (5, 10, 1, "low"), (-10, -5, 4, "high"),
-    (float("nan"), float("nan"), 0, "none"),
+@pytest.mark.parametrize("p,n,want", [
+    (0.001, 3, "high"), (0.03, 3, "medium"), (0.2, 5, "low"), (float("nan"), 1, "low"), (float("nan"), 0, "none"),
 ])
-def test_confidence_rules(lo, hi, n, want):
-    assert confidence(lo, hi, n) == want
+def test_confidence_rules(p, n, want):
+    assert confidence(p, n) == want
+
+
+def test_paired_test_separates_consistent_from_noisy_pairs():
+    from servescope.analysis.ab import paired_test
+
+    tight = paired_test(pd.Series([1.91, 1.97, 2.11]))  # three pairs, close together: a real doubling
+    assert tight.p_value < 0.01 and 80 < tight.ci_low_pct < 100 < tight.ci_high_pct < 120
+    noisy = paired_test(pd.Series([0.33, 0.62, 0.99]))  # same sign three times, but all over the place
+    assert noisy.p_value > 0.05 and noisy.ci_low_pct < 0 < noisy.ci_high_pct + 100
+    assert np.isnan(paired_test(pd.Series([1.5])).p_value)  # one pair: no test
 
 
 def test_direction_of_better():

@@ -81,7 +81,7 @@ def test_warmup_is_excluded_and_health_reported(stub):
     (row,) = res.summary().to_dict("records")
     assert row["completed"] == 6  # warmup requests are not counted
     assert 0 <= row["client_cpu_pct"] < 100 and row["loop_lag_ms_p99"] >= 0
-    assert row["client_limited"] is False or row["client_limited"] == 0
+    assert not row["client_limited"] and not row["client_starved"]
 
 
 @pytest.mark.parametrize("stub", [()], indirect=True)
@@ -138,17 +138,24 @@ def test_summary_arithmetic_and_goodput():
     assert s["short_outputs"] == 0
 
 
-def test_health_flags_a_limited_client():
+def test_health_tells_a_limited_client_from_a_starved_one():
     pt = LoadPoint(0, "rate=100", "open", None, 100.0)
     load = LoadSpec(mode="open", request_rate=(100.0,))
-    h = _health(pt, load, wall_s=10.0, cpu_s=9.7, lags_ms=[1.0] * 98 + [40.0, 50.0], send_lags_ms=[0.0],
-                sent_times=list(np.linspace(0, 10, 500)))
-    assert h["client_limited"]
-    w = h["client_warning"]
-    assert "97% of a core" in w and "lagged" in w and "req/s of the 100" in w
+    busy = _health(pt, load, wall_s=10.0, cpu_s=9.7, lags_ms=[1.0] * 98 + [40.0, 50.0], send_lags_ms=[0.0],
+                   sent_times=list(np.linspace(0, 10, 500)))
+    assert busy["client_limited"] and not busy["client_starved"]
+    w = busy["client_warning"]
+    assert "97% of a core" in w and "woke" in w and "req/s of the 100" in w
+    starved = _health(pt, load, wall_s=10.0, cpu_s=0.3, lags_ms=[0.5] * 98 + [300.0, 400.0], send_lags_ms=[0.0],
+                      sent_times=list(np.linspace(0, 10, 1001)))
+    assert starved["client_starved"] and not starved["client_limited"]
+    assert "oversubscribed" in starved["client_warning"]
     ok = _health(pt, load, wall_s=10.0, cpu_s=1.0, lags_ms=[0.5] * 100, send_lags_ms=[0.0],
                  sent_times=list(np.linspace(0, 10, 1001)))
-    assert not ok["client_limited"] and ok["client_warning"] == ""
+    assert not ok["client_limited"] and not ok["client_starved"] and ok["client_warning"] == ""
+    capped = _health(LoadPoint(0, "rate=100, cap=2", "open", 2, 100.0), load, wall_s=10.0, cpu_s=1.0,
+                     lags_ms=[0.5] * 100, send_lags_ms=[0.0], sent_times=list(np.linspace(0, 10, 100)))
+    assert not capped["client_limited"]  # a cap holds arrivals back on purpose
 
 
 def _tokenizer() -> Tokenizer:

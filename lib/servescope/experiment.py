@@ -16,6 +16,7 @@ from .engines import get_engine
 from .errors import NotMeasuredError, ServescopeError
 from .launch import Prepared, prepare, serve
 from .load import load_tokenizer, run_sweep
+from .load.metrics import rejudge
 from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec
 from .store import Store
 
@@ -40,10 +41,10 @@ class Results:
     resolved: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def client_health(self) -> pd.DataFrame:
-        """Per configuration, repetition and point: how busy the load client was, and whether it may have
-        limited the measurement (points recorded before client health was measured show NaN)."""
-        cols = ["config", "rep", "point", "client_cpu_pct", "loop_lag_ms_p99", "achieved_rate", "requested_rate",
-                "client_limited", "client_warning"]
+        """Per configuration, repetition and point: how busy the load client was, whether it limited the
+        measurement, or was starved by an oversubscribed host (NaN for points stored before this was measured)."""
+        cols = ["config", "rep", "point", "client_cpu_pct", "loop_lag_ms_p99", "loop_lag_ms_max", "achieved_rate",
+                "requested_rate", "client_limited", "client_starved", "client_warning"]
         if self.summary.empty:
             return pd.DataFrame(columns=cols)
         s = self.summary.copy()
@@ -51,13 +52,13 @@ class Results:
             s["point"] = "c=" + s["concurrency"].astype(int).astype(str)
         for c in cols:
             if c not in s:
-                s[c] = float("nan") if c not in ("client_limited", "client_warning") else (False if c == "client_limited" else "")
+                s[c] = {"client_limited": False, "client_starved": False, "client_warning": ""}.get(c, float("nan"))
         return s[cols]
 
-    def client_warnings(self) -> list[str]:
-        """One line per point where the client, not the server, may have set the figure."""
+    def client_warnings(self, kind: str = "limited") -> list[str]:
+        """One line per point where the client limited the figure (kind='limited') or was starved ('starved')."""
         h = self.client_health()
-        bad = h[h["client_limited"].fillna(False).astype(bool)]
+        bad = h[h[f"client_{kind}"].fillna(False).astype(bool)]
         return [f"{r.config} rep {r.rep} {r.point}: {r.client_warning}" for r in bad.itertuples()]
 
 
@@ -124,7 +125,7 @@ def measure(
                                "error": str(e)[-3000:], "traceback": traceback.format_exc()[-4000:]})
                 continue
             ids = {"config": cfg.name, "rep": rep}
-            summaries.append(pt.table("summary").assign(**ids))
+            summaries.append(rejudge(pt.table("summary")).assign(**ids))
             requests.append(pt.table("requests").assign(**ids))
             m = pt.manifest
             startups.append({**ids, **(m.get("target", {}).get("startup") or {})})
@@ -159,8 +160,11 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
         bad = int(summ["failed"].sum()) if len(summ) else 0
         if bad:
             say(f"{tag}: {bad} requests failed (kept in the records)")
-        for r in summ[summ["client_limited"]].itertuples() if "client_limited" in summ else []:
-            say(f"{tag}: WARNING at {r.point}: the client may have limited this measurement: {r.client_warning}")
+        for r in summ.itertuples():
+            if getattr(r, "client_limited", False):
+                say(f"{tag}: WARNING at {r.point}: the load client limited this measurement: {r.client_warning}")
+            elif getattr(r, "client_starved", False):
+                say(f"{tag}: note at {r.point}: {r.client_warning}")
 
 
 def _resolved_summary(cfg: dict[str, Any] | None) -> dict[str, Any]:

@@ -14,25 +14,29 @@ Confidence = Literal["high", "medium", "low", "none"]
 
 
 class Effect(BaseModel):
-    """A measured relative effect: the median over repetitions and its run-to-run range."""
+    """A measured relative effect: ratio of medians over paired repetitions, its 90% confidence interval
+    (t-test on log ratios), and the min..max of the per-repetition effects."""
 
     model_config = ConfigDict(extra="forbid")
 
     metric: str
     value_pct: float
-    low_pct: float | None = None
-    high_pct: float | None = None
+    ci_low_pct: float | None = None
+    ci_high_pct: float | None = None
+    range_low_pct: float | None = None
+    range_high_pct: float | None = None
+    p_value: float | None = None
     n: int = Field(ge=0, description="paired repetitions behind the number")
     at: str = ""
     baseline: str = ""
     treatment: str = ""
 
     def text(self) -> str:
-        """'+12.3% output_tok_s (range +8.1..+15.0%, n=3, at concurrency=16)'."""
-        rng = (f"range {self.low_pct:+.1f}..{self.high_pct:+.1f}%, " if self.low_pct is not None
-               and self.high_pct is not None else "")
+        """'+12.3% output_tok_s (90% CI +8.1..+15.0%, n=3, at c=16)'."""
+        ci = (f"90% CI {self.ci_low_pct:+.1f}..{self.ci_high_pct:+.1f}%, " if self.ci_low_pct is not None
+              and self.ci_high_pct is not None and self.ci_low_pct == self.ci_low_pct else "")
         at = f", at {self.at}" if self.at else ""
-        return f"{self.value_pct:+.1f}% {self.metric} ({rng}n={self.n}{at})"
+        return f"{self.value_pct:+.1f}% {self.metric} ({ci}n={self.n}{at})"
 
 
 class Finding(BaseModel):

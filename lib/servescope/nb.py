@@ -36,17 +36,24 @@ def show_errors(res: Results) -> Markdown | pd.DataFrame:
     return res.errors[["config", "rep", "key", "error_type", "error"]]
 
 
-def show_client_health(res: Results) -> Markdown | pd.DataFrame:
-    """The load client's own load per point, with a warning where it may have limited the measurement."""
+def show_client_health(res: Results) -> Markdown:
+    """The load client's own load per point, with a warning where it limited the measurement or was starved."""
     h = res.client_health()
-    warnings = res.client_warnings()
     if h.empty:
         return Markdown("No points measured.")
     if h["client_cpu_pct"].isna().all():
         return Markdown("Client health was not recorded for these points (stored before it was measured).")
-    if not warnings:
-        return Markdown(
-            f"The client never limited a measurement: at most {h['client_cpu_pct'].max():.0f}% of one core, "
-            f"event-loop lag p99 at most {h['loop_lag_ms_p99'].max():.1f} ms.")
-    display_md = "**Warning: the client may have limited these measurements:**\n\n" + "\n".join(f"- {w}" for w in warnings)
-    return Markdown(display_md)
+    limited, starved = res.client_warnings("limited"), res.client_warnings("starved")
+    lines = [f"The client used at most {h['client_cpu_pct'].max():.0f}% of one core; its event loop woke up at "
+             f"most {h['loop_lag_ms_p99'].max():.0f} ms late (p99 of a point)."]
+    if limited:
+        lines.append("\n**Warning: the load client limited these measurements** (the figures describe the client):\n")
+        lines += [f"- {w}" for w in limited]
+    if starved:
+        lines.append(f"\n**The host was oversubscribed at {len(starved)} of {len(h)} points**: the client had little "
+                     "to do but woke up late, so TTFT and inter-token gaps there include scheduling delay of the "
+                     "machine, for both configurations alike:\n")
+        lines += [f"- {w}" for w in starved]
+    if not limited and not starved:
+        lines.append("Neither limited nor starved at any point.")
+    return Markdown("\n".join(lines))

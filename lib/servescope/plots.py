@@ -52,15 +52,15 @@ def throughput_latency(summary: pd.DataFrame, title: str = "") -> Figure:
 
 
 def effect_bars(effects: pd.DataFrame, title: str = "") -> Figure:
-    """Effect (%) per concurrency with its paired min..max range, one panel per metric."""
+    """Effect (%) per concurrency with its 90% confidence interval (paired t-test), one panel per metric."""
     metrics = list(dict.fromkeys(effects["metric"]))
     fig = Figure(figsize=(4 * max(1, len(metrics)), 3.4), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, max(1, len(metrics))))
     for ax, m in zip(axes, metrics, strict=True):
         e = effects[effects["metric"] == m]
         x = np.arange(len(e))
-        lo = (e["effect_pct"] - e["low_pct"]).clip(lower=0).fillna(0)
-        hi = (e["high_pct"] - e["effect_pct"]).clip(lower=0).fillna(0)
+        lo = (e["effect_pct"] - e["ci_low_pct"]).clip(lower=0).fillna(0)
+        hi = (e["ci_high_pct"] - e["effect_pct"]).clip(lower=0).fillna(0)
         ax.bar(x, e["effect_pct"], yerr=[lo, hi], capsize=3, color="#4c72b0")
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(x, [f"c={c}" for c in e["concurrency"]])

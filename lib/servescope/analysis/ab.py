@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from ..findings import Confidence
 
@@ -29,6 +32,7 @@ def paired_effects(summary: pd.DataFrame, metric: str, baseline: str, treatment:
         t = wide[treatment].dropna() if treatment in wide else pd.Series(dtype=float)
         both = wide.dropna(subset=[x for x in (baseline, treatment) if x in wide])
         ratios = (both[treatment] / both[baseline] - 1.0) * 100 if {baseline, treatment} <= set(both) else pd.Series(dtype=float)
+        test = paired_test(both[treatment] / both[baseline]) if len(ratios) else PairedTest()
         bm, tm = (float(np.median(b)) if len(b) else np.nan), (float(np.median(t)) if len(t) else np.nan)
         rows.append({
             "concurrency": c, "metric": metric, "baseline": baseline, "treatment": treatment,
@@ -37,12 +41,38 @@ def paired_effects(summary: pd.DataFrame, metric: str, baseline: str, treatment:
             "low_pct": float(ratios.min()) if len(ratios) else np.nan,
             "high_pct": float(ratios.max()) if len(ratios) else np.nan,
             "n_pairs": int(len(ratios)),
+            "ci_low_pct": test.ci_low_pct, "ci_high_pct": test.ci_high_pct, "p_value": test.p_value,
             "baseline_spread_pct": _spread_pct(b), "treatment_spread_pct": _spread_pct(t),
         })
     out = pd.DataFrame(rows)
     if len(out):
-        out["confidence"] = [confidence(r.low_pct, r.high_pct, r.n_pairs) for r in out.itertuples()]
+        out["confidence"] = [confidence(r.p_value, r.n_pairs) for r in out.itertuples()]
     return out
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """One-sample t-test on the log of paired ratios: is the treatment/baseline ratio different from 1?"""
+
+    p_value: float = float("nan")
+    ci_low_pct: float = float("nan")  # 90% confidence interval of the geometric-mean effect
+    ci_high_pct: float = float("nan")
+
+
+def paired_test(ratios: pd.Series, level: float = 0.90) -> PairedTest:
+    """t-test and confidence interval on log(ratio) over the paired repetitions (needs 2 or more)."""
+    x = np.log(np.asarray(ratios, dtype=float))
+    x = x[np.isfinite(x)]
+    if x.size < 2:
+        return PairedTest()
+    mean, sd = float(x.mean()), float(x.std(ddof=1))
+    if sd == 0:
+        return PairedTest(0.0 if mean else 1.0, (np.exp(mean) - 1) * 100, (np.exp(mean) - 1) * 100)
+    se = sd / np.sqrt(x.size)
+    t = mean / se
+    p = float(2 * stats.t.sf(abs(t), df=x.size - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, df=x.size - 1)) * se
+    return PairedTest(p, float((np.exp(mean - half) - 1) * 100), float((np.exp(mean + half) - 1) * 100))
 
 
 def _spread_pct(x: pd.Series) -> float:
@@ -53,16 +83,16 @@ def _spread_pct(x: pd.Series) -> float:
     return float((x.max() - x.min()) / med * 100) if med else float("nan")
 
 
-def confidence(low_pct: float, high_pct: float, n_pairs: int) -> Confidence:
-    """How sure the sign of an effect is, from its paired range.
+def confidence(p_value: float, n_pairs: int) -> Confidence:
+    """How sure it is that the effect is not run-to-run noise, from the paired t-test on log ratios.
 
-    none: nothing paired; low: one pair, or the range crosses zero (indistinguishable from run-to-run noise);
-    medium: every pair agrees on the sign but fewer than 3 pairs; high: 3 or more pairs, all agreeing."""
-    if n_pairs == 0 or np.isnan(low_pct) or np.isnan(high_pct):
+    none: nothing paired; low: one pair (no test possible) or p >= 0.05; medium: p < 0.05; high: p < 0.01.
+    With 3 pairs, 'high' needs the pairs to agree closely: agreeing in sign alone happens by chance 1 time in 4."""
+    if n_pairs == 0:
         return "none"
-    if n_pairs == 1 or (low_pct <= 0 <= high_pct):
+    if n_pairs == 1 or np.isnan(p_value) or p_value >= 0.05:
         return "low"
-    return "high" if n_pairs >= 3 else "medium"
+    return "high" if p_value < 0.01 else "medium"
 
 
 def verdict(levels: pd.DataFrame) -> tuple[str, str]:

@@ -77,7 +77,21 @@ def summarize(requests: pd.DataFrame, health: pd.DataFrame | None = None,
         rows.append(row)
     out = pd.DataFrame(rows)
     if health is not None and not health.empty and "point_index" in out:
-        cols = [c for c in health.columns if c != "point"]
-        out = out.merge(health[cols], on="point_index", how="left")
+        from .runner import judge_health
+
+        raw = health[[c for c in health.columns if c not in ("point", "client_limited", "client_starved",
+                                                              "client_warning")]]
+        judged = pd.DataFrame([r | judge_health(r) for r in raw.to_dict("records")])
+        out = out.merge(judged, on="point_index", how="left")
     out["source"] = "servescope"
     return out
+
+
+def rejudge(summary: pd.DataFrame) -> pd.DataFrame:
+    """Apply the current client-health rules to a stored summary's raw client readings."""
+    if summary.empty or "client_cpu_pct" not in summary:
+        return summary
+    from .runner import judge_health
+
+    judged = pd.DataFrame([judge_health(r) for r in summary.to_dict("records")], index=summary.index)
+    return summary.assign(**{c: judged[c] for c in judged.columns})

@@ -191,18 +191,31 @@ def _health(point: LoadPoint, load: LoadSpec, wall_s: float, cpu_s: float, lags_
         "achieved_rate": achieved,
         "send_lag_ms_p99": float(np.percentile(send_lags_ms, 99)) if send_lags_ms else float("nan"),
     }
-    warnings = []
-    if h["client_cpu_pct"] >= CLIENT_CPU_LIMIT_PCT:
-        warnings.append(f"client used {h['client_cpu_pct']:.0f}% of a core")
-    if h["loop_lag_ms_p99"] >= LOOP_LAG_LIMIT_MS:
-        warnings.append(f"client event loop lagged {h['loop_lag_ms_p99']:.1f} ms (p99), inflating latencies")
-    rate = point.request_rate
-    if point.mode == "open" and rate and math.isfinite(rate) and not point.concurrency \
-            and achieved < RATE_SHORTFALL * rate:
-        warnings.append(f"client sent {achieved:.2f} req/s of the {rate:g} asked for")
-    h["client_limited"] = bool(warnings)
-    h["client_warning"] = "; ".join(warnings)
-    return h
+    h["capped"] = bool(point.concurrency) if point.mode == "open" else True
+    return h | judge_health(h)
+
+
+def judge_health(h: dict[str, Any]) -> dict[str, Any]:
+    """Say from a point's raw client readings whether the client limited it, or was starved by the host.
+
+    limited: the client itself was the bottleneck (it used most of a core, or could not keep an open-loop
+    rate); starved: its event loop woke up late while it had little to do, so the host was oversubscribed and
+    its timestamps (TTFT, ITL) include scheduling delay. Kept apart from the readings so stored points are
+    judged by the current rules."""
+    limited, starved = [], []
+    cpu, lag = h.get("client_cpu_pct", float("nan")), h.get("loop_lag_ms_p99", float("nan"))
+    if cpu >= CLIENT_CPU_LIMIT_PCT:
+        limited.append(f"client used {cpu:.0f}% of a core")
+    rate, achieved = h.get("requested_rate", float("nan")), h.get("achieved_rate", float("nan"))
+    if not h.get("capped", True) and math.isfinite(rate) and achieved < RATE_SHORTFALL * rate:
+        limited.append(f"client sent {achieved:.2f} req/s of the {rate:g} asked for")
+    if lag >= LOOP_LAG_LIMIT_MS:
+        (limited if cpu >= CLIENT_CPU_LIMIT_PCT else starved).append(
+            f"client event loop woke {lag:.0f} ms late (p99, max {h.get('loop_lag_ms_max', float('nan')):.0f} ms)"
+            + ("" if cpu >= CLIENT_CPU_LIMIT_PCT else f" while using {cpu:.0f}% of a core: the host was "
+               "oversubscribed, so latencies include scheduling delay"))
+    return {"client_limited": bool(limited), "client_starved": bool(starved),
+            "client_warning": "; ".join(limited + starved)}
 
 
 @dataclass

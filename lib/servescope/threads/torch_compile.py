@@ -95,9 +95,19 @@ def plot(res: Results) -> Figure | None:
 
 
 def plot_effects(res: Results) -> Figure | None:
-    """Relative change compiled vs eager, per metric and concurrency, with the paired range."""
+    """Relative change compiled vs eager, per metric and concurrency, with its 90% confidence interval."""
     e = effects(res)
     return plots.effect_bars(e, "compiled vs eager (positive = higher value with compile)") if len(e) else None
+
+
+def _r(x: float, digits: int = 2) -> float | None:
+    return None if x is None or np.isnan(x) else round(float(x), digits)
+
+
+def _ci(r: Any) -> str:
+    if np.isnan(r.ci_low_pct):
+        return f"one run: {r.effect_pct:+.0f}%" if r.n_pairs == 1 else "no CI"
+    return f"{r.ci_low_pct:+.0f}..{r.ci_high_pct:+.0f}%"
 
 
 def findings(res: Results) -> list[Finding]:
@@ -117,20 +127,20 @@ def findings(res: Results) -> list[Finding]:
     st = {r.config: r.first_token_s for r in start.itertuples()} if len(start) else {}
     startup_cost_s = st.get(TREATMENT, np.nan) - st.get(BASELINE, np.nan)
     graphs_differ = modes[TREATMENT].cudagraph_mode != modes[BASELINE].cudagraph_mode
-    effect = Effect(metric="output_tok_s", value_pct=round(float(peak.effect_pct), 2),
-                    low_pct=round(float(peak.low_pct), 2), high_pct=round(float(peak.high_pct), 2),
-                    n=int(peak.n_pairs), at=f"concurrency={int(peak.concurrency)}", baseline=BASELINE,
-                    treatment=TREATMENT)
+    effect = Effect(metric="output_tok_s", value_pct=_r(peak.effect_pct), ci_low_pct=_r(peak.ci_low_pct),
+                    ci_high_pct=_r(peak.ci_high_pct), range_low_pct=_r(peak.low_pct), range_high_pct=_r(peak.high_pct),
+                    p_value=_r(peak.p_value, 4), n=int(peak.n_pairs), at=f"c={int(peak.concurrency)}",
+                    baseline=BASELINE, treatment=TREATMENT)
     conf = peak.confidence  # the effect ranked in the summary is the one at peak load, the throughput operating point
     install = ""
     if len(res.points):
         install = res.points["command"].iloc[0].split(" -m ")[0]
     direction, verdict_text = verdict(tok)
     flags: list[str] = ["--enforce-eager"] if direction == "worse" else []
-    per_level = "; ".join(f"c={int(r.concurrency)}: {r.effect_pct:+.0f}% ({r.low_pct:+.0f}..{r.high_pct:+.0f}%, {r.confidence})"
+    per_level = "; ".join(f"c={int(r.concurrency)}: {r.effect_pct:+.0f}% ({_ci(r)}, {r.confidence})"
                           for r in tok.itertuples())
-    claim = (f"torch.compile {verdict_text}. Output tok/s, compiled vs eager, median of {effect.n} paired "
-             f"repetitions (min..max, confidence): {per_level}. Compiled ran as "
+    claim = (f"torch.compile {verdict_text}. Output tok/s, compiled vs eager, ratio of medians over {effect.n} "
+             f"paired repetitions (90% CI, confidence): {per_level}. Compiled ran as "
              f"{modes[TREATMENT].compilation_mode}, eager as {modes[BASELINE].compilation_mode}.")
     if not np.isnan(startup_cost_s):
         claim += f" Compile adds {startup_cost_s:+.0f} s to startup (median launch to first token)."
@@ -139,11 +149,16 @@ def findings(res: Results) -> list[Finding]:
                   " so this effect mixes compile with graphs; thread 2 separates them.")
     else:
         claim += f" CUDA graph mode is {modes[TREATMENT].cudagraph_mode} in both, so the effect is compile alone."
-    client = res.client_warnings()
+    client, starved = res.client_warnings("limited"), res.client_warnings("starved")
     if client:
-        claim += f" Caution: the load client may have limited {len(client)} point(s) (see evidence.client_warnings)."
-    other = {f"{r.metric}@c={int(r.concurrency)}": {"effect_pct": r.effect_pct, "low_pct": r.low_pct,
-                                                     "high_pct": r.high_pct, "n": r.n_pairs,
+        claim += f" Caution: the load client limited {len(client)} point(s) (evidence.client_warnings)."
+    if starved:
+        claim += (f" The host was oversubscribed at {len(starved)} of {len(res.client_health())} points, so "
+                  "latencies there include scheduling delay (evidence.client_starved).")
+    other = {f"{r.metric}@c={int(r.concurrency)}": {"effect_pct": r.effect_pct, "ci_low_pct": r.ci_low_pct,
+                                                     "ci_high_pct": r.ci_high_pct, "p_value": r.p_value,
+                                                     "range_low_pct": r.low_pct, "range_high_pct": r.high_pct,
+                                                     "n": r.n_pairs, "confidence": r.confidence,
                                                      "higher_is_better": higher_is_better(r.metric)}
              for r in e.itertuples()}
     return [Finding(
@@ -151,6 +166,6 @@ def findings(res: Results) -> list[Finding]:
         confidence=conf,
         evidence={"effects": other, "resolved": rt.to_dict("records"), "startup_first_token_s": st,
                   "startup_cost_s": None if np.isnan(startup_cost_s) else round(float(startup_cost_s), 1),
-                  "errors": errors, "engine_python": install, "client_warnings": client,
+                  "errors": errors, "engine_python": install, "client_warnings": client, "client_starved": starved,
                   "noise_pct": {"baseline": peak.baseline_spread_pct, "treatment": peak.treatment_spread_pct}},
     )]
