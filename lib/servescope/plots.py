@@ -52,20 +52,36 @@ def throughput_latency(summary: pd.DataFrame, title: str = "") -> Figure:
 
 
 def effect_bars(effects: pd.DataFrame, title: str = "") -> Figure:
-    """Effect (%) per concurrency with its 90% confidence interval (paired t-test), one panel per metric."""
+    """Treatment / baseline ratio per concurrency on a log axis (x1 = no change), with its 90% confidence interval,
+    one panel per metric. Intervals wider than 16x either way are cut at the frame and marked."""
     metrics = list(dict.fromkeys(effects["metric"]))
     fig = Figure(figsize=(4 * max(1, len(metrics)), 3.4), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, max(1, len(metrics))))
+    lim_lo, lim_hi = 1 / 16, 16.0
     for ax, m in zip(axes, metrics, strict=True):
         e = effects[effects["metric"] == m]
         x = np.arange(len(e))
-        lo = (e["effect_pct"] - e["ci_low_pct"]).clip(lower=0).fillna(0)
-        hi = (e["ci_high_pct"] - e["effect_pct"]).clip(lower=0).fillna(0)
-        ax.bar(x, e["effect_pct"], yerr=[lo, hi], capsize=3, color="#4c72b0")
-        ax.axhline(0, color="black", lw=0.8)
-        ax.set_xticks(x, [f"c={c}" for c in e["concurrency"]])
+        ratio = 1 + e["effect_pct"].to_numpy(dtype=float) / 100
+        lo = 1 + e["ci_low_pct"].to_numpy(dtype=float) / 100
+        hi = 1 + e["ci_high_pct"].to_numpy(dtype=float) / 100
+        shown_lo = np.clip(np.nan_to_num(lo, nan=1.0), lim_lo, lim_hi)
+        shown_hi = np.clip(np.nan_to_num(hi, nan=1.0), lim_lo, lim_hi)
+        ax.bar(x, ratio - 1, bottom=1, color="#4c72b0", width=0.6)
+        ax.errorbar(x, ratio, yerr=[np.clip(ratio - shown_lo, 0, None), np.clip(shown_hi - ratio, 0, None)],
+                    fmt="none", ecolor="black", capsize=3)
+        for xi, h, lw in zip(x, hi, lo, strict=True):
+            if h > lim_hi or lw < lim_lo:
+                ax.annotate("CI cut", (xi, lim_hi if h > lim_hi else lim_lo), ha="center", fontsize=7,
+                            xytext=(0, -10 if h > lim_hi else 4), textcoords="offset points")
+        ax.set_yscale("log", base=2)
+        finite = np.concatenate([ratio, shown_lo, shown_hi])
+        finite = finite[np.isfinite(finite) & (finite > 0)]
+        ax.set_ylim(max(lim_lo, finite.min() / 1.3) if finite.size else 0.5,
+                    min(lim_hi, finite.max() * 1.3) if finite.size else 2)
+        ax.yaxis.set_major_formatter(lambda v, _: f"x{v:g}")
+        ax.axhline(1, color="black", lw=0.8)
+        ax.set_xticks(x, list(e["point"]) if "point" in e else [f"c={c}" for c in e["concurrency"]])
         ax.set_title(m)
-        ax.set_ylabel("change (%)")
         ax.grid(alpha=0.3, axis="y")
     if title:
         fig.suptitle(title)

@@ -97,7 +97,7 @@ def plot(res: Results) -> Figure | None:
 def plot_effects(res: Results) -> Figure | None:
     """Relative change compiled vs eager, per metric and concurrency, with its 90% confidence interval."""
     e = effects(res)
-    return plots.effect_bars(e, "compiled vs eager (positive = higher value with compile)") if len(e) else None
+    return plots.effect_bars(e, "compiled / eager, with 90% confidence intervals (x1 = no change)") if len(e) else None
 
 
 def _r(x: float, digits: int = 2) -> float | None:
