@@ -90,8 +90,24 @@ def build_app(a: argparse.Namespace) -> web.Application:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
+    inflight = {"n": 0}
+
+    async def metrics(_: web.Request) -> web.Response:
+        """A few series named as SGLang names them, with values that follow the stub's own counters."""
+        text = (
+            "# HELP sglang:num_running_reqs The number of running requests.\n"
+            "# TYPE sglang:num_running_reqs gauge\n"
+            f'sglang:num_running_reqs{{model_name="{a.model}"}} {inflight["n"]}\n'
+            "# HELP sglang:cuda_graph_passes The number of forward passes by mode.\n"
+            "# TYPE sglang:cuda_graph_passes counter\n"
+            f'sglang:cuda_graph_passes_total{{mode="decode_cuda_graph"}} {counter["n"] * 10}\n'
+            f'sglang:cuda_graph_passes_total{{mode="decode_none"}} {counter["n"]}\n'
+            "# HELP other_metric Not an engine metric.\n# TYPE other_metric gauge\nother_metric 1\n")
+        return web.Response(text=text, content_type="text/plain")
+
     app = web.Application()
     app.add_routes([web.get("/health", health), web.get("/v1/models", models), web.post("/generate", generate),
+                    web.get("/metrics", metrics),
                     web.post("/v1/completions", completions), web.post("/v1/chat/completions", completions)])
     return app
 

@@ -53,6 +53,7 @@ def test_report_end_to_end_on_vllm(tmp_path):
     """`servescope run` on a small suite: real launches of both configurations, papermill, HTML, index."""
     suite = {"name": "e2e", "engine": {"name": "vllm"}, "model": {"tiny": {}},
              "load": {"concurrency": [1, 2], "num_requests": 6, "input_len": 16, "output_len": 16},
+             "telemetry": {"host_hz": 20, "metrics_hz": 10},
              "notebooks": [{"id": "05_torch_compile", "parameters": {"repetitions": 1}}]}
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump(suite))
@@ -65,6 +66,15 @@ def test_report_end_to_end_on_vllm(tmp_path):
     assert modes == {"compiled": "DYNAMO_TRACE_ONCE", "eager": "NONE"}
     points = [p for p in (tmp_path / "store").iterdir() if not p.name.startswith((".", "_"))]
     assert len(points) == 2
+    import pandas as pd
+
+    for p in points:  # telemetry of the real server: its process tree and its own Prometheus metrics, per point
+        procs = pd.read_parquet(p / "telemetry_server_procs.parquet")
+        assert {"c=1", "c=2"} <= set(procs["phase"]) and procs["name"].str.startswith("VLLM").any()
+        metrics = pd.read_parquet(p / "telemetry_server_metrics.parquet")
+        assert "vllm:num_requests_running" in set(metrics["metric"])
+        status = json.loads((p / "manifest.json").read_text())["telemetry"]
+        assert status["gpu"].startswith("no NVIDIA GPU / NVML")
     assert _vllm_processes() == []
 
 

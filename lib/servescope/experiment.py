@@ -17,8 +17,11 @@ from .errors import NotMeasuredError, ServescopeError
 from .launch import Prepared, prepare, serve
 from .load import load_tokenizer, run_sweep
 from .load.metrics import rejudge
-from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec
+from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec
 from .store import Store
+from .telemetry import Telemetry
+
+TELEMETRY_TABLES = ("gpu", "gpu_static", "host_cpu", "server_procs", "server_threads", "server_metrics", "dcgm")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ class Results:
     points: pd.DataFrame
     errors: pd.DataFrame
     resolved: dict[str, dict[str, Any]] = field(default_factory=dict)
+    telemetry: dict[str, pd.DataFrame] = field(default_factory=dict)  # table name -> rows of every point
+    telemetry_status: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def client_health(self) -> pd.DataFrame:
         """Per configuration, repetition and point: how busy the load client was, whether it limited the
@@ -90,7 +95,7 @@ def point_parts(engine: EngineSpec, model: ModelSpec, knobs: Knobs, load: LoadSp
 def measure(
     engine: EngineSpec, model: ModelSpec, configs: Sequence[Config], load: LoadSpec, repetitions: int = 3,
     store: Store | None = None, offline: bool = False, force: bool = False, progress: bool = False,
-    say: Callable[[str], None] = _say,
+    say: Callable[[str], None] = _say, telemetry: TelemetrySpec | None = None,
 ) -> Results:
     """Each repetition launches every configuration once, alternating their order (ABBA...) so drift cancels.
 
@@ -101,7 +106,10 @@ def measure(
         raise ServescopeError("configuration names must be unique")
     store = store or Store()
     prep: Prepared | None = None
+    telemetry = telemetry or TelemetrySpec()
     summaries, requests, startups, points, errors = [], [], [], [], []
+    tele: dict[str, list[pd.DataFrame]] = {name: [] for name in TELEMETRY_TABLES}
+    tele_status: list[dict[str, Any]] = []
     resolved: dict[str, dict[str, Any]] = {}
     for rep in range(repetitions):
         order = list(configs) if rep % 2 == 0 else list(reversed(configs))
@@ -117,7 +125,7 @@ def measure(
                         raise NotMeasuredError(f"{tag}: not in the store ({key}) and offline=True")
                     if prep is None:
                         prep = prepare(engine, model, say)
-                    _run_point(store, key, parts, prep, cfg, load, progress, tag, say)
+                    _run_point(store, key, parts, prep, cfg, load, progress, tag, say, telemetry)
                 pt = store.get(key)
             except Exception as e:  # a failed point must not lose the others
                 say(f"{tag}: FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -134,13 +142,30 @@ def measure(
                            "ended_unix": m.get("ended_unix")})
             if m.get("resolved") and cfg.name not in resolved:
                 resolved[cfg.name] = m["resolved"]
+            for name in TELEMETRY_TABLES:
+                t = pt.table(f"telemetry_{name}")
+                if not t.empty:
+                    tele[name].append(t.assign(**ids))
+            if "telemetry" in m:
+                tele_status.append({**ids, **{k: v if not isinstance(v, dict) else str(v)
+                                              for k, v in m["telemetry"].items()}})
     cat = lambda xs: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame()  # noqa: E731
     return Results(summary=cat(summaries), requests=cat(requests), startup=pd.DataFrame(startups),
-                   points=pd.DataFrame(points), errors=pd.DataFrame(errors), resolved=resolved)
+                   points=pd.DataFrame(points), errors=pd.DataFrame(errors), resolved=resolved,
+                   telemetry={k: cat(v) for k, v in tele.items()}, telemetry_status=pd.DataFrame(tele_status))
+
+
+def _telemetry_for(spec: TelemetrySpec, target: Any) -> Telemetry | None:
+    if not spec.enabled:
+        return None
+    return Telemetry(gpu=spec.gpu, gpu_indices=list(spec.gpu_indices) if spec.gpu_indices else None,
+                     gpu_hz=spec.gpu_hz, host_hz=spec.host_hz, server_pid=target.pid,
+                     metrics_url=target.metrics_url if spec.server_metrics else None, metrics_hz=spec.metrics_hz,
+                     dcgm_url=spec.dcgm_url)
 
 
 def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config, load: LoadSpec,
-               progress: bool, tag: str, say: Callable[[str], None]) -> None:
+               progress: bool, tag: str, say: Callable[[str], None], telemetry: TelemetrySpec) -> None:
     tokenizer = load_tokenizer(prep.model_path) if prep.model_path.startswith("/") else None
     with store.writing(key, parts) as w:
         say(f"{tag}: launching {prep.engine.name} {prep.install.version} ({cfg.knobs.label()})")
@@ -150,8 +175,19 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
             say(f"{tag}: ready in {time.monotonic() - t0:.0f} s; load {points}")
             w.manifest["target"] = target.describe()
             w.manifest["resolved"] = _resolved_summary(target.resolved_config)
-            result = run_sweep(target.base_url, target.model, load, tokenizer, target.api_key, progress,
-                               f"{cfg.name} ")
+            tel = _telemetry_for(telemetry, target)
+            if tel is not None:
+                tel.start()
+            try:
+                result = run_sweep(target.base_url, target.model, load, tokenizer, target.api_key, progress,
+                                   f"{cfg.name} ", on_phase=tel.set_phase if tel else None)
+            finally:
+                if tel is not None:
+                    tel.stop()
+                    w.manifest["telemetry"] = tel.status
+                    for name, frame in tel.frames().items():
+                        if not frame.empty:
+                            w.put_table(f"telemetry_{name}", frame)
             w.put_table("requests", result.requests)
             w.put_table("health", result.health)
             summ = result.summary(load.slo_ms)

@@ -45,6 +45,8 @@ class Target:
     startup: dict[str, float | None] = field(default_factory=dict)
     log_dir: Path | None = None
     api_key: str | None = field(default=None, repr=False)
+    pid: int | None = None  # the launched server's root process (None for external servers)
+    metrics_url: str | None = None
 
     def describe(self) -> dict[str, Any]:
         """Manifest-friendly description (no secrets, no bulky resolved config)."""
@@ -97,7 +99,7 @@ def serve(prep: Prepared, knobs: Knobs, log_dir: Path) -> Iterator[Target]:
         adapter.knob_flags(knobs, prep.install)  # raises if knobs were asked of a server we do not control
         assert engine.url is not None
         yield Target(base_url=engine.url.rstrip("/"), model=prep.served_name, engine=engine.name,
-                     install=prep.install, knobs=knobs, api_key=api_key)
+                     install=prep.install, knobs=knobs, api_key=api_key, metrics_url=engine.url.rstrip("/") + "/metrics")
         return
     port = engine.port or free_port(engine.host)
     plan = adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
@@ -114,4 +116,5 @@ def serve(prep: Prepared, knobs: Knobs, log_dir: Path) -> Iterator[Target]:
         yield Target(base_url=server.base_url, model=prep.served_name, engine=engine.name, install=prep.install,
                      knobs=knobs, flags=plan.flags, command=(Path(log_dir) / "command.txt").read_text().strip(),
                      resolved_config=resolved, startup=server.timings.as_dict(), log_dir=Path(log_dir),
-                     api_key=api_key)
+                     api_key=api_key, pid=server.proc.pid if server.proc else None,
+                     metrics_url=server.base_url + "/metrics")

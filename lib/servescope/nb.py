@@ -57,3 +57,66 @@ def show_client_health(res: Results) -> Markdown:
     if not limited and not starved:
         lines.append("Neither limited nor starved at any point.")
     return Markdown("\n".join(lines))
+
+
+def telemetry_status(res: Results) -> Markdown:
+    """What telemetry was collected, at what rate, and why any of it is missing."""
+    st = res.telemetry_status
+    if st.empty:
+        return Markdown("No telemetry was recorded with these points.")
+    lines = []
+    gpu = sorted(set(st["gpu"])) if "gpu" in st else ["unknown"]
+    lines.append("- GPU: " + "; ".join(gpu))
+    for name in ("gpu", "host", "server_metrics", "dcgm"):
+        col = f"{name}_achieved_hz"
+        if col in st:
+            hz = st[col].dropna()
+            cpu = st.get(f"{name}_cpu_s", pd.Series(dtype=float)).dropna()
+            lines.append(f"- {name} sampler: {hz.median():.1f} Hz achieved (median over points), "
+                         f"its own CPU {cpu.sum():.2f} s in all")
+        if f"{name}_errors" in st:
+            errs = sorted({e for e in st[f"{name}_errors"].dropna()})
+            if errs:
+                lines.append(f"  - {name} missing readings: {'; '.join(errs)[:400]}")
+    return Markdown("\n".join(lines))
+
+
+def telemetry_gpu(res: Results) -> Markdown | pd.DataFrame:
+    """Per configuration, repetition, point and GPU: power, clocks, utilization, energy per token, stall verdict."""
+    from .telemetry.tables import gpu_points
+
+    t = gpu_points(res.telemetry, res.summary)
+    if t.empty:
+        st = res.telemetry_status
+        why = "; ".join(sorted(set(st["gpu"]))) if "gpu" in st else "no telemetry recorded"
+        return Markdown(f"No GPU readings: {why}. Nothing is shown in their place.")
+    cols = ["config", "rep", "phase", "gpu", "verdict", "gpu_util_pct_p50", "power_w_p50", "power_pct_of_limit_p50",
+            "sm_clock_pct_of_max_p50", "energy_per_output_token_j", "reason_sw_power_cap_share", "temp_c_max"]
+    return t[[c for c in cols if c in t]]
+
+
+def telemetry_host(res: Results) -> Markdown | pd.DataFrame:
+    """The server process tree's CPU per point (median over repetitions), and its busiest thread."""
+    from .telemetry.tables import host_points
+
+    h = host_points(res.telemetry)
+    if h.empty:
+        return Markdown("No host readings of the server process tree (an external server has none here).")
+    agg = {"server_cpu_pct_p50": ("server_cpu_pct_p50", "median"), "server_cpu_pct_max": ("server_cpu_pct_max", "max"),
+           "server_rss_mib_max": ("server_rss_mib_max", "max")}
+    if "busiest_thread_cpu_pct_p50" in h:
+        agg |= {"busiest_thread": ("busiest_thread", "first"),
+                "busiest_thread_cpu_pct_p50": ("busiest_thread_cpu_pct_p50", "median")}
+    return h.groupby(["config", "phase"], sort=False).agg(**agg).reset_index()
+
+
+def telemetry_metrics(res: Results) -> Markdown | pd.DataFrame:
+    """The engine's own Prometheus metrics per point (median over repetitions): gauges as medians, counters as rates."""
+    from .telemetry.tables import metric_points
+
+    m = metric_points(res.telemetry)
+    if m.empty:
+        return Markdown("No engine metrics were scraped.")
+    m["series"] = m["metric"] + " (" + m["stat"] + ")"
+    return m.pivot_table(index=["config", "phase"], columns="series", values="value", aggfunc="median",
+                         sort=False).reset_index()

@@ -42,7 +42,7 @@ def plan_parameters(suite: Suite, path: Path, nb_id: str, overrides: dict[str, A
     """Parameters papermill injects: suite-wide engine/model/load, the notebook's overrides, and run paths."""
     declared = pm.inspect_notebook(str(path))
     params: dict[str, Any] = {}
-    suite_wide = {"engine": suite.engine, "model": suite.model, "load": suite.load,
+    suite_wide = {"engine": suite.engine, "model": suite.model, "load": suite.load, "telemetry": suite.telemetry,
                   "store_dir": str(store_dir), "offline": offline,
                   "findings_path": str(out_dir / f"{nb_id}.findings.json"), "report_dir": str(out_dir)}
     for k, v in suite_wide.items():

@@ -124,6 +124,19 @@ class EngineSpec(_Spec):
         return v
 
 
+class TelemetrySpec(_Spec):
+    """What to sample while load runs (not part of a point's identity: it observes, it does not change it)."""
+
+    enabled: bool = True
+    gpu: bool = True
+    gpu_indices: tuple[int, ...] | None = Field(None, description="NVML indices; default: CUDA_VISIBLE_DEVICES, else all")
+    gpu_hz: float = Field(10.0, gt=0, le=100)
+    host_hz: float = Field(2.0, gt=0, le=50)
+    metrics_hz: float = Field(1.0, gt=0, le=20)
+    server_metrics: bool = Field(True, description="scrape the engine's Prometheus /metrics")
+    dcgm_url: str | None = Field(None, description="a DCGM exporter's /metrics, for GPUs on another machine")
+
+
 SLO_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import SpecError
 from .paths import project_root
-from .spec import EngineSpec, LoadSpec, ModelSpec, parse
+from .spec import EngineSpec, LoadSpec, ModelSpec, TelemetrySpec, parse
 
 # What each notebook answers, for the index and the README.
 QUESTIONS = {
@@ -43,6 +43,7 @@ class Suite(BaseModel):
     engine: dict[str, Any] = Field(default_factory=lambda: {"name": "vllm"})
     model: dict[str, Any] = Field(default_factory=lambda: {"tiny": {}})
     load: dict[str, Any] = Field(default_factory=dict)
+    telemetry: dict[str, Any] = Field(default_factory=dict)
     notebooks: list[NotebookEntry]
 
 
@@ -68,6 +69,7 @@ def load_suite(path: str | Path) -> Suite:
     parse(EngineSpec, suite.engine, f"{p}: engine")
     parse(ModelSpec, suite.model, f"{p}: model")
     parse(LoadSpec, suite.load, f"{p}: load")
+    parse(TelemetrySpec, suite.telemetry, f"{p}: telemetry")
     for nb in suite.notebooks:
         if not notebook_file(p, nb).is_file():
             raise SpecError(f"suite {p} names notebook {nb.id!r}, but {notebook_file(p, nb)} does not exist")

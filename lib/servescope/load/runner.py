@@ -233,8 +233,11 @@ class LoadResult:
 
 
 def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | None, api_key: str | None = None,
-              progress: bool = True, label: str = "") -> LoadResult:
-    """Every point of the load spec, each with its warmup first; warmup records are kept, tagged phase='warmup'."""
+              progress: bool = True, label: str = "", on_phase: Callable[[str], None] | None = None) -> LoadResult:
+    """Every point of the load spec, each with its warmup first; warmup records are kept, tagged phase='warmup'.
+
+    on_phase is told 'warmup:<point>', '<point>' and finally 'idle', so telemetry joins each reading to its point."""
+    tell = on_phase or (lambda _: None)
     url = base_url.rstrip("/") + PATHS[load.endpoint]
     headers = {"Content-Type": "application/json"}
     if api_key:
@@ -246,6 +249,7 @@ def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | 
         prompts = make_prompts(load, tokenizer, load.num_requests, load.seed + 1000 * pt.index)
         n_warm = load.warmup_requests if load.warmup_requests is not None else (pt.concurrency or 1)
         if n_warm:
+            tell(f"warmup:{pt.label}")
             warm = make_prompts(load, tokenizer, n_warm, load.seed - 1 - pt.index)
             closed = LoadPoint(pt.index, pt.label, "closed", pt.concurrency or 1, None)
             res = run_coro(partial(_point, url, load.endpoint, model, warm, closed, load, "warmup", headers, ids,
@@ -256,6 +260,7 @@ def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | 
         unit = "req" if count is not None else "req (timed)"
         bar = tqdm(total=total, desc=f"{label}{pt.label}", unit=unit, leave=True, disable=not progress,
                    mininterval=1.0)
+        tell(pt.label)
         try:
             res = run_coro(partial(_point, url, load.endpoint, model, prompts, pt, load, "measure", headers, ids,
                                    bar, count))
@@ -263,6 +268,7 @@ def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | 
             bar.close()
         rows += [_row(r, pt, prompts) for r in res.records]
         health.append({"point": pt.label, **res.health})
+        tell("idle")
     return LoadResult(pd.DataFrame(rows), pd.DataFrame(health))
 
 

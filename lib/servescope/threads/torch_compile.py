@@ -12,7 +12,7 @@ from ..analysis.ab import higher_is_better, paired_effects, verdict
 from ..experiment import Config, Results, measure
 from ..findings import Effect, Finding
 from ..plots import Figure
-from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, parse
+from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec, parse
 from ..store import Store
 
 THREAD = "05_torch_compile"
@@ -30,13 +30,14 @@ VLLM_GRAPH_MODES = {0: "NONE", 1: "PIECEWISE", 2: "FULL", (2, 0): "FULL_DECODE_O
 
 def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
         repetitions: int = 3, store_dir: str = "", offline: bool = False, force: bool = False,
-        progress: bool = True) -> Results:
+        progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None) -> Results:
     """Validate the inputs (before anything launches), then measure both configurations in alternating repetitions."""
     e = parse(EngineSpec, engine, "engine")
     m = parse(ModelSpec, model, "model")
     ld = parse(LoadSpec, load, "load")
+    tel = parse(TelemetrySpec, telemetry or {}, "telemetry")
     return measure(e, m, CONFIGS, ld, repetitions=repetitions, store=Store(store_dir or None), offline=offline,
-                   force=force, progress=progress)
+                   force=force, progress=progress, telemetry=tel)
 
 
 def _mode_name(table: dict[Any, str], value: Any) -> str:

@@ -1,0 +1,192 @@
+"""Per load point: medians of the GPU readings, energy per output token, clock and power headroom, throttle
+reason shares, and the stall verdict; plus the server tree's CPU and the engine's own metrics."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .nvml import REASONS
+
+THERMAL = ("sw_thermal_slowdown", "hw_thermal_slowdown")
+HW = ("hw_slowdown", "hw_power_brake_slowdown")
+
+
+@dataclass(frozen=True)
+class StallThresholds:
+    """The numbers behind the stall verdict, named so a report can quote them."""
+
+    busy_util_pct: float = 80.0  # "high utilization": a kernel was running this share of the time
+    idle_util_pct: float = 10.0  # below this the GPU is idle, not stalled
+    low_power_pct: float = 50.0  # of the enforced power limit: a busy GPU below this does little work
+    full_clock_pct: float = 90.0  # SM clock as % of its maximum: "full clocks"
+    power_cap_pct: float = 95.0  # "at the limit"
+    reason_share: float = 0.2  # a clock-event reason counts as active above this share of samples
+
+
+VERDICTS = {
+    "idle": "the GPU ran no kernels most of the time: no load reached it",
+    "host-bound": "the GPU sat idle between kernels: the host (scheduler, launches, client) could not keep it fed",
+    "stalled": "the GPU reported busy at full clocks but drew little power: kernels that wait (launch- or "
+               "latency-bound: tiny kernels, memory or communication waits), not throughput work",
+    "compute-bound": "busy and drawing power: the GPU is doing the work",
+    "power-capped": "power at the limit with clocks pulled down: more work needs more power",
+    "thermal-throttled": "clocks pulled down for temperature",
+    "hw-slowdown": "hardware slowdown or power brake active",
+}
+
+
+def stall_verdict(util_pct: float, power_pct: float, clock_pct: float, shares: dict[str, float],
+                  th: StallThresholds = StallThresholds()) -> str:
+    """One word for what a GPU was doing over a load point (see VERDICTS); 'unknown' when readings are missing."""
+    if np.isnan(util_pct):
+        return "unknown"
+    if util_pct < th.idle_util_pct:
+        return "idle"
+    if any(shares.get(r, 0.0) >= th.reason_share for r in THERMAL):
+        return "thermal-throttled"
+    if any(shares.get(r, 0.0) >= th.reason_share for r in HW):
+        return "hw-slowdown"
+    if not np.isnan(power_pct) and power_pct >= th.power_cap_pct and (
+            (not np.isnan(clock_pct) and clock_pct < th.full_clock_pct)
+            or shares.get("sw_power_cap", 0.0) >= th.reason_share):
+        return "power-capped"
+    if util_pct < th.busy_util_pct:
+        return "host-bound"
+    if np.isnan(power_pct):
+        return "unknown"
+    if power_pct < th.low_power_pct and (np.isnan(clock_pct) or clock_pct >= th.full_clock_pct):
+        return "stalled"
+    return "compute-bound"
+
+
+def _energy_j(g: pd.DataFrame, next_reading: float = float("nan")) -> float:
+    """Energy over the window from the GPU's own counter: from the phase's first reading to the next phase's first
+    reading when there is one, else to its last reading plus power integrated over the rest of the window.
+    Power integrated over the whole window where the counter is absent, instantaneous power where the GPU gives
+    it: nvmlDeviceGetPowerUsage is a 1 s average on H200 and lags every change (seen on the H200 recordings)."""
+    col = "power_instant_w" if "power_instant_w" in g and g["power_instant_w"].notna().any() else "power_w"
+    p = g[["time_unix", col]].dropna().rename(columns={col: "power_w"})
+    e = g[["time_unix", "energy_j"]].dropna() if "energy_j" in g else pd.DataFrame()
+    if len(e) and not np.isnan(next_reading) and next_reading >= e["energy_j"].iloc[0]:
+        return float(next_reading - e["energy_j"].iloc[0])
+    if len(e) >= 1:
+        tail = p[p["time_unix"] >= e["time_unix"].iloc[-1]]
+        rest = float(np.trapezoid(tail["power_w"], tail["time_unix"])) if len(tail) >= 2 else 0.0
+        return float(e["energy_j"].iloc[-1] - e["energy_j"].iloc[0]) + rest
+    if len(p) < 2:
+        return float("nan")
+    return float(np.trapezoid(p["power_w"], p["time_unix"]))
+
+
+def gpu_by_point(gpu: pd.DataFrame, static: pd.DataFrame | None = None,
+                 th: StallThresholds = StallThresholds()) -> pd.DataFrame:
+    """One row per (phase, GPU): medians, headroom, reason shares, energy and the stall verdict."""
+    if gpu.empty:
+        return pd.DataFrame()
+    smax = {}
+    if static is not None and not static.empty:
+        smax = static.set_index("gpu")["sm_clock_max_mhz"].to_dict()
+    rows = []
+    gpu = gpu.sort_values("time_unix")
+    # the counter read on the first tick of each phase closes the previous phase's window
+    firsts = {}
+    if "energy_j" in gpu:
+        for idx, gg in gpu.groupby("gpu"):
+            change = gg["phase"].ne(gg["phase"].shift())
+            starts = gg[change]
+            firsts[idx] = list(zip(starts["phase"], starts["energy_j"], strict=True))
+    for (phase, idx), g in gpu.groupby(["phase", "gpu"], sort=False):
+        seq = firsts.get(idx, [])
+        nxt = float("nan")
+        for i, (ph, _) in enumerate(seq[:-1]):
+            if ph == phase:
+                nxt = seq[i + 1][1]
+
+        masks = g["clock_event_mask"].dropna().astype(int) if "clock_event_mask" in g else pd.Series(dtype=int)
+        shares = {name: float(((masks & bit) > 0).mean()) if len(masks) else float("nan")
+                  for bit, name in REASONS.items()}
+        limit = float(g["power_limit_w"].median())
+        power = float(g["power_w"].median())
+        clock = float(g["sm_clock_mhz"].median())
+        clock_max = float(smax.get(idx, np.nan))
+        power_pct = 100 * power / limit if limit else float("nan")
+        clock_pct = 100 * clock / clock_max if clock_max else float("nan")
+        util = float(g["gpu_util_pct"].median())
+        verdict = stall_verdict(util, power_pct, clock_pct, shares, th)
+        rows.append({
+            "phase": phase, "gpu": idx, "samples": len(g),
+            "duration_s": float(g["time_unix"].iloc[-1] - g["time_unix"].iloc[0]),
+            "power_w_p50": power, "power_w_max": float(g["power_w"].max()), "power_limit_w": limit,
+            "power_pct_of_limit_p50": power_pct, "sm_clock_mhz_p50": clock, "sm_clock_max_mhz": clock_max,
+            "sm_clock_pct_of_max_p50": clock_pct, "gpu_util_pct_p50": util,
+            "mem_util_pct_p50": float(g["mem_util_pct"].median()), "temp_c_max": float(g["temp_c"].max()),
+            "pstate_p50": float(g["pstate"].median()), "mem_used_mib_max": float(g["mem_used_mib"].max()),
+            "pcie_tx_mb_s_p50": float(g["pcie_tx_mb_s"].median()) if "pcie_tx_mb_s" in g else float("nan"),
+            "pcie_rx_mb_s_p50": float(g["pcie_rx_mb_s"].median()) if "pcie_rx_mb_s" in g else float("nan"),
+            "energy_j": _energy_j(g, nxt),
+            **{f"reason_{k}_share": v for k, v in shares.items()},
+            "verdict": verdict,
+        })
+    return pd.DataFrame(rows)
+
+
+def energy_per_token(gpu_points: pd.DataFrame, load_summary: pd.DataFrame) -> pd.DataFrame:
+    """Joules per output token for each load point: energy of every GPU over the point / tokens it produced."""
+    if gpu_points.empty or load_summary.empty:
+        return pd.DataFrame()
+    e = gpu_points.groupby("phase", as_index=False)["energy_j"].sum()
+    s = load_summary[["point", "output_tok_s", "duration_s"]].copy()
+    s["output_tokens"] = s["output_tok_s"] * s["duration_s"]
+    out = s.merge(e, left_on="point", right_on="phase", how="inner").drop(columns="phase")
+    out["energy_per_output_token_j"] = out["energy_j"] / out["output_tokens"]
+    return out
+
+
+def host_by_point(procs: pd.DataFrame, threads: pd.DataFrame) -> pd.DataFrame:
+    """Per phase: the server tree's CPU (sum over its processes), its RSS, and its busiest thread."""
+    if procs.empty:
+        return pd.DataFrame()
+    tree = procs.groupby(["phase", "time_unix"], as_index=False).agg(cpu_pct=("cpu_pct", "sum"),
+                                                                      rss_mib=("rss_mib", "sum"))
+    out = tree.groupby("phase").agg(server_cpu_pct_p50=("cpu_pct", "median"), server_cpu_pct_max=("cpu_pct", "max"),
+                                    server_rss_mib_max=("rss_mib", "max")).reset_index()
+    if not threads.empty:
+        med = threads.groupby(["phase", "process", "thread", "tid"], as_index=False)["cpu_pct"].median()
+        top = med.sort_values("cpu_pct").groupby("phase").tail(1)
+        top = top.rename(columns={"cpu_pct": "busiest_thread_cpu_pct_p50", "thread": "busiest_thread",
+                                  "process": "busiest_thread_process"})[
+            ["phase", "busiest_thread", "busiest_thread_process", "busiest_thread_cpu_pct_p50"]]
+        out = out.merge(top, on="phase", how="left")
+    return out
+
+
+def metrics_by_point(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Per phase and series: counters (…_total, _count, _sum) as a rate over the phase, gauges as their median."""
+    if metrics.empty:
+        return pd.DataFrame()
+    rows: list[dict[str, Any]] = []
+    for (phase, metric, labels), g in metrics.sort_values("time_unix").groupby(["phase", "metric", "labels"]):
+        counter = metric.endswith(("_total", "_count", "_sum"))
+        if counter:
+            dt = g["time_unix"].iloc[-1] - g["time_unix"].iloc[0]
+            value = (g["value"].iloc[-1] - g["value"].iloc[0]) / dt if dt > 0 else float("nan")
+        else:
+            value = float(g["value"].median())
+        rows.append({"phase": phase, "metric": metric, "labels": labels, "stat": "rate_per_s" if counter else "median",
+                     "value": value, "samples": len(g)})
+    return pd.DataFrame(rows)
+
+
+def label_value(labels: str, key: str) -> str:
+    """One label out of the JSON labels column."""
+    return json.loads(labels).get(key, "")
+
+
+def thresholds_dict(th: StallThresholds = StallThresholds()) -> dict[str, float]:
+    """The thresholds as a plain dict, for findings and reports."""
+    return asdict(th)

@@ -1,0 +1,102 @@
+"""Host sampler (psutil): per-core CPU, and the server process tree's CPU and memory, down to its busiest threads.
+
+A host-bound server shows here as one thread (a scheduler loop) at 100% of a core while the GPU waits."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any
+
+import psutil
+
+from .base import Phase, Sampler
+
+
+class HostSampler(Sampler):
+    """Per-core CPU %, and for each process of the server tree its CPU %, RSS, and threads above thread_min_pct."""
+
+    name = "host"
+
+    def __init__(self, rate_hz: float = 2.0, server_pid: int | None = None, phase: Phase | None = None,
+                 thread_min_pct: float = 5.0) -> None:
+        super().__init__(rate_hz, phase)
+        self.server_pid = server_pid
+        self.thread_min_pct = thread_min_pct
+        self.procs: dict[int, psutil.Process] = {}
+        self.proc_rows: list[dict[str, Any]] = []
+        self.thread_rows: list[dict[str, Any]] = []
+        self._last_thread: dict[tuple[int, int], float] = {}
+        self._last_t = 0.0
+
+    def setup(self) -> None:
+        """Prime psutil's interval counters."""
+        psutil.cpu_percent(percpu=True)
+        self._tree()  # prime the server's processes so the first tick already reads them
+        self._last_t = time.monotonic()
+
+    def _tree(self) -> list[psutil.Process]:
+        """The server tree's processes already primed; new ones are primed now and read from the next tick
+        (cpu_percent measures since the previous call on the same Process object)."""
+        if self.server_pid is None:
+            return []
+        try:
+            root = self.procs.get(self.server_pid) or psutil.Process(self.server_pid)
+            current = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []
+        out = []
+        for p in current:
+            known = self.procs.get(p.pid)
+            if known is None:
+                self.procs[p.pid] = p
+                with contextlib.suppress(psutil.Error):
+                    p.cpu_percent(None)
+                continue
+            out.append(known)
+        return out
+
+    def sample(self, now_unix: float, phase: str) -> list[dict[str, Any]]:
+        """Core rows (returned) plus process and thread rows (kept aside)."""
+        rows = [{"time_unix": now_unix, "phase": phase, "cpu": i, "cpu_pct": v}
+                for i, v in enumerate(psutil.cpu_percent(percpu=True))]
+        now = time.monotonic()
+        dt = max(now - self._last_t, 1e-6)
+        self._last_t = now
+        for p in self._tree():
+            try:
+                with p.oneshot():
+                    cpu = p.cpu_percent(None)
+                    rss = p.memory_info().rss / 2**20
+                    name = p.name()
+                    threads = p.threads()
+            except psutil.Error:
+                continue
+            self.proc_rows.append({"time_unix": now_unix, "phase": phase, "pid": p.pid, "name": name,
+                                   "cpu_pct": cpu, "rss_mib": rss})
+            for t in threads:
+                total = t.user_time + t.system_time
+                key = (p.pid, t.id)
+                prev = self._last_thread.get(key)
+                self._last_thread[key] = total
+                if prev is None:
+                    continue
+                pct = 100.0 * (total - prev) / dt
+                if pct >= self.thread_min_pct:
+                    self.thread_rows.append({"time_unix": now_unix, "phase": phase, "pid": p.pid, "tid": t.id,
+                                             "thread": _thread_name(p.pid, t.id), "process": name, "cpu_pct": pct})
+        return rows
+
+
+def _thread_name(pid: int, tid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on."""
+    return len(os.sched_getaffinity(0))
