@@ -10,7 +10,7 @@ ARGS ?=
 LAB_ARGS ?=
 CACHE := $(or $(SERVESCOPE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/servescope)
 
-.PHONY: help venv engine model report lint test test-fast lab clean distclean bench-client bench-agreement bench-telemetry
+.PHONY: help venv engine model report lint test test-fast lab clean distclean bench-client bench-agreement bench-telemetry bench-trace
 
 help:
 	@echo "make report     run the default suite on the embedded engine; open reports/latest/index.html"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench-client     our streaming client vs vLLM's benchmark client on a zero-work stub"
 	@echo "make bench-agreement  our client vs vLLM's benchmark client measuring the embedded vLLM"
 	@echo "make bench-telemetry  CPU cost of NVML sampling at 10 and 100 Hz (fake NVML without a GPU)"
+	@echo "make bench-trace      parse a 1,000,000-kernel nsys sqlite timeline into the kernel table"
 	@echo "make clean      remove reports, results and caches of this clone (keeps the shared engine/model cache)"
 	@echo "make distclean  clean, plus .venv and the per-user cache ($(CACHE))"
 
@@ -63,6 +64,9 @@ bench-agreement: model
 
 bench-telemetry: venv
 	$(PY) benchmarks/bench_telemetry.py $(ARGS)
+
+bench-trace: venv
+	$(PY) benchmarks/bench_trace.py $(ARGS)
 
 clean:
 	rm -rf reports data/runs .pytest_cache

@@ -110,3 +110,22 @@ def test_tiny_model_is_deterministic_and_sized_by_its_spec(tmp_path, monkeypatch
     other = TinyModelSpec(num_layers=2, num_experts=8, top_k=2, hidden_size=64, head_dim=16, vocab_size=400, seed=8)
     monkeypatch.setenv("SERVESCOPE_CACHE", str(tmp_path / "cache0"))
     assert model_info(ensure_tiny_model(other, python))["sha256"]["model.safetensors"] != a["sha256"]["model.safetensors"]
+
+
+def test_torch_profiler_through_vllm_endpoints(tmp_path):
+    """--profiler-config, /start_profile, /stop_profile on the real engine; the trace parsed (streamed) into the
+    kernel table shows the CPU MoE path by name."""
+    from servescope.analysis import kernels as ak
+    from servescope.profile.session import torch_profile
+
+    prep = prepare(EngineSpec(), ModelSpec(tiny=TinyModelSpec()))
+    p = torch_profile(prep, Knobs(torch_compile=False, cuda_graph="off"),
+                      LoadSpec(concurrency=(2,), num_requests=4, input_len=32, output_len=16), tmp_path,
+                      say=lambda m: None)
+    assert any(f.name.endswith(".pt.trace.json.gz") for f in p.files)
+    k = ak.with_categories(p.kernels)
+    moe = ak.moe_path(k).set_index("moe_path")
+    assert "cpu_experts" in moe.index and moe.loc["cpu_experts", "share"] > 0.01
+    cats = set(ak.categories(k)["category"])
+    assert {"dense_gemm", "attention", "moe_grouped_gemm"} <= cats
+    assert (p.load_summary["completed"] == 4).all()

@@ -45,3 +45,7 @@ class PortInUseError(ServerError):
 
 class NotMeasuredError(ServescopeError):
     """Offline rendering asked for a point the store does not hold."""
+
+
+class ProfilingUnavailable(ServescopeError):
+    """A profiler cannot run here (no nsys, no GPU, no hook in the engine); the message says why."""

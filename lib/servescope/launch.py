@@ -90,8 +90,12 @@ def prepare(engine: EngineSpec, model: ModelSpec, say: Callable[[str], None] = p
 
 
 @contextlib.contextmanager
-def serve(prep: Prepared, knobs: Knobs, log_dir: Path) -> Iterator[Target]:
-    """Launch one configuration and yield its Target; the whole server tree is gone when the block ends."""
+def serve(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None = None,
+          extra_env: dict[str, str] | None = None, term_grace_s: float = 15.0) -> Iterator[Target]:
+    """Launch one configuration and yield its Target; the whole server tree is gone when the block ends.
+
+    prefix wraps the command (e.g. `nsys profile ...`); give such a wrapper a long term_grace_s, since it
+    writes its report after the server exits."""
     engine = prep.engine
     adapter = get_engine(engine.name)
     api_key = _api_key(engine)
@@ -103,11 +107,11 @@ def serve(prep: Prepared, knobs: Knobs, log_dir: Path) -> Iterator[Target]:
         return
     port = engine.port or free_port(engine.host)
     plan = adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
-                        host=engine.host, port=port, knobs=knobs, extra_env=dict(engine.env))
+                        host=engine.host, port=port, knobs=knobs, extra_env={**engine.env, **(extra_env or {})})
     ready = dataclasses.replace(plan.ready, api_key=api_key)
-    server = ManagedServer(command=plan.command, port=port, host=engine.host, log_dir=Path(log_dir),
-                           model=prep.served_name, env=plan.env, startup_timeout_s=engine.startup_timeout_s,
-                           ready=ready)
+    server = ManagedServer(command=[*(prefix or []), *plan.command], port=port, host=engine.host,
+                           log_dir=Path(log_dir), model=prep.served_name, env=plan.env,
+                           startup_timeout_s=engine.startup_timeout_s, ready=ready, term_grace_s=term_grace_s)
     with server:
         resolved = adapter.resolved_config(server.base_url)
         resolved = redact_mapping(resolved) if resolved is not None else None

@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ..errors import ProfilingUnavailable
 from ..server import ReadyCheck
 from ..spec import Knobs
 from .envs import EngineEnvSpec
@@ -66,9 +67,34 @@ class EngineAdapter(ABC):
         """The configuration the running server actually uses, or None where it does not say."""
         return None
 
+    def torch_profiler_launch(self, install: EngineInstall, out_dir: str) -> tuple[list[str], dict[str, str]]:
+        """Flags and environment that let the running server's PyTorch profiler be started over HTTP."""
+        raise ProfilingUnavailable(f"engine {self.name!r} has no PyTorch profiler hook in servescope")
+
+    def cuda_profiler_launch(self, install: EngineInstall) -> tuple[list[str], dict[str, str]] | None:
+        """Flags/env making /start_profile call cudaProfilerStart (for nsys --capture-range=cudaProfilerApi);
+        None when the engine has no such hook (then nsys records a delay/duration window)."""
+        return None
+
+    def start_profile(self, base_url: str, out_dir: str | None = None, timeout_s: float = 60.0) -> None:
+        """Start the server's profiler."""
+        raise ProfilingUnavailable(f"engine {self.name!r} has no profiler endpoint in servescope")
+
+    def stop_profile(self, base_url: str, timeout_s: float = 600.0) -> None:
+        """Stop the server's profiler (it writes its trace then)."""
+        raise ProfilingUnavailable(f"engine {self.name!r} has no profiler endpoint in servescope")
+
     def knob_capabilities(self, install: EngineInstall) -> dict[str, str]:
         """For each knob, how this version expresses it (or why it cannot)."""
         return {}
+
+
+def post(url: str, body: dict[str, Any] | None = None, timeout_s: float = 60.0) -> int:
+    """POST JSON (or nothing); the HTTP status, raising on transport errors and 4xx/5xx."""
+    data = json.dumps(body).encode() if body is not None else b""
+    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return resp.status
 
 
 def get_json(url: str, timeout_s: float = 10.0) -> Any:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from ..errors import KnobError
 from ..server import ReadyCheck
 from ..spec import Knobs
 from . import register
-from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json
+from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, post
 from .envs import EngineEnvSpec
 
 EMBEDDED_VERSION = "0.32.0"
@@ -129,6 +130,26 @@ class VllmAdapter(EngineAdapter):
             env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB; the default (4) is more than a tiny model needs
         env |= extra_env
         return LaunchPlan(command=cmd, env=env, ready=ReadyCheck(), flags=flags)
+
+    def torch_profiler_launch(self, install: EngineInstall, out_dir: str) -> tuple[list[str], dict[str, str]]:
+        """--profiler-config with the torch profiler writing gzipped Chrome traces to out_dir (stacks and shapes
+        off: they multiply the trace size and the kernel table does not need them)."""
+        cfg = {"profiler": "torch", "torch_profiler_dir": str(Path(out_dir).resolve()),
+               "torch_profiler_with_stack": False, "torch_profiler_record_shapes": False,
+               "torch_profiler_use_gzip": True}
+        return ["--profiler-config", json.dumps(cfg, sort_keys=True)], {}
+
+    def cuda_profiler_launch(self, install: EngineInstall) -> tuple[list[str], dict[str, str]] | None:
+        """profiler=cuda: /start_profile calls cudaProfilerStart, so nsys can record just that range."""
+        return ["--profiler-config", json.dumps({"profiler": "cuda"})], {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+
+    def start_profile(self, base_url: str, out_dir: str | None = None, timeout_s: float = 60.0) -> None:
+        """POST /start_profile (registered only when --profiler-config set a profiler)."""
+        post(f"{base_url}/start_profile", None, timeout_s)
+
+    def stop_profile(self, base_url: str, timeout_s: float = 600.0) -> None:
+        """POST /stop_profile; vLLM writes the traces before it answers."""
+        post(f"{base_url}/stop_profile", None, timeout_s)
 
     def resolved_config(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
         """`/server_info?config_format=json` (needs VLLM_SERVER_DEV_MODE=1, which plan() sets)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import math
 import resource
@@ -31,6 +32,19 @@ T = TypeVar("T")
 CLIENT_CPU_LIMIT_PCT = 90.0  # of one core
 LOOP_LAG_LIMIT_MS = 10.0  # p99 event-loop lag
 RATE_SHORTFALL = 0.95  # achieved / requested arrival rate, open loop without a cap
+
+
+try:  # NVTX ranges cost nothing unless a profiler (nsys) is attached to this process
+    import nvtx as _nvtx
+except ImportError:  # pragma: no cover - nvtx is a dependency; a stripped install still runs
+    _nvtx = None
+
+
+def nvtx_range(label: str) -> Any:
+    """An NVTX range named 'servescope <label>' in the 'servescope' domain (a no-op context without nvtx)."""
+    if _nvtx is None:
+        return contextlib.nullcontext()
+    return _nvtx.annotate(f"servescope {label}", domain="servescope")
 
 
 def run_coro(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -252,8 +266,9 @@ def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | 
             tell(f"warmup:{pt.label}")
             warm = make_prompts(load, tokenizer, n_warm, load.seed - 1 - pt.index)
             closed = LoadPoint(pt.index, pt.label, "closed", pt.concurrency or 1, None)
-            res = run_coro(partial(_point, url, load.endpoint, model, warm, closed, load, "warmup", headers, ids,
-                                   None, n_warm))
+            with nvtx_range(f"warmup:{pt.label}"):
+                res = run_coro(partial(_point, url, load.endpoint, model, warm, closed, load, "warmup", headers,
+                                       ids, None, n_warm))
             rows += [_row(r, pt, warm) for r in res.records]
         count = None if load.duration_s else load.num_requests
         total = count if count is not None else None
@@ -262,8 +277,9 @@ def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | 
                    mininterval=1.0)
         tell(pt.label)
         try:
-            res = run_coro(partial(_point, url, load.endpoint, model, prompts, pt, load, "measure", headers, ids,
-                                   bar, count))
+            with nvtx_range(pt.label):
+                res = run_coro(partial(_point, url, load.endpoint, model, prompts, pt, load, "measure", headers, ids,
+                                       bar, count))
         finally:
             bar.close()
         rows += [_row(r, pt, prompts) for r in res.records]

@@ -1,0 +1,142 @@
+"""Kernel-level analysis, pure functions over a kernel table (profile.kernels.KERNEL_COLUMNS): how busy the GPU
+was, how long it idled between kernels, how many kernels ran and how long they took, launch API time against
+kernel time, graph replay against eager launches, categories, the MoE path and its share, top kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..profile.kernels import categorize
+
+LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+               "cudaLaunchCooperativeKernel", "cudaGraphLaunch", "cuGraphLaunch")
+
+
+def clip(k: pd.DataFrame, start_ns: int | None = None, end_ns: int | None = None) -> pd.DataFrame:
+    """Kernels overlapping [start_ns, end_ns), cut to it."""
+    if start_ns is None and end_ns is None:
+        return k
+    s = -np.inf if start_ns is None else start_ns
+    e = np.inf if end_ns is None else end_ns
+    k = k[(k["end_ns"] > s) & (k["start_ns"] < e)].copy()
+    k["start_ns"] = k["start_ns"].clip(lower=s)
+    k["end_ns"] = k["end_ns"].clip(upper=e)
+    k["dur_ns"] = k["end_ns"] - k["start_ns"]
+    return k
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[float, np.ndarray]:
+    """Total covered time of intervals (overlaps counted once) and the idle gaps between them, vectorized."""
+    if starts.size == 0:
+        return 0.0, np.array([])
+    if starts.size > 1 and np.all(starts[1:] >= starts[:-1]):
+        s, e = starts, ends
+    else:
+        o = np.argsort(starts, kind="stable")
+        s, e = starts[o], ends[o]
+    reach = np.maximum.accumulate(e)
+    prev = np.concatenate([[s[0]], reach[:-1]])
+    new = s > prev  # a kernel that starts after everything before it ended opens a new busy stretch
+    gaps = (s - prev)[new]
+    first = np.concatenate([[0], np.flatnonzero(new)])
+    last = np.concatenate([np.flatnonzero(new) - 1, [len(s) - 1]])
+    busy = float(np.sum(reach[last] - s[first]))
+    return busy, gaps
+
+
+def busy(k: pd.DataFrame, start_ns: int | None = None, end_ns: int | None = None) -> pd.DataFrame:
+    """Per device over a window (default: first kernel start to last kernel end): busy fraction (time any kernel
+    ran), idle-gap distribution, kernel count, kernels per second, median kernel duration."""
+    k = clip(k, start_ns, end_ns)
+    rows = []
+    for dev, g in k.groupby("device", sort=True):
+        s, e = g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64)
+        w0 = start_ns if start_ns is not None else int(s.min())
+        w1 = end_ns if end_ns is not None else int(e.max())
+        span = max(w1 - w0, 1)
+        covered, gaps = _union(s, e)
+        rows.append({
+            "device": dev, "window_ms": span / 1e6, "kernels": len(g), "kernels_per_s": len(g) / (span / 1e9),
+            "busy_fraction": covered / span, "kernel_time_ms": float(g["dur_ns"].sum()) / 1e6,
+            "kernel_us_p50": float(np.median(g["dur_ns"])) / 1e3,
+            "idle_gap_us_p50": float(np.median(gaps)) / 1e3 if gaps.size else 0.0,
+            "idle_gap_us_p90": float(np.percentile(gaps, 90)) / 1e3 if gaps.size else 0.0,
+            "idle_gap_us_max": float(gaps.max()) / 1e3 if gaps.size else 0.0,
+            "idle_gaps": int(gaps.size),
+            "graph_kernel_fraction": float(g["graph_node"].notna().mean()),
+        })
+    return pd.DataFrame(rows)
+
+
+def idle_gaps(k: pd.DataFrame, device: int, start_ns: int | None = None, end_ns: int | None = None) -> np.ndarray:
+    """Every idle gap (ns) between kernels of one device, for a histogram."""
+    g = clip(k, start_ns, end_ns)
+    g = g[g["device"] == device]
+    return _union(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))[1]
+
+
+def launch_overhead(runtime: pd.DataFrame, k: pd.DataFrame, start_ns: int | None = None,
+                    end_ns: int | None = None) -> dict[str, float]:
+    """Host time spent in launch APIs against GPU time spent in kernels over a window, and graph vs eager counts."""
+    r = runtime
+    if start_ns is not None or end_ns is not None:
+        s = -np.inf if start_ns is None else start_ns
+        e = np.inf if end_ns is None else end_ns
+        r = r[(r["start_ns"] >= s) & (r["start_ns"] < e)]
+    kk = clip(k, start_ns, end_ns)
+    launches = r[r["name"].astype(str).isin(LAUNCH_APIS)]
+    graph_launches = launches["name"].astype(str).isin(["cudaGraphLaunch", "cuGraphLaunch"])
+    launch_ms = float(launches["dur_ns"].sum()) / 1e6
+    kernel_ms = float(kk["dur_ns"].sum()) / 1e6
+    return {"launch_api_ms": launch_ms, "kernel_ms": kernel_ms,
+            "launch_to_kernel_ratio": launch_ms / kernel_ms if kernel_ms else float("nan"),
+            "launch_calls": int(len(launches)), "graph_launch_calls": int(graph_launches.sum()),
+            "kernels_from_graphs": int(kk["graph_node"].notna().sum()),
+            "kernels_launched_eagerly": int(kk["graph_node"].isna().sum())}
+
+
+def with_categories(k: pd.DataFrame) -> pd.DataFrame:
+    """The kernel table with 'category' and 'moe_path' columns."""
+    has_op = "op" in k and k["op"].notna().any()
+    cats = categorize(k["name"], k["op"] if has_op else None)
+    return k.assign(category=cats["category"].values, moe_path=cats["moe_path"].values)
+
+
+def categories(k: pd.DataFrame) -> pd.DataFrame:
+    """GPU time, kernel count and share of kernel time per category, largest first."""
+    k = k if "category" in k else with_categories(k)
+    total = float(k["dur_ns"].sum()) or 1.0
+    out = k.groupby("category", as_index=False).agg(kernel_ms=("dur_ns", "sum"), kernels=("dur_ns", "size"))
+    out["kernel_ms"] = out["kernel_ms"] / 1e6
+    out["share"] = out["kernel_ms"] * 1e6 / total
+    return out.sort_values("kernel_ms", ascending=False, ignore_index=True)
+
+
+def moe_path(k: pd.DataFrame) -> pd.DataFrame:
+    """Which MoE implementation ran (by kernel name, or launching op), with its kernels' share of all kernel time."""
+    k = k if "category" in k else with_categories(k)
+    total = float(k["dur_ns"].sum()) or 1.0
+    m = k[k["category"] == "moe_grouped_gemm"]
+    if m.empty:
+        return pd.DataFrame(columns=["moe_path", "kernel_ms", "kernels", "share", "example_kernel"])
+    out = m.groupby("moe_path", as_index=False).agg(kernel_ms=("dur_ns", "sum"), kernels=("dur_ns", "size"),
+                                                     example_kernel=("name", "first"))
+    out["share"] = out["kernel_ms"] / total
+    out["kernel_ms"] = out["kernel_ms"] / 1e6
+    out["example_kernel"] = out["example_kernel"].astype(str).str.slice(0, 120)
+    return out.sort_values("kernel_ms", ascending=False, ignore_index=True)[
+        ["moe_path", "kernel_ms", "kernels", "share", "example_kernel"]]
+
+
+def top_kernels(k: pd.DataFrame, n: int = 15) -> pd.DataFrame:
+    """The n kernels (by name) with the most total time."""
+    k = k if "category" in k else with_categories(k)
+    total = float(k["dur_ns"].sum()) or 1.0
+    g = k.groupby(k["name"].astype(str), as_index=False, sort=False).agg(
+        kernel_ms=("dur_ns", "sum"), kernels=("dur_ns", "size"), us_p50=("dur_ns", "median"),
+        category=("category", "first"), op=("op", "first"))
+    g["kernel_ms"] /= 1e6
+    g["us_p50"] /= 1e3
+    g["share"] = g["kernel_ms"] * 1e6 / total
+    return g.sort_values("kernel_ms", ascending=False, ignore_index=True).head(n)

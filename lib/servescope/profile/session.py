@@ -1,0 +1,130 @@
+"""Profile a running configuration: the engine's PyTorch profiler over HTTP, or the whole server under Nsight
+Systems; both end in the same kernel table."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..engines import get_engine
+from ..errors import ProfilingUnavailable
+from ..launch import Prepared, serve
+from ..load import load_tokenizer, run_sweep
+from ..spec import Knobs, LoadSpec
+from . import nsys as nsys_mod
+from . import torch_trace
+
+
+@dataclass
+class Profile:
+    """What one profiled run produced."""
+
+    kernels: pd.DataFrame
+    runtime: pd.DataFrame
+    nvtx: pd.DataFrame = field(default_factory=pd.DataFrame)
+    stats: dict[str, pd.DataFrame] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+    load_summary: pd.DataFrame = field(default_factory=pd.DataFrame)
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _wait_for_traces(folder: Path, timeout_s: float = 300.0) -> list[Path]:
+    """Trace files once their sizes stop changing (engines write them after /stop_profile returns, at times)."""
+    deadline = time.monotonic() + timeout_s
+    last: dict[Path, int] = {}
+    while time.monotonic() < deadline:
+        found = sorted(p for p in folder.rglob("*") if p.name.endswith((".json", ".json.gz")))
+        sizes = {p: p.stat().st_size for p in found}
+        if found and sizes == last:
+            return found
+        last = sizes
+        time.sleep(2.0)
+    raise ProfilingUnavailable(f"no complete PyTorch profiler trace appeared in {folder} within {timeout_s:.0f} s")
+
+
+def _with_flags(knobs: Knobs, flags: list[str]) -> Knobs:
+    return knobs.model_copy(update={"extra_args": tuple(knobs.extra_args) + tuple(flags)})
+
+
+def torch_profile(prep: Prepared, knobs: Knobs, load: LoadSpec, out_dir: str | Path,
+                  say: Callable[[str], None] = print) -> Profile:
+    """Launch with the engine's PyTorch profiler enabled, warm up with the load's warmup, profile one sweep of the
+    load between /start_profile and /stop_profile, and parse every trace written (streamed)."""
+    out = Path(out_dir)
+    traces = out / "traces"
+    traces.mkdir(parents=True, exist_ok=True)
+    adapter = get_engine(prep.engine.name)
+    flags, env = adapter.torch_profiler_launch(prep.install, str(traces))
+    tok = load_tokenizer(prep.model_path) if prep.model_path.startswith("/") else None
+    with serve(prep, _with_flags(knobs, flags), out / "server", extra_env=env) as target:
+        warm = load.model_copy(update={"num_requests": max(1, load.warmup_requests or 1), "warmup_requests": 0})
+        run_sweep(target.base_url, target.model, warm, tok, target.api_key, progress=False)
+        say("profiling: /start_profile")
+        adapter.start_profile(target.base_url, str(traces))
+        try:
+            result = run_sweep(target.base_url, target.model, load.model_copy(update={"warmup_requests": 0}), tok,
+                               target.api_key, progress=False)
+        finally:
+            say("profiling: /stop_profile (the engine writes its traces now)")
+            adapter.stop_profile(target.base_url)
+        files = _wait_for_traces(traces)
+    kernels, runtime = [], []
+    for f in files:
+        ev = torch_trace.read_events(f)
+        k = torch_trace.kernels_from_events(ev)
+        kernels.append(k.assign(trace=f.name))
+        runtime.append(torch_trace.runtime_from_events(ev).assign(trace=f.name))
+    return Profile(kernels=pd.concat(kernels, ignore_index=True), runtime=pd.concat(runtime, ignore_index=True),
+                   files=files, load_summary=result.summary(), source="torch")
+
+
+def nsys_profile(prep: Prepared, knobs: Knobs, load: LoadSpec, out_dir: str | Path, delay_s: float = 0.0,
+                 duration_s: float | None = None, say: Callable[[str], None] = print) -> Profile:
+    """Launch the server under `nsys profile`; record between /start_profile and /stop_profile where the engine
+    can call cudaProfilerStart/Stop, else a delay/duration window; then stats CSVs, SQLite and the kernel table."""
+    nsys = nsys_mod.locate_nsys()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    adapter = get_engine(prep.engine.name)
+    hook = adapter.cuda_profiler_launch(prep.install)
+    notes = []
+    if hook is not None:
+        flags, env = hook
+        prefix = nsys_mod.profile_prefix(nsys, out / "report", capture_range="cudaProfilerApi")
+        notes.append("capture range: the engine's /start_profile .. /stop_profile (cudaProfilerApi)")
+    else:
+        flags, env = [], {}
+        prefix = nsys_mod.profile_prefix(nsys, out / "report", delay_s=delay_s or None, duration_s=duration_s)
+        notes.append(f"capture window: delay {delay_s:g} s, duration {duration_s or 'until exit'} s (no engine hook)")
+    tok = load_tokenizer(prep.model_path) if prep.model_path.startswith("/") else None
+    with serve(prep, _with_flags(knobs, flags), out / "server", prefix=prefix, extra_env=env,
+               term_grace_s=300.0) as target:
+        if hook is not None:
+            adapter.start_profile(target.base_url)
+        try:
+            result = run_sweep(target.base_url, target.model, load, tok, target.api_key, progress=False)
+        finally:
+            if hook is not None:
+                adapter.stop_profile(target.base_url)
+    report = nsys_mod.find_report(out / "report")
+    say(f"profiling: nsys report {report}")
+    stats = nsys_mod.stats(nsys, report, out / "stats")
+    sqlite = nsys_mod.export_sqlite(nsys, report)
+    return Profile(kernels=nsys_mod.read_kernels(sqlite), runtime=nsys_mod.read_runtime(sqlite),
+                   nvtx=nsys_mod.read_nvtx(sqlite), stats=stats, files=[report, sqlite],
+                   load_summary=result.summary(), source="nsys", notes=notes)
+
+
+def summary(p: Profile) -> dict[str, Any]:
+    """The headline figures of a profile, for findings."""
+    from ..analysis import kernels as ak
+
+    k = ak.with_categories(p.kernels)
+    return {"busy": ak.busy(k).to_dict("records"), "categories": ak.categories(k).to_dict("records"),
+            "moe_path": ak.moe_path(k).to_dict("records"), "launch": ak.launch_overhead(p.runtime, k)}
