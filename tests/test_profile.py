@@ -80,6 +80,27 @@ def test_graph_replay_window_packs_kernels(launch):
     assert lo["graph_launch_calls"] == 4 and lo["kernels_from_graphs"] == 2000 and lo["kernels_launched_eagerly"] == 0
 
 
+def test_load_phases_placed_on_the_nsys_timeline_by_wall_clock(launch):
+    """A server profiled from outside: the load's phase marks (unix ns) land on the report's timeline through its
+    session start, and busy per phase equals busy over the NVTX range the workload itself opened."""
+    k, _, nv, _ = launch
+    origin = nsys.session_start_unix_ns(FIX / "launch_bound.sqlite")
+    assert origin == 1796052185659983576
+    r = nv.set_index("text")
+    marks = [("warmup:c=1", origin + int(r.loc["launch_bound", "start_ns"]) - 10**6),
+             ("c=1", origin + int(r.loc["launch_bound", "start_ns"])),
+             ("c=4", origin + int(r.loc["graph_replay", "start_ns"])),
+             ("idle", origin + int(r.loc["graph_replay", "end_ns"]))]
+    ph = ak.phase_windows(marks, origin)
+    assert list(ph["text"]) == ["warmup:c=1", "c=1", "c=4"]
+    by = ak.busy_by_range(k, ph).set_index("range")
+    direct = ak.busy(k, r.loc["graph_replay", "start_ns"], r.loc["graph_replay", "end_ns"]).iloc[0]
+    assert by.loc["c=4", "kernels"] == direct["kernels"] == 2000
+    assert by.loc["c=4", "busy_fraction"] == pytest.approx(direct["busy_fraction"])
+    assert by.loc["c=1", "kernels"] >= 2000 and by.loc["c=1", "busy_fraction"] < 0.1
+    assert ak.phase_windows([("c=1", origin)], origin).empty  # a phase never ended is not guessed
+
+
 def test_compute_bound_is_busy_dense_gemm():
     db = FIX / "compute_bound.sqlite"
     k, nv = nsys.read_kernels(db), nsys.read_nvtx(db)
@@ -206,3 +227,26 @@ def test_categories_agree_between_sqlite_slice_and_whole_capture_stats():
     assert whole["moe_grouped_gemm"] == pytest.approx(0.0971, abs=0.001)
     for c in ("moe_grouped_gemm", "dense_gemm", "attention", "elementwise_norm_activation"):
         assert part[c] == pytest.approx(whole[c], abs=0.03)  # a steady load: one second looks like the whole
+
+
+def test_kernels_cli_on_stored_traces(capsys):
+    from servescope.cli import main
+
+    assert main(["kernels", str(FIX / "launch_bound.sqlite"), "--range", "graph_replay", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2000 kernels (nsys), NVTX range 'graph_replay'" in out and "kernels_from_graphs: 2000" in out
+    assert main(["kernels", str(FIX / "moe_torch_trace.json.gz")]) == 0
+    assert "torch_grouped_mm" in capsys.readouterr().out
+    assert main(["kernels", str(FIX / "launch_bound.sqlite"), "--range", "nope"]) == 2
+    assert "ranges there: ['graph_replay', 'launch_bound']" in capsys.readouterr().err
+
+
+def test_open_trace_reads_stats_beside_sqlite_and_refuses_unknown(tmp_path):
+    from servescope.profile.session import open_trace
+
+    p = open_trace(FIX / "launch_bound.sqlite")
+    assert p.source == "nsys" and len(p.kernels) == p.stats["cuda_gpu_kern_sum"]["Instances"].sum()
+    bad = tmp_path / "trace.txt"
+    bad.write_text("x")
+    with pytest.raises(ProfilingUnavailable, match="not a trace servescope reads"):
+        open_trace(bad)

@@ -94,6 +94,9 @@ def main(out: Path) -> None:
     print(f"nsys_profile: {p.notes}; files {[f.name for f in p.files]}; {len(kk)} kernels; "
           f"stats kernels {p.stats['cuda_gpu_kern_sum']['Instances'].sum()}; NVTX {sorted(set(p.nvtx['text']))[:6]}")
     print(p.load_summary[["point", "completed", "output_tok_s"]].to_string())
+    print("load phases on the nsys timeline:\n" + p.phases.to_string())
+    print(ak.busy_by_range(kk, p.phases)[["range", "kernels", "busy_fraction", "kernel_us_p50",
+                                          "idle_gap_us_p50"]].round(4).to_string())
     print(ak.moe_path(kk).round(4).to_string())
 
 

@@ -100,6 +100,37 @@ def _cmd_import_bench(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_kernels(a: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .analysis import kernels as ak
+    from .profile.session import open_trace
+
+    p = open_trace(a.trace)
+    k = ak.with_categories(p.kernels)
+    start = end = None
+    if a.range:
+        hit = p.nvtx[p.nvtx["text"].astype(str) == a.range] if len(p.nvtx) else p.nvtx
+        if hit.empty:
+            have = sorted(set(p.nvtx["text"].astype(str)))[:20] if len(p.nvtx) else []
+            raise ServescopeError(f"no NVTX range {a.range!r} in {a.trace}; ranges there: {have}")
+        start, end = int(hit["start_ns"].iloc[0]), int(hit["end_ns"].iloc[-1])
+        k = ak.clip(k, start, end)
+    with pd.option_context("display.width", 160, "display.max_colwidth", 70):
+        print(f"{a.trace}: {len(k)} kernels ({p.source})" + (f", NVTX range {a.range!r}" if a.range else ""))
+        print("\n# busy\n" + ak.busy(k, start, end).round(4).to_string(index=False))
+        if len(p.runtime):
+            lo = ak.launch_overhead(p.runtime, k, start, end)
+            print("\n# launch API vs kernels\n" + "\n".join(f"{key}: {v:.4g}" for key, v in lo.items()))
+        print("\n# categories\n" + ak.categories(k).round(4).to_string(index=False))
+        moe = ak.moe_path(k)
+        print("\n# MoE path\n" + (moe.round(4).to_string(index=False) if len(moe) else "no MoE kernels"))
+        top = ak.top_kernels(k, a.top).round(4)
+        top["name"] = top["name"].str.slice(0, 90)
+        print(f"\n# top {a.top} kernels\n" + top.to_string(index=False))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `servescope` command."""
     p = argparse.ArgumentParser(prog="servescope", description=__doc__)
@@ -141,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     ib.add_argument("file")
     ib.add_argument("--out", help="folder to write summary.parquet (and requests.parquet) into")
     ib.set_defaults(fn=_cmd_import_bench)
+
+    kk = sub.add_parser("kernels", help="analyse a stored trace: nsys .sqlite/.nsys-rep or PyTorch profiler .json(.gz)")
+    kk.add_argument("trace")
+    kk.add_argument("--range", help="only this NVTX range (e.g. 'servescope c=8')")
+    kk.add_argument("--top", type=int, default=15, help="how many kernels to list (default 15)")
+    kk.set_defaults(fn=_cmd_kernels)
 
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -69,6 +69,28 @@ def busy(k: pd.DataFrame, start_ns: int | None = None, end_ns: int | None = None
     return pd.DataFrame(rows)
 
 
+def busy_by_range(k: pd.DataFrame, ranges: pd.DataFrame) -> pd.DataFrame:
+    """busy() over each named range (NVTX ranges, or load phases from phase_windows), one row per range and device."""
+    out = [busy(k, int(r.start_ns), int(r.end_ns)).assign(range=r.text) for r in ranges.itertuples()]
+    out = [o for o in out if len(o)]
+    if not out:
+        return pd.DataFrame(columns=["range", "device", "busy_fraction"])
+    df = pd.concat(out, ignore_index=True)
+    return df[["range"] + [c for c in df.columns if c != "range"]]
+
+
+def phase_windows(marks: list[tuple[str, int]], origin_unix_ns: int, end_unix_ns: int | None = None) -> pd.DataFrame:
+    """Load phases as ranges on a profile's timeline (text, start_ns, end_ns): each phase mark (name, unix ns) lasts
+    until the next; origin_unix_ns is the timeline's zero (nsys: the session start); 'idle' marks only end one."""
+    rows = []
+    for i, (name, t) in enumerate(marks):
+        end = marks[i + 1][1] if i + 1 < len(marks) else end_unix_ns
+        if name == "idle" or end is None:
+            continue
+        rows.append({"text": name, "start_ns": t - origin_unix_ns, "end_ns": end - origin_unix_ns})
+    return pd.DataFrame(rows, columns=["text", "start_ns", "end_ns"])
+
+
 def idle_gaps(k: pd.DataFrame, device: int, start_ns: int | None = None, end_ns: int | None = None) -> np.ndarray:
     """Every idle gap (ns) between kernels of one device, for a histogram."""
     g = clip(k, start_ns, end_ns)

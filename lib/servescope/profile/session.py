@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..analysis import kernels as ak
 from ..engines import get_engine
 from ..errors import ProfilingUnavailable
 from ..launch import Prepared, serve
@@ -32,6 +33,9 @@ class Profile:
     load_summary: pd.DataFrame = field(default_factory=pd.DataFrame)
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    # the load's phases on the profile's timeline (text, start_ns, end_ns); the load generator's NVTX ranges are
+    # in its own process, which nsys does not trace when it profiles the server
+    phases: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def _wait_for_traces(folder: Path, timeout_s: float = 300.0) -> list[Path]:
@@ -107,8 +111,10 @@ def nsys_profile(prep: Prepared, knobs: Knobs, load: LoadSpec, out_dir: str | Pa
                term_grace_s=300.0) as target:
         if hook is not None:
             adapter.start_profile(target.base_url)
+        marks: list[tuple[str, int]] = []
         try:
-            result = run_sweep(target.base_url, target.model, load, tok, target.api_key, progress=False)
+            result = run_sweep(target.base_url, target.model, load, tok, target.api_key, progress=False,
+                               on_phase=lambda name: marks.append((name, time.time_ns())))
         finally:
             if hook is not None:
                 adapter.stop_profile(target.base_url)
@@ -116,15 +122,39 @@ def nsys_profile(prep: Prepared, knobs: Knobs, load: LoadSpec, out_dir: str | Pa
     say(f"profiling: nsys report {report}")
     stats = nsys_mod.stats(nsys, report, out / "stats")
     sqlite = nsys_mod.export_sqlite(nsys, report)
+    origin = nsys_mod.session_start_unix_ns(sqlite)
+    if origin is None:
+        notes.append("the report has no session start time: load phases are not placed on the timeline")
+    phases = ak.phase_windows(marks, origin) if origin is not None else pd.DataFrame()
     return Profile(kernels=nsys_mod.read_kernels(sqlite), runtime=nsys_mod.read_runtime(sqlite),
                    nvtx=nsys_mod.read_nvtx(sqlite), stats=stats, files=[report, sqlite],
-                   load_summary=result.summary(), source="nsys", notes=notes)
+                   load_summary=result.summary(), source="nsys", notes=notes, phases=phases)
+
+
+def open_trace(path: str | Path) -> Profile:
+    """A stored trace as a Profile, no GPU needed: an nsys SQLite export, an .nsys-rep (exported with nsys, which
+    must then be installed), or a PyTorch profiler Chrome trace (.json / .json.gz)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProfilingUnavailable(f"no trace file at {path}")
+    name = path.name
+    if name.endswith((".json", ".json.gz")):
+        ev = torch_trace.read_events(path)
+        return Profile(kernels=torch_trace.kernels_from_events(ev), runtime=torch_trace.runtime_from_events(ev),
+                       files=[path], source="torch")
+    if name.endswith(".nsys-rep"):
+        path = nsys_mod.export_sqlite(nsys_mod.locate_nsys(), path)
+    elif not name.endswith(".sqlite"):
+        raise ProfilingUnavailable(f"{name}: not a trace servescope reads (.sqlite, .nsys-rep, .json, .json.gz)")
+    prefix = path.with_suffix("")
+    stats = {r: v for r, v in nsys_mod.read_stats(Path(f"{prefix}_stats")).items() if not v.empty}
+    return Profile(kernels=nsys_mod.read_kernels(path), runtime=nsys_mod.read_runtime(path),
+                   nvtx=nsys_mod.read_nvtx(path), stats=stats, files=[path], source="nsys")
 
 
 def summary(p: Profile) -> dict[str, Any]:
     """The headline figures of a profile, for findings."""
-    from ..analysis import kernels as ak
-
     k = ak.with_categories(p.kernels)
-    return {"busy": ak.busy(k).to_dict("records"), "categories": ak.categories(k).to_dict("records"),
+    per_phase = ak.busy_by_range(k, p.phases) if len(p.phases) else pd.DataFrame()
+    return {"busy": ak.busy(k).to_dict("records"), "busy_by_phase": per_phase.to_dict("records"), "categories": ak.categories(k).to_dict("records"),
             "moe_path": ak.moe_path(k).to_dict("records"), "launch": ak.launch_overhead(p.runtime, k)}
