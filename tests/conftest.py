@@ -46,3 +46,22 @@ class StubAdapter(EngineAdapter):
 def stub_engine() -> dict:
     """EngineSpec fields for the stub engine."""
     return {"name": "stub", "python": sys.executable, "startup_timeout_s": 30}
+
+
+# the published engine versions the adapters and the audit are tested against (wheels fetched once per user into
+# the servescope cache with `pip download --no-deps`, read as zips, never installed or committed)
+ENGINE_WHEELS = {"sglang-0.4.10": ("sglang", "0.4.10"), "sglang-0.5.9": ("sglang", "0.5.9"),
+                 "sglang-0.5.23": ("sglang", "0.5.23"), "vllm-0.32.0": ("vllm", "0.32.0"),
+                 "transformers-5.17.0": ("transformers", "5.17.0")}
+
+
+@pytest.fixture(scope="session")
+def wheel_install():
+    """EngineInstall reading its source from a published wheel: wheel_install('sglang-0.5.9')."""
+    from servescope.engines.source import fetch_wheel
+
+    def make(key: str) -> EngineInstall:
+        dist, version = ENGINE_WHEELS[key]
+        return EngineInstall(python=sys.executable, version=version, distribution=dist, platform="cuda",
+                             source=str(fetch_wheel(dist, version)))
+    return make

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -33,7 +34,8 @@ def test_no_compile_keeps_graph_choice():
     assert _cc(flags) == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "max_cudagraph_capture_size": 64}
 
 
-@pytest.mark.parametrize("mode,name", [("off", "NONE"), ("piecewise", "PIECEWISE"), ("full", "FULL")])
+@pytest.mark.parametrize("mode,name", [("off", "NONE"), ("piecewise", "FULL_AND_PIECEWISE"),
+                                       ("decode_only", "FULL_DECODE_ONLY"), ("full", "FULL")])
 def test_graph_modes(mode, name):
     assert _cc(vllm.knob_flags(Knobs(cuda_graph=mode), GPU))["cudagraph_mode"] == name
 
@@ -67,10 +69,20 @@ def test_cpu_build_has_no_memory_fraction():
         vllm.knob_flags(Knobs(mem_fraction=0.5), CPU)
 
 
-def test_plan_command_and_env():
-    plan = vllm.plan(install=CPU, model_path="/m", served_name="tiny", host="127.0.0.1", port=8123,
+def test_plan_command_and_env(wheel_install):
+    cpu = dataclasses.replace(CPU, source=wheel_install("vllm-0.32.0").source)
+    plan = vllm.plan(install=cpu, model_path="/m", served_name="tiny", host="127.0.0.1", port=8123,
                      knobs=Knobs(), extra_env={"VLLM_CPU_KVCACHE_SPACE": "2"})
     assert plan.command[:3] == ["/x/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert "--port" in plan.command and "8123" in plan.command
     assert plan.env["VLLM_SERVER_DEV_MODE"] == "1" and plan.env["HF_HUB_OFFLINE"] == "1"
     assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "2"  # the user's env wins
+
+
+def test_plan_refuses_flags_the_version_lacks(wheel_install, monkeypatch):
+    """A knob translation that names a flag this vLLM does not define is stopped before launch."""
+    cpu = dataclasses.replace(CPU, source=wheel_install("vllm-0.32.0").source)
+    monkeypatch.setattr(type(vllm), "knob_flags", lambda self, knobs, install: ["--no-such-flag"])
+    with pytest.raises(KnobError, match="vllm 0.32.0 does not define --no-such-flag"):
+        vllm.plan(install=cpu, model_path="/m", served_name="tiny", host="127.0.0.1", port=8123, knobs=Knobs(),
+                  extra_env={})

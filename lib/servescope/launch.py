@@ -86,7 +86,7 @@ def prepare(engine: EngineSpec, model: ModelSpec, say: Callable[[str], None] = p
     if engine.version and install.version != engine.version:
         raise SpecError(f"engine.version is {engine.version} but {python} has {engine.name} {install.version}")
     path, served = resolve_model(model, python)
-    return Prepared(engine, install, path, served)
+    return Prepared(engine, install, path, adapter.served_name(path, served))
 
 
 @contextlib.contextmanager

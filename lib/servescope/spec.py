@@ -68,6 +68,8 @@ class ModelSpec(_Spec):
         return self
 
 
+# off: no graphs; decode_only: decode batches as full graphs, prefill eager; full: decode and prefill as full graphs;
+# piecewise: decode full, prefill/mixed batches as piecewise (breakable) graphs with the unsafe parts eager
 CudaGraphMode = Literal["off", "decode_only", "full", "piecewise"]
 
 

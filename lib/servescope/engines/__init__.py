@@ -31,7 +31,7 @@ def get_engine(name: str) -> EngineAdapter:
 
 def _load_builtin() -> None:
     # imported lazily: adapter modules import this registry to register themselves
-    from . import external, vllm  # noqa: F401
+    from . import external, sglang, transformers, vllm  # noqa: F401
 
 
 __all__ = ["EngineAdapter", "LaunchPlan", "engine_names", "get_engine", "register"]

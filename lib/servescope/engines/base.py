@@ -7,12 +7,18 @@ import re
 import urllib.request
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, ClassVar
 
-from ..errors import ProfilingUnavailable
+import pandas as pd
+
+from ..errors import KnobError, ProfilingUnavailable, ServescopeError, SpecError
 from ..server import ReadyCheck
 from ..spec import Knobs
 from .envs import EngineEnvSpec
+from .flagscan import FlagSet, scan_flags
+from .logs import LogPattern
+from .source import SourceTree
 
 
 @dataclass(frozen=True)
@@ -23,6 +29,7 @@ class EngineInstall:
     version: str
     distribution: str
     platform: str  # "cuda", "cpu", "rocm", ... as far as the install tells
+    source: str = ""  # where the engine's source is read from (a wheel, or the folder holding the package)
 
     def as_dict(self) -> dict[str, str]:
         """Plain dict for manifests."""
@@ -45,6 +52,8 @@ class EngineAdapter(ABC):
 
     name: ClassVar[str]
     launches: ClassVar[bool] = True
+    package: ClassVar[str] = ""  # the Python package whose source declares the flags ('' = no static scan)
+    distributions: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
@@ -62,6 +71,10 @@ class EngineAdapter(ABC):
     def plan(self, *, install: EngineInstall, model_path: str, served_name: str, host: str, port: int,
              knobs: Knobs, extra_env: dict[str, str]) -> LaunchPlan:
         """The full launch plan for one configuration."""
+
+    def served_name(self, model_path: str, requested: str) -> str:
+        """The model name the server will answer to (most engines take the one we give)."""
+        return requested
 
     def resolved_config(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
         """The configuration the running server actually uses, or None where it does not say."""
@@ -84,9 +97,68 @@ class EngineAdapter(ABC):
         """Stop the server's profiler (it writes its trace then)."""
         raise ProfilingUnavailable(f"engine {self.name!r} has no profiler endpoint in servescope")
 
-    def knob_capabilities(self, install: EngineInstall) -> dict[str, str]:
-        """For each knob, how this version expresses it (or why it cannot)."""
+    def source_tree(self, install: EngineInstall) -> SourceTree:
+        """The engine's source for this install: the wheel or folder in install.source, else found under its python."""
+        if not self.package:
+            raise ServescopeError(f"engine {self.name!r} has no source servescope reads")
+        if install.source:
+            tree = SourceTree.from_wheel(install.source) if install.source.endswith(".whl") else \
+                SourceTree(self.package, install.version, install.source)
+            return tree
+        return SourceTree.from_installed(install.python, self.package, self.distributions or (self.package,))
+
+    def flag_set(self, install: EngineInstall) -> FlagSet:
+        """The CLI flags this install defines, from a static scan of its source (cached per source)."""
+        tree = self.source_tree(install)
+        return _scan_cached(tree)
+
+    def knob_capabilities(self, install: EngineInstall) -> pd.DataFrame:
+        """For each knob and value, the flags this version uses for it, or why it cannot (one row each)."""
+        rows = []
+        for probe in KNOB_PROBES:
+            knobs = Knobs(**probe)
+            row = {"knobs": knobs.label()}
+            try:
+                row |= {"supported": True, "flags": " ".join(self.knob_flags(knobs, install)), "reason": ""}
+            except (KnobError, SpecError) as e:
+                row |= {"supported": False, "flags": "", "reason": str(e)}
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def check_flags(self, flags: list[str], install: EngineInstall) -> None:
+        """KnobError before launch if a flag we built is not defined by this version (values are skipped)."""
+        fs = self.flag_set(install)
+        missing = [f for f in flags if f.startswith("--") and not fs.has(f)]
+        if missing:
+            raise KnobError(f"{self.name} {install.version} does not define {', '.join(missing)} "
+                            f"(flags read from {fs.origin})")
+
+    def log_patterns(self) -> list[LogPattern]:
+        """What to look for in this engine's log (see engines.logs)."""
+        return []
+
+    def metric_names(self) -> dict[str, str]:
+        """Prometheus metrics worth watching, name -> meaning."""
         return {}
+
+
+# the knob settings that exercise each translation (a knob that needs another set comes with it)
+KNOB_PROBES: list[dict[str, Any]] = [
+    {"cuda_graph": "off"}, {"cuda_graph": "decode_only"}, {"cuda_graph": "full"}, {"cuda_graph": "piecewise"},
+    {"cuda_graph_max_bs": 64},
+    {"torch_compile": True}, {"torch_compile": False},
+    {"torch_compile": True, "torch_compile_max_bs": 16},
+    {"tp": 2}, {"dp": 2}, {"tp": 2, "attn_dp": 2}, {"tp": 2, "ep": 2},
+    {"moe_backend": "triton"}, {"moe_backend": "flashinfer_cutlass"}, {"moe_backend": "deep_gemm"},
+    {"max_running_requests": 128}, {"num_continuous_decode_steps": 4},
+    {"two_batch_overlap": True}, {"single_batch_overlap": True},
+    {"chunked_prefill_size": 4096}, {"mem_fraction": 0.85},
+]
+
+
+@cache
+def _scan_cached(tree: SourceTree) -> FlagSet:
+    return scan_flags(tree)
 
 
 def post(url: str, body: dict[str, Any] | None = None, timeout_s: float = 60.0) -> int:

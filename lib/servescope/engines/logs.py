@@ -1,0 +1,190 @@
+"""Engine log analysis: the lines that say whether CUDA graphs were captured or turned off (and why), which MoE
+backend was chosen, out-of-memory and CUDA errors, and startup timings. Patterns are written against the
+message templates found in the engines' own source (`logged_messages` extracts them; the tests check every
+pattern against the versions it names)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from .source import SourceTree
+
+KINDS = ("graph_capture", "graph_disabled", "compile", "moe_backend", "attention_backend", "oom", "cuda_error",
+         "startup", "config")
+# placeholder written for an f-string's {expression} when a template is rebuilt from source
+HOLE = "\u2039x\u203a"
+
+
+@dataclass(frozen=True)
+class LogPattern:
+    """One kind of log line: a regex (named groups become columns) and where it comes from."""
+
+    name: str
+    kind: str
+    regex: str
+    meaning: str
+    engine: str  # 'sglang', 'vllm', 'transformers' or '*' (any Python server)
+    versions: str = ""  # versions whose source has the message, e.g. '0.4.10 0.5.9 0.5.23'
+
+    def compiled(self) -> re.Pattern[str]:
+        """The compiled regex."""
+        return re.compile(self.regex)
+
+
+SGLANG_PATTERNS = [
+    LogPattern("capture_begin", "graph_capture", r"Capture (?P<what>[\w ./-]*?)(?:cuda|CUDA) graph begin",
+               "CUDA-graph capture started", "sglang", "0.4.10 0.5.9 0.5.23"),
+    LogPattern("capture_end", "graph_capture",
+               r"Capture (?P<what>[\w ./-]*?)(?:cuda|CUDA) graph end\. (?:Time elapsed: |elapsed=)(?P<capture_s>[\d.]+) s",
+               "CUDA-graph capture finished (seconds it took)", "sglang", "0.4.10 0.5.9 0.5.23"),
+    LogPattern("graph_disabled_deepep", "graph_disabled", r"Cuda graph is disabled because deepep_mode=`normal`",
+               "DeepEP normal mode turns CUDA graphs off", "sglang", "0.4.10 0.5.9 0.5.23"),
+    LogPattern("graph_disabled_prefill_server", "graph_disabled", r"Cuda graph is disabled for prefill server",
+               "a PD-disaggregated prefill server runs without CUDA graphs", "sglang", "0.4.10 0.5.9"),
+    LogPattern("graph_disabled_reason", "graph_disabled",
+               r"(?i)(?:cuda graph|cuda_graph)\w*[^\n]{0,40}(?:is disabled|disabled because|disable)[^\n]*",
+               "some rule turned CUDA graphs (or a phase of them) off; the line says which", "sglang",
+               "0.4.10 0.5.9 0.5.23"),
+    LogPattern("piecewise_compile_conflict", "graph_disabled",
+               r"Disable piecewise CUDA graph because piecewise_cuda_graph has conflict with torch compile",
+               "piecewise graphs off because torch.compile is on", "sglang", "0.5.9"),
+    LogPattern("moe_backend_override", "moe_backend", r"Use (?P<backend>\w+) as MoE runner backend",
+               "a model override chose the MoE runner backend", "sglang", "0.5.23"),
+    LogPattern("moe_backend_auto", "moe_backend", r"auto set moe_runner_backend=`(?P<backend>\w+)`",
+               "the MoE runner backend set automatically", "sglang", "0.5.23"),
+    LogPattern("attention_backend", "attention_backend",
+               r"(?i)(?:attention backend|attention_backend)\W+(?:is |to |=\s*)?(?P<backend>\w+)",
+               "attention backend in use", "sglang", ""),
+    LogPattern("kv_cache_size", "startup", r"KV Cache is allocated\. #tokens: (?P<kv_tokens>\d+)",
+               "KV cache size in tokens", "sglang", "0.4.10 0.5.9 0.5.23"),
+    LogPattern("load_weight", "startup", r"Load weight end\. (?:elapsed=|type=)",
+               "weights loaded", "sglang", "0.4.10 0.5.9 0.5.23"),
+    LogPattern("server_ready", "startup", r"The server is fired up and ready to roll",
+               "the server answered its warm-up request", "sglang", "0.4.10 0.5.9 0.5.23"),
+]
+
+VLLM_PATTERNS = [
+    LogPattern("non_default_args", "config", r"non-default args: (?P<args>.*)",
+               "the arguments given that differ from vLLM's defaults", "vllm", "0.32.0"),
+    LogPattern("engine_config", "config", r"Initializing a V1 LLM engine \(v(?P<version>[^)]+)\) with config: (?P<config>.*)",
+               "the resolved engine configuration (one line)", "vllm", "0.32.0"),
+    LogPattern("graph_capture_done", "graph_capture",
+               r"Graph capturing finished in (?P<capture_s>[\d.]+) secs?",
+               "CUDA-graph capture finished", "vllm", "0.32.0"),
+    LogPattern("cudagraph_mode_change", "graph_disabled",
+               r"(?i)(?:cudagraph_mode|cudagraph mode|CUDA graph)[^\n]{0,80}(?:not supported|disabled|"
+               r"overrid\w+|fall\w* back|downgrad\w+|set to|setting)[^\n]*",
+               "vLLM changed or dropped the CUDA-graph mode; the line says why", "vllm", "0.32.0"),
+    LogPattern("enforce_eager", "graph_disabled", r"Enforce eager set, disabling torch\.compile, CUDAGraphs",
+               "--enforce-eager: no torch.compile and no CUDA graphs", "vllm", "0.32.0"),
+    LogPattern("compile_time", "compile", r"torch\.compile took (?P<compile_s>[\d.]+) s in total",
+               "torch.compile time at startup", "vllm", ""),
+    LogPattern("compile_range", "compile",
+               r"Compiling a graph for compile range (?P<range>.+?) takes (?P<compile_s>[\d.]+) s",
+               "torch.compile of one shape range", "vllm", "0.32.0"),
+    LogPattern("moe_backend", "moe_backend", r"Using (?P<backend>.+?) (?:\w+ )?MoE backend",
+               "the MoE kernel path chosen ('Using TRITON Fp8 MoE backend out of potential backends', "
+               "'Using CPU Unquantized MoE backend')", "vllm", "0.32.0"),
+    LogPattern("attention_backend", "attention_backend", r"Using (?P<backend>[\w.]+) attention backend out of potential backends",
+               "attention backend in use", "vllm", "0.32.0"),
+    LogPattern("kv_cache", "startup", r"(?P<device>\w+) KV cache size: (?P<kv_tokens>[\d,.]+) tokens",
+               "KV cache size in tokens", "vllm", "0.32.0"),
+    LogPattern("model_loading", "startup", r"Model loading took (?P<load_gib>[\d.]+) GiB (?:memory )?and "
+               r"(?P<load_s>[\d.]+) seconds", "weights loaded", "vllm", "0.32.0"),
+    LogPattern("engine_init", "startup", r"init engine \(profile, create kv cache, warmup model\) took "
+               r"(?P<init_s>[\d.]+) s", "engine initialisation time", "vllm", "0.32.0"),
+]
+
+COMMON_PATTERNS = [
+    LogPattern("cuda_oom", "oom", r"(?:torch\.)?(?:cuda\.)?OutOfMemoryError|CUDA out of memory|out of memory",
+               "ran out of GPU memory", "*"),
+    LogPattern("cuda_error", "cuda_error",
+               r"CUDA error: (?P<error>[^\n]+)|cudaErrorIllegalAddress|illegal memory access|"
+               r"CUBLAS_STATUS_\w+|NCCL error|CUDA driver error", "a CUDA/cuBLAS/NCCL error", "*"),
+    LogPattern("capture_failed", "graph_capture",
+               r"(?i)(?:capture cuda graph failed|cuda graph capture (?:failed|error)|during cuda graph capture)",
+               "CUDA-graph capture crashed", "*"),
+    LogPattern("traceback", "cuda_error", r"^Traceback \(most recent call last\):", "a Python exception", "*"),
+]
+
+TRANSFORMERS_PATTERNS = [
+    LogPattern("uvicorn_ready", "startup", r"Uvicorn running on (?P<url>\S+)", "the HTTP server is up",
+               "transformers"),
+    LogPattern("cb_cuda_graph", "graph_capture", r"(?i)cuda ?graph[^\n]*", "continuous-batching CUDA-graph lines",
+               "transformers"),
+]
+
+
+def patterns_for(engine: str) -> list[LogPattern]:
+    """The patterns that apply to an engine (its own, then the common ones)."""
+    own = {"sglang": SGLANG_PATTERNS, "vllm": VLLM_PATTERNS, "transformers": TRANSFORMERS_PATTERNS}.get(engine, [])
+    return own + COMMON_PATTERNS
+
+
+def analyze_log(text: str, patterns: list[LogPattern]) -> pd.DataFrame:
+    """Every matching line: line_no, kind, name, meaning, the line, and the named groups (one row per line and
+    pattern; a later, more specific pattern does not hide an earlier one)."""
+    rows = []
+    compiled = [(p, p.compiled()) for p in patterns]
+    for i, line in enumerate(text.splitlines(), 1):
+        for p, rx in compiled:
+            m = rx.search(line)
+            if m:
+                groups = {k: v[:300] for k, v in m.groupdict().items() if v is not None}
+                rows.append({"line_no": i, "kind": p.kind, "name": p.name, "meaning": p.meaning,
+                             "line": line.strip()[:400], **groups})
+    cols = ["line_no", "kind", "name", "meaning", "line"]
+    df = pd.DataFrame(rows)
+    return df if len(df) else pd.DataFrame(columns=cols)
+
+
+def analyze_log_file(path: str | Path, engine: str) -> pd.DataFrame:
+    """analyze_log over a log file with the engine's patterns."""
+    return analyze_log(Path(path).read_text(errors="replace"), patterns_for(engine))
+
+
+def _template(node: ast.AST) -> str | None:
+    """A message template from a string literal, an f-string (holes for expressions) or implicit concatenation."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else HOLE for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mod)):
+        left = _template(node.left)
+        right = _template(node.right) if isinstance(node.op, ast.Add) else ""
+        return None if left is None else left + (right or "")
+    return None
+
+
+def logged_messages(tree: SourceTree, prefix: str = "") -> pd.DataFrame:
+    """Every message template passed to a logger call (logger.info/warning/... , logger.info_once, print) in the
+    source: file, line, level, template (with %-placeholders as written and f-string holes as HOLE)."""
+    rows = []
+    for f in tree.files(prefix or tree.package + "/"):
+        try:
+            mod = ast.parse(tree.read(f))
+        except SyntaxError:
+            continue
+        for node in ast.walk(mod):
+            if not (isinstance(node, ast.Call) and node.args):
+                continue
+            fn = node.func
+            level = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            if level.removesuffix("_once") not in ("debug", "info", "warning", "warn", "error", "exception",
+                                                   "critical", "print"):
+                continue
+            t = _template(node.args[0])
+            if t:
+                rows.append({"file": f, "line": node.lineno, "level": level, "template": t})
+    return pd.DataFrame(rows, columns=["file", "line", "level", "template"])
+
+
+def example_line(template: str) -> str:
+    """A log line as the template would print it: %-placeholders and f-string holes filled with plausible values."""
+    t = re.sub(r"%(?:\.\d+)?[sdifr]", "1.5", template)
+    return t.replace(HOLE, "1.5")

@@ -1,0 +1,117 @@
+"""`transformers serve` adapter: a real OpenAI-compatible server from Hugging Face transformers (it runs on the H200
+machine and on CPU), with continuous batching, torch.compile and CUDA graphs for continuous batching as its knobs.
+The model is positional in 5.17-5.19 (`transformers serve MODEL`); releases that declare `--force-model` get that."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+from ..errors import KnobError
+from ..server import ReadyCheck
+from ..spec import Knobs
+from . import register
+from .base import EngineAdapter, EngineInstall, LaunchPlan
+from .envs import EngineEnvSpec
+from .logs import LogPattern, patterns_for
+
+_PROBE = r"""
+import importlib.metadata as md, json
+try:
+    import importlib.util
+    print(json.dumps({"version": md.version("transformers"),
+                      "cuda": importlib.util.find_spec("torch") is not None}))
+except md.PackageNotFoundError:
+    print("{}")
+"""
+
+
+@register
+class TransformersAdapter(EngineAdapter):
+    """`python -m transformers.cli.transformers serve`, always with continuous batching (the serving mode that
+    batches concurrent requests)."""
+
+    name = "transformers"
+    package = "transformers"
+    distributions = ("transformers",)
+
+    def managed_env(self, version: str | None) -> EngineEnvSpec | None:
+        """No environment of its own: point engine.python at one with transformers, torch, fastapi, uvicorn."""
+        return None
+
+    def probe(self, python: str) -> EngineInstall:
+        """Version from package metadata; platform from whether torch sees a GPU (torch is imported, briefly)."""
+        res = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120)
+        info = json.loads(res.stdout or "{}") if res.returncode == 0 else {}
+        if not info:
+            raise KnobError(f"no transformers installed under {python} ({res.stderr.strip()[-300:]})")
+        gpu = subprocess.run([python, "-c", "import torch; print(int(torch.cuda.is_available()))"],
+                             capture_output=True, text=True, timeout=300)
+        platform = "cuda" if gpu.stdout.strip() == "1" else "cpu"
+        return EngineInstall(python=python, version=info["version"], distribution="transformers", platform=platform)
+
+    def served_name(self, model_path: str, requested: str) -> str:
+        """transformers serve answers to the model id it was started with, nothing else."""
+        return model_path
+
+    def knob_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
+        """Translate intent; transformers has no parallelism, MoE-backend or scheduler knobs."""
+        fs = self.flag_set(install)
+        v = f"transformers {install.version}"
+        out: list[str] = []
+
+        def add(flag: str, value: Any = None) -> None:
+            if not fs.has(flag):
+                raise KnobError(f"{v} does not define {flag}")
+            out.extend([flag] if value is None else [flag, str(value)])
+
+        if knobs.cuda_graph is not None:
+            if knobs.cuda_graph == "off":
+                add("--no-cb-use-cuda-graph")
+            elif knobs.cuda_graph == "full":
+                add("--cb-use-cuda-graph")
+            else:
+                raise KnobError(f"{v} has one CUDA-graph switch for continuous batching (--cb-use-cuda-graph): "
+                                f"cuda_graph can be 'off' or 'full', not {knobs.cuda_graph!r}")
+        if knobs.torch_compile is not None:
+            add("--compile" if knobs.torch_compile else "--no-compile")
+        if knobs.chunked_prefill_size is not None:
+            add("--cb-max-batch-tokens", knobs.chunked_prefill_size)
+        if knobs.mem_fraction is not None:
+            add("--cb-max-memory-percent", knobs.mem_fraction)
+        unsupported = {"cuda_graph_max_bs": "capture sizes", "torch_compile_max_bs": "a compile batch-size cap",
+                       "attn_dp": "DP attention", "ep": "expert parallelism", "moe_backend": "a MoE backend choice",
+                       "max_running_requests": "a running-request cap (nearest: chunked_prefill_size = "
+                                               "--cb-max-batch-tokens)",
+                       "num_continuous_decode_steps": "continuous decode steps",
+                       "two_batch_overlap": "two-batch overlap", "single_batch_overlap": "single-batch overlap"}
+        for knob, what in unsupported.items():
+            if getattr(knobs, knob) not in (None, False):
+                raise KnobError(f"{v} serve has no knob for {what}")
+        if knobs.tp > 1 or knobs.dp > 1:
+            raise KnobError(f"{v} serve runs one process on one device: no tp/dp (run several servers for replicas)")
+        return out + list(knobs.extra_args)
+
+    def plan(self, *, install: EngineInstall, model_path: str, served_name: str, host: str, port: int,
+             knobs: Knobs, extra_env: dict[str, str]) -> LaunchPlan:
+        """`transformers serve` with the model pinned (positional, or --force-model where declared)."""
+        flags = self.knob_flags(knobs, install)
+        fs = self.flag_set(install)
+        model = ["--force-model", model_path] if fs.has("--force-model") else [model_path]
+        cmd = [install.python, "-m", "transformers.cli.transformers", "serve", *model, "--host", host,
+               "--port", str(port), "--continuous-batching"]
+        if install.platform == "cuda":
+            cmd += ["--device", "cuda", "--dtype", "bfloat16"]
+        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"} if model_path.startswith("/") else {}
+        env |= extra_env
+        return LaunchPlan(command=cmd + flags, env=env,
+                          ready=ReadyCheck(health_path="/health", models_path=None), flags=flags)
+
+    def resolved_config(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+        """transformers serve has no config endpoint: its resolved settings are the arguments it was given."""
+        return None
+
+    def log_patterns(self) -> list[LogPattern]:
+        """Uvicorn start, CUDA-graph lines, common errors."""
+        return patterns_for("transformers")

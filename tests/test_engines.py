@@ -1,0 +1,159 @@
+"""Engine adapters against the real published sources of SGLang 0.4.10, 0.5.9, 0.5.23, vLLM 0.32 and transformers
+5.17: flags, knob translation, the graph-disable audit; and the SGLang HTTP paths against its protocol stub."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+
+from servescope.engines import engine_names, get_engine
+from servescope.engines.audit import find_rules, graph_disable_audit
+from servescope.engines.base import KNOB_PROBES
+from servescope.engines.flagscan import help_flags, typer_flags
+from servescope.errors import KnobError, UnknownEngineError
+from servescope.spec import Knobs
+
+VERSIONS = ["sglang-0.4.10", "sglang-0.5.9", "sglang-0.5.23", "vllm-0.32.0", "transformers-5.17.0"]
+
+
+def test_registry_names_and_unknown_engine():
+    assert {"sglang", "vllm", "transformers", "external"} <= set(engine_names())
+    with pytest.raises(UnknownEngineError, match="no engine named 'sglng'; known engines: .*sglang"):
+        get_engine("sglng")
+
+
+@pytest.mark.parametrize("key,has,lacks", [
+    ("sglang-0.4.10", ["--disable-cuda-graph", "--cuda-graph-max-bs", "--enable-dp-attention", "--enable-ep-moe"],
+     ["--enable-piecewise-cuda-graph", "--moe-runner-backend", "--cuda-graph-backend-prefill"]),
+    ("sglang-0.5.9", ["--enable-piecewise-cuda-graph", "--moe-runner-backend", "--cuda-graph-max-bs"],
+     ["--cuda-graph-backend-prefill", "--attn-dp-size"]),
+    ("sglang-0.5.23", ["--cuda-graph-backend-decode", "--cuda-graph-backend-prefill", "--attn-dp-size",
+                       "--cuda-graph-max-bs-decode", "--tensor-parallel-size", "--ep"],
+     ["--enable-piecewise-cuda-graph", "--cuda-graph-max-bs"]),
+    ("vllm-0.32.0", ["--enforce-eager", "--compilation-config", "-cc", "--profiler-config", "--moe-backend",
+                     "--host", "--port", "--disable-uvicorn-access-log"], ["--disable-cuda-graph"]),
+    ("transformers-5.17.0", ["--continuous-batching", "--compile", "--no-compile", "--cb-use-cuda-graph", "<force_model>"],
+     ["--force-model"]),
+])
+def test_flag_scan_of_published_sources(wheel_install, key, has, lacks):
+    inst = wheel_install(key)
+    fs = get_engine(key.split("-")[0]).flag_set(inst)
+    assert [f for f in has if not fs.has(f)] == []
+    assert [f for f in lacks if fs.has(f)] == []
+
+
+def test_sglang_0523_marks_the_old_graph_switch_deprecated(wheel_install):
+    fs = get_engine("sglang").flag_set(wheel_install("sglang-0.5.23"))
+    assert fs.is_deprecated("--disable-cuda-graph") and fs.is_deprecated("--enable-dp-attention")
+    assert not fs.is_deprecated("--cuda-graph-backend-prefill")
+    assert "breakable" in (fs.choices("--cuda-graph-backend-prefill") or ["breakable"])  # choices are a constant
+
+
+@pytest.mark.parametrize("key", VERSIONS)
+def test_every_command_uses_only_flags_the_version_defines(wheel_install, key):
+    """For every knob setting the adapter accepts on this version, the whole launch command is made of flags the
+    version's source declares; the ones it refuses say which version and what it can do instead."""
+    engine = key.split("-")[0]
+    ad, inst = get_engine(engine), wheel_install(key)
+    fs = ad.flag_set(inst)
+    supported = 0
+    for probe in KNOB_PROBES:
+        knobs = Knobs(**probe)
+        try:
+            plan = ad.plan(install=inst, model_path="/models/m", served_name="m", host="127.0.0.1", port=30000,
+                           knobs=knobs, extra_env={})
+        except KnobError as e:
+            assert inst.version in str(e), str(e)
+            continue
+        supported += 1
+        args = plan.command[plan.command.index("-m") + 2:]  # after `python -m module`
+        flags = [t for t in args if t.startswith("-") and not re.fullmatch(r"-?\d+(\.\d+)?", t)]
+        assert [f for f in flags if not fs.has(f)] == [], shlex.join(plan.command)
+    assert supported >= 5
+
+
+@pytest.mark.parametrize("key,flags", [
+    ("sglang-0.4.10", None),
+    ("sglang-0.5.9", ["--enable-piecewise-cuda-graph"]),
+    ("sglang-0.5.23", ["--cuda-graph-backend-decode", "full", "--cuda-graph-backend-prefill", "breakable"]),
+])
+def test_piecewise_intent_per_sglang_version(wheel_install, key, flags):
+    ad, inst = get_engine("sglang"), wheel_install(key)
+    if flags is None:
+        with pytest.raises(KnobError, match=r"SGLang 0\.4\.10 has no piecewise CUDA graphs.*it can: off, decode_only"):
+            ad.knob_flags(Knobs(cuda_graph="piecewise"), inst)
+    else:
+        assert ad.knob_flags(Knobs(cuda_graph="piecewise"), inst) == flags
+
+
+def test_sglang_dp_attention_spelling_per_version(wheel_install):
+    ad = get_engine("sglang")
+    k = Knobs(tp=4, attn_dp=4)
+    assert ad.knob_flags(k, wheel_install("sglang-0.5.9")) == ["--tp-size", "4", "--dp-size", "4",
+                                                              "--enable-dp-attention"]
+    assert ad.knob_flags(k, wheel_install("sglang-0.5.23")) == ["--tp-size", "4", "--attn-dp-size", "4"]
+    with pytest.raises(KnobError, match="rejected"):
+        ad.knob_flags(Knobs(tp=4, dp=2, attn_dp=2), wheel_install("sglang-0.5.23"))
+
+
+def test_sglang_moe_backend_choices_are_checked(wheel_install):
+    ad = get_engine("sglang")
+    with pytest.raises(KnobError, match="not one of"):
+        ad.knob_flags(Knobs(moe_backend="no_such_backend"), wheel_install("sglang-0.5.23"))
+    assert ad.knob_flags(Knobs(moe_backend="flashinfer_cutedsl"), wheel_install("sglang-0.5.23")) == \
+        ["--moe-runner-backend", "flashinfer_cutedsl"]
+
+
+def test_transformers_model_positional_or_force_model(wheel_install):
+    ad, inst = get_engine("transformers"), wheel_install("transformers-5.17.0")
+    plan = ad.plan(install=inst, model_path="/m", served_name="x", host="127.0.0.1", port=1, knobs=Knobs(
+        torch_compile=True, cuda_graph="full"), extra_env={})
+    assert plan.command[3:5] == ["serve", "/m"] and plan.command[-2:] == ["--cb-use-cuda-graph", "--compile"]
+    assert ad.served_name("/m", "x") == "/m"
+    newer = typer_flags("def serve(force_model: Annotated[str | None, typer.Option(help='m')] = None,\n"
+                        "          compile: Annotated[bool, typer.Option()] = False): pass\n", "serve.py")
+    assert {r["flag"] for r in newer} == {"--force-model", "--compile", "--no-compile"}
+
+
+def test_help_text_parsing():
+    text = ("usage: api_server.py [-h] [--headless] [--enforce-eager | --no-enforce-eager]\n"
+            "                     [--compilation-config COMPILATION_CONFIG, -cc COMPILATION_CONFIG]\n\n"
+            "options:\n  -h, --help            show this help\n  --port PORT           Port number. (default: 8000)\n")
+    fs = help_flags(text, "vllm", "x", "help")
+    assert {"--headless", "--enforce-eager", "--no-enforce-eager", "--compilation-config", "-cc", "--port",
+            "--help"} == set(fs.table["flag"])
+
+
+@pytest.mark.parametrize("key", ["sglang-0.4.10", "sglang-0.5.9", "sglang-0.5.23"])
+def test_audit_finds_sglang_torch_native_and_deepep_normal_rules(wheel_install, key):
+    a = graph_disable_audit(get_engine("sglang").source_tree(wheel_install(key)))
+    native = find_rules(a, condition=r"attention_backend == 'torch_native'", effect="graph off|graphs off")
+    deepep = find_rules(a, condition=r"deepep_mode == 'normal'", effect="graph off|graphs off")
+    assert len(native) >= 1 and len(deepep) >= 1
+    if key == "sglang-0.5.23":  # per phase: both decode and prefill go off, in the attention and MoE hooks
+        assert set(native["effect"]) == {"decode CUDA graph off", "prefill CUDA graph off"}
+        assert set(native["file"]) == {"sglang/srt/arg_groups/attention_hook.py"}
+        assert set(deepep["file"]) == {"sglang/srt/arg_groups/moe_hook.py"}
+    else:
+        assert set(native["file"]) == {"sglang/srt/server_args.py"} and set(native["effect"]) == {"CUDA graphs off"}
+    assert "torch native" in native["message"].iloc[0]
+
+
+def test_audit_finds_sglang_059_compile_excludes_piecewise(wheel_install):
+    a = graph_disable_audit(get_engine("sglang").source_tree(wheel_install("sglang-0.5.9")))
+    rule = find_rules(a, condition="enable_torch_compile")
+    assert len(rule) and (rule["function"].str.contains("can_run_piecewise_cuda_graph")).any()
+    assert (rule["kind"] == "runtime").all()
+
+
+def test_audit_finds_vllm_enforce_eager_and_no_graph_platform(wheel_install):
+    a = graph_disable_audit(get_engine("vllm").source_tree(wheel_install("vllm-0.32.0")))
+    eager = find_rules(a, condition=r"model_config\.enforce_eager$", effect="cudagraph_mode NONE", file="config/vllm.py")
+    platform = find_rules(a, condition=r"^not \(current_platform\.support_static_graph_mode\(\)\)$",
+                          effect="cudagraph_mode NONE")
+    assert len(eager) >= 1 and len(platform) == 1
+    assert platform.iloc[0]["file"] == "vllm/config/vllm.py" and platform.iloc[0]["function"] == "VllmConfig.__post_init__"
+    dispatch = find_rules(a, effect="this step runs eager", file="cudagraph_dispatcher")
+    assert dispatch["condition"].str.contains("num_tokens > max_size").any()
