@@ -1,0 +1,94 @@
+"""The SGLang adapter end to end against SGLang's protocol stub: a fake `sglang` package whose launch_server runs
+tests/sglang_stub.py and whose server_args.py is the real 0.5.9 file (so the flag scan reads real flags)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from servescope.engines import get_engine
+from servescope.engines.logs import analyze_log_file
+from servescope.launch import prepare, serve
+from servescope.load import run_sweep
+from servescope.profile.session import torch_profile
+from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
+
+STUB = Path(__file__).with_name("sglang_stub.py")
+
+
+def fake_sglang(root: Path, wheel: str, version: str) -> str:
+    """A site folder with a fake sglang (real server_args.py, stub launch_server) and an interpreter using it."""
+    site = root / "site"
+    pkg = site / "sglang"
+    (pkg / "srt").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "srt" / "__init__.py").write_text("")
+    with zipfile.ZipFile(wheel) as z:
+        (pkg / "srt" / "server_args.py").write_bytes(z.read("sglang/srt/server_args.py"))
+    (pkg / "launch_server.py").write_text(textwrap.dedent(f"""
+        import runpy, sys
+        sys.argv = [{str(STUB)!r}, "--stub-version", {version!r}] + sys.argv[1:]
+        runpy.run_path({str(STUB)!r}, run_name="__main__")
+    """))
+    dist = site / f"sglang-{version}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
+    py = root / "python"
+    py.write_text(f'#!/bin/sh\nPYTHONPATH="{site}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
+    py.chmod(0o755)
+    return str(py)
+
+
+@pytest.fixture
+def sglang_059(tmp_path, wheel_install):
+    py = fake_sglang(tmp_path, wheel_install("sglang-0.5.9").source, "0.5.9")
+    return prepare(EngineSpec(name="sglang", python=py, startup_timeout_s=60),
+                   ModelSpec(path="org/moe", served_name="moe"), say=lambda _: None)
+
+
+def test_launch_resolved_config_metrics_and_log(sglang_059, tmp_path):
+    prep = sglang_059
+    assert prep.install.version == "0.5.9" and prep.install.distribution == "sglang"
+    knobs = Knobs(cuda_graph="piecewise", torch_compile=True, cuda_graph_max_bs=32)
+    with serve(prep, knobs, tmp_path / "run") as target:
+        assert target.flags == ["--enable-piecewise-cuda-graph", "--cuda-graph-max-bs", "32", "--enable-torch-compile"]
+        cmd = target.command
+        assert " -m sglang.launch_server --model-path org/moe --served-model-name moe " in cmd and "--enable-metrics" in cmd
+        r = target.resolved_config
+        assert r["version"] == "0.5.9" and r["cuda_graph_max_bs"] == 32 and r["enable_torch_compile"] is True
+        assert r["enable_piecewise_cuda_graph"] is False  # the stub applies 0.5.9's compile-vs-piecewise rule
+        load = LoadSpec(concurrency=(2,), num_requests=4, input_len=8, output_len=4, endpoint="generate")
+        res = run_sweep(target.base_url, target.model, load, None, progress=False)
+        assert res.summary()["completed"].iloc[0] == 4
+    log = analyze_log_file(tmp_path / "run" / "server.stderr.log", "sglang")
+    assert {"piecewise_compile_conflict", "server_ready"} <= set(log["name"])
+
+
+def test_get_server_info_on_04x(tmp_path, wheel_install):
+    py = fake_sglang(tmp_path, wheel_install("sglang-0.4.10").source, "0.4.10")
+    prep = prepare(EngineSpec(name="sglang", python=py, startup_timeout_s=60), ModelSpec(path="org/moe"),
+                   say=lambda _: None)
+    with serve(prep, Knobs(cuda_graph="off"), tmp_path / "run") as target:
+        assert target.flags == ["--disable-cuda-graph"]
+        assert target.resolved_config["disable_cuda_graph"] is True  # read from /get_server_info (no /server_info)
+
+
+def test_torch_profile_through_start_and_stop_profile(sglang_059, tmp_path):
+    load = LoadSpec(concurrency=(1,), num_requests=2, input_len=8, output_len=4, warmup_requests=1)
+    p = torch_profile(sglang_059, Knobs(), load, tmp_path / "prof", say=lambda _: None)
+    assert [f.name.endswith(".trace.json.gz") for f in p.files] == [True]
+    assert set(p.kernels["name"].astype(str)) == {"fused_moe_kernel", "nvjet_sm90_tst_64x8"}
+    from servescope.analysis import kernels as ak
+    moe = ak.moe_path(ak.with_categories(p.kernels))
+    assert list(moe["moe_path"]) == ["triton_fused_moe"] and moe["share"].iloc[0] == pytest.approx(30 / 40)
+
+
+def test_cuda_profiler_activity_for_nsys(sglang_059, tmp_path, monkeypatch):
+    sent = {}
+    monkeypatch.setattr("servescope.engines.sglang.post", lambda url, body, timeout_s: sent.update(url=url, body=body))
+    get_engine("sglang").start_profile("http://h:1")
+    assert sent == {"url": "http://h:1/start_profile", "body": {"activities": ["CUDA_PROFILER"]}}
