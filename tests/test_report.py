@@ -51,7 +51,7 @@ def test_cli_reports_bad_suite_as_error(tmp_path, capsys):
 
 def test_default_suite_is_valid():
     suite = load_suite(ROOT / "data" / "suites" / "default.yaml")
-    assert [n.id for n in suite.notebooks] == ["05_torch_compile"]
+    assert [n.id for n in suite.notebooks] == ["00_environment", "01_cuda_graph_disable_reason", "05_torch_compile"]
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +84,18 @@ def test_notebook_html_is_self_contained_with_real_numbers(offline_run):
     (finding,) = json.loads((offline_run / "05_torch_compile.findings.json").read_text())
     assert finding["effect"]["n"] == 3 and finding["effect"]["metric"] == "output_tok_s"
     assert finding["evidence"]["errors"] == []
+
+
+def test_thread1_names_the_rule_from_the_audit_offline(offline_run):
+    """From the reference store: vLLM CPU resolved cudagraph_mode NONE, and the audit of the installed engine names
+    the platform rule; the stored server log is analysed."""
+    (f,) = json.loads((offline_run / "01_cuda_graph_disable_reason.findings.json").read_text())
+    assert f["title"] == "Why CUDA graphs are off" and f["confidence"] == "high"
+    assert "device is cpu" in f["claim"] and "vllm/config/vllm.py:" in f["claim"]
+    html = (offline_run / "01_cuda_graph_disable_reason.html").read_text()
+    assert "non_default_args" in html and "support_static_graph_mode" in html
+    (env,) = json.loads((offline_run / "00_environment.findings.json").read_text())
+    assert env["claim"].startswith("vllm 0.32.0 (cpu) on no NVIDIA GPU / NVML")
 
 
 def test_failed_notebook_still_rendered(offline_run):

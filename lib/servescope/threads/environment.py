@@ -1,0 +1,153 @@
+"""Thread 0: what are we measuring on? Host, GPUs (NVML), the engine's version, build and source, the flags it
+defines and how each intent-level knob is spelled on it (or why it cannot be)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from typing import Any
+
+import pandas as pd
+import psutil
+
+from ..engines import get_engine
+from ..engines.base import EngineInstall
+from ..engines.flagscan import FlagSet, help_flags
+from ..errors import ServescopeError
+from ..findings import Finding
+from ..spec import EngineSpec, parse
+
+THREAD = "00_environment"
+
+
+def host() -> pd.DataFrame:
+    """The machine the suite runs on (one row per fact)."""
+    freq = psutil.cpu_freq()
+    facts = {"hostname": platform.node(), "os": f"{platform.system()} {platform.release()}",
+             "cpu": _cpu_model(), "cpu_cores_logical": psutil.cpu_count(), "cpu_cores_physical": psutil.cpu_count(False),
+             "cpu_max_mhz": round(freq.max) if freq and freq.max else None,
+             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "python": platform.python_version(),
+             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "(not set)")}
+    return pd.DataFrame({"fact": list(facts), "value": [str(v) for v in facts.values()]})
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def gpus() -> tuple[pd.DataFrame, str]:
+    """Every visible NVIDIA GPU (name, driver, limits, maxima, memory) through NVML; or no rows and the reason."""
+    from ..telemetry.nvml import Nvml, NvmlUnavailable
+
+    try:
+        n = Nvml()
+    except NvmlUnavailable as e:
+        return pd.DataFrame(), f"no NVIDIA GPU / NVML: {e}"
+    try:
+        return pd.DataFrame(n.static()), ""
+    finally:
+        n.close()
+
+
+def _install(engine: EngineSpec) -> EngineInstall | None:
+    ad = get_engine(engine.name)
+    if not ad.launches:
+        return None
+    python = engine.python
+    if not python:
+        env = ad.managed_env(engine.version)
+        if env is None:
+            raise ServescopeError(f"engine {engine.name!r} has no managed environment; set engine.python")
+        if not env.is_ready():  # describing the environment never installs an engine
+            raise ServescopeError(f"the {env.key} environment is not created yet (make engine, or any run creates it)")
+        python = str(env.python())
+    return ad.probe(python)
+
+
+def engine_info(engine: dict[str, Any] | EngineSpec) -> pd.DataFrame:
+    """Engine name, version, build, interpreter, where its source lies and how many flags it defines."""
+    e = parse(EngineSpec, engine, "engine")
+    ad = get_engine(e.name)
+    try:
+        inst = _install(e)
+    except ServescopeError as ex:
+        return pd.DataFrame({"fact": ["engine", "not available"], "value": [e.name, str(ex)]})
+    if inst is None:
+        return pd.DataFrame({"fact": ["engine", "url"], "value": [e.name, e.url or ""]})
+    tree = ad.source_tree(inst)
+    fs = ad.flag_set(inst)
+    facts = {"engine": e.name, "version": inst.version, "distribution": inst.distribution, "platform": inst.platform,
+             "python": inst.python, "source": tree.location, "cli_flags_in_source": len(fs)}
+    return pd.DataFrame({"fact": list(facts), "value": [str(v) for v in facts.values()]})
+
+
+def flags_check(engine: dict[str, Any] | EngineSpec, timeout_s: float = 180.0) -> pd.DataFrame:
+    """The static flag scan against the engine's own `--help` (where it runs here): flags each one lists that the
+    other does not (`--no-x` negations of booleans aside)."""
+    e = parse(EngineSpec, engine, "engine")
+    ad = get_engine(e.name)
+    try:
+        inst = _install(e)
+    except ServescopeError as ex:
+        out = pd.DataFrame(columns=["flag", "in"])
+        out.attrs["summary"] = f"not checked: {ex}"
+        return out
+    if inst is None:
+        return pd.DataFrame()
+    static = ad.flag_set(inst)
+    helped = engine_help(e.name, inst, timeout_s)
+    a, b = set(static.table["flag"]), set(helped.table["flag"])
+    rows = [{"flag": f, "in": "source only"} for f in sorted(a - b) if len(f) > 2] + \
+           [{"flag": f, "in": "--help only"} for f in sorted(b - a) if not f.startswith("--no-") and f != "--help"]
+    out = pd.DataFrame(rows, columns=["flag", "in"])
+    out.attrs["summary"] = f"{len(a)} flags in the source, {len(b)} in --help, {len(a & b)} in both"
+    return out
+
+
+_HELP_CMD = {"vllm": ["-m", "vllm.entrypoints.openai.api_server", "--help=all"],
+             "sglang": ["-m", "sglang.launch_server", "--help"],
+             "transformers": ["-m", "transformers.cli.transformers", "serve", "--help"]}
+
+
+def engine_help(name: str, inst: EngineInstall, timeout_s: float = 180.0) -> FlagSet:
+    """Flags from running the engine's `--help`."""
+    res = subprocess.run([inst.python, *_HELP_CMD[name]], capture_output=True, text=True, timeout=timeout_s,
+                         env={**os.environ, "COLUMNS": "200"})
+    if res.returncode != 0:
+        raise ServescopeError(f"{name} --help failed: {res.stderr.strip()[-300:]}")
+    return help_flags(res.stdout, name, inst.version, f"{name} --help")
+
+
+def capabilities(engine: dict[str, Any] | EngineSpec) -> pd.DataFrame:
+    """For each intent-level knob setting: the flags this engine version uses, or why it cannot express it."""
+    e = parse(EngineSpec, engine, "engine")
+    try:
+        inst = _install(e)
+    except ServescopeError as ex:
+        return pd.DataFrame({"knobs": ["(any)"], "supported": [False], "flags": [""], "reason": [str(ex)]})
+    if inst is None:
+        return pd.DataFrame({"knobs": ["(any)"], "supported": [False], "flags": [""],
+                             "reason": ["an external server runs as it was started"]})
+    return get_engine(e.name).knob_capabilities(inst)
+
+
+def findings(info: pd.DataFrame, gpu: pd.DataFrame, gpu_reason: str, caps: pd.DataFrame) -> list[Finding]:
+    """The environment as one finding (no effect: it qualifies every other finding)."""
+    facts = dict(zip(info["fact"], info["value"], strict=True))
+    if "not available" in facts:
+        return [Finding(thread=THREAD, title="Engine not available here", applies=False,
+                        claim=f"{facts['engine']}: {facts['not available']}", reason=facts["not available"])]
+    where = f"{len(gpu)} x {gpu['name'].iloc[0]}" if len(gpu) else gpu_reason
+    n_ok = int(caps["supported"].sum()) if len(caps) else 0
+    return [Finding(thread=THREAD, title="Measured on", applies=True, confidence="high",
+                    claim=f"{facts.get('engine')} {facts.get('version', '')} ({facts.get('platform', '')}) on {where}; "
+                          f"{n_ok} of {len(caps)} knob settings expressible on this version.",
+                    evidence={"engine": facts, "gpus": gpu.to_dict("records")})]
