@@ -54,18 +54,24 @@ def test_report_end_to_end_on_vllm(tmp_path):
     suite = {"name": "e2e", "engine": {"name": "vllm"}, "model": {"tiny": {}},
              "load": {"concurrency": [1, 2], "num_requests": 6, "input_len": 16, "output_len": 16},
              "telemetry": {"host_hz": 20, "metrics_hz": 10},
-             "notebooks": [{"id": "05_torch_compile", "parameters": {"repetitions": 1}}]}
+             "notebooks": [{"id": "00_environment"}, {"id": "01_cuda_graph_disable_reason"},
+                           {"id": "05_torch_compile", "parameters": {"repetitions": 1}}]}
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump(suite))
     out = run_suite(path, reports_dir=tmp_path / "reports", store_dir=tmp_path / "store")
     index = (out / "index.html").read_text()
-    assert 'class="ok">ok' in index, index
+    assert index.count('class="ok">ok') == 3, index
+    (why,) = json.loads((out / "01_cuda_graph_disable_reason.findings.json").read_text())
+    # the real server resolved no CUDA graphs, and the audit of the installed vLLM names the CPU platform rule
+    assert why["evidence"]["resolved_mode"] == "NONE" and "vllm/config/vllm.py:" in why["claim"], why
+    (env,) = json.loads((out / "00_environment.findings.json").read_text())
+    assert env["claim"].startswith("vllm 0.32.0 (cpu)")
     (finding,) = json.loads((out / "05_torch_compile.findings.json").read_text())
     assert finding["applies"] and finding["effect"]["n"] == 1 and finding["evidence"]["errors"] == []
     modes = {r["config"]: r["compilation_mode"] for r in finding["evidence"]["resolved"]}
     assert modes == {"compiled": "DYNAMO_TRACE_ONCE", "eager": "NONE"}
     points = [p for p in (tmp_path / "store").iterdir() if not p.name.startswith((".", "_"))]
-    assert len(points) == 2
+    assert len(points) == 2  # thread 1's launch is thread 5's first compiled point
     import pandas as pd
 
     for p in points:  # telemetry of the real server: its process tree and its own Prometheus metrics, per point
@@ -129,3 +135,31 @@ def test_torch_profiler_through_vllm_endpoints(tmp_path):
     cats = set(ak.categories(k)["category"])
     assert {"dense_gemm", "attention", "moe_grouped_gemm"} <= cats
     assert (p.load_summary["completed"] == 4).all()
+
+
+@pytest.mark.slow
+def test_static_flag_scan_agrees_with_the_real_help():
+    """The flags read from the installed vLLM's source are the ones its own --help lists."""
+    from servescope.threads import environment as t00
+
+    check = t00.flags_check({"name": "vllm"})
+    assert check[check["in"] == "source only"].empty, check
+    assert check.attrs["summary"].startswith("367 flags in the source")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["sglang-0.4.10", "sglang-0.5.9", "sglang-0.5.23", "vllm-0.32.0"])
+def test_log_patterns_match_the_engines_own_message_templates(wheel_install, key):
+    """Every log pattern that names this version matches a message template logged in its source (slow: every file
+    of the engine is parsed)."""
+    from servescope.engines import get_engine
+    from servescope.engines.logs import example_line, logged_messages, patterns_for
+
+    engine = key.split("-")[0]
+    tree = get_engine(engine).source_tree(wheel_install(key))
+    lines = [example_line(t) for t in logged_messages(tree)["template"]]
+    version = key.split("-")[1]
+    named = [p for p in patterns_for(engine) if version in p.versions.split()]
+    assert len(named) >= 5
+    missing = [p.name for p in named if not any(p.compiled().search(x) for x in lines)]
+    assert missing == []

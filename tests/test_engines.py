@@ -157,3 +157,52 @@ def test_audit_finds_vllm_enforce_eager_and_no_graph_platform(wheel_install):
     assert platform.iloc[0]["file"] == "vllm/config/vllm.py" and platform.iloc[0]["function"] == "VllmConfig.__post_init__"
     dispatch = find_rules(a, effect="this step runs eager", file="cudagraph_dispatcher")
     assert dispatch["condition"].str.contains("num_tokens > max_size").any()
+
+
+def test_cli_audit_and_flags_read_published_wheels(wheel_install, capsys, tmp_path):
+    from servescope.cli import main
+
+    wheel_install("sglang-0.4.10")  # cached for the CLI's own fetch
+    assert main(["audit", "sglang", "--wheel", "sglang==0.4.10", "--condition", "torch_native",
+                 "--out", str(tmp_path / "a.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "sglang 0.4.10: 1 places" in out and "sglang/srt/server_args.py" in out
+    assert (tmp_path / "a.csv").read_text().startswith("file,line,function")
+    assert main(["flags", "sglang", "--wheel", "sglang==0.4.10"]) == 0
+    assert "SGLang 0.4.10 has no piecewise CUDA graphs" in capsys.readouterr().out
+    assert main(["audit", "sglang", "--wheel", "sglang"]) == 2
+
+
+def test_vllm_config_from_its_startup_log():
+    """Without /server_info, the resolved graph mode comes from the recorded real log's config line."""
+    from pathlib import Path
+
+    from servescope.engines.logs import vllm_config_from_log
+    from servescope.threads.graph_disable import graph_state
+
+    log = Path(__file__).parents[1] / "data/reference/store/60ff1453728a5d74/server.stdout.log"
+    cfg = vllm_config_from_log(log.read_text())
+    st = graph_state("vllm", cfg)
+    assert (st.graphs, st.engine_mode, st.compile) == ("off", "NONE", "on")
+    assert st.facts["device"] == "cpu" and st.facts["enforce_eager"] is False
+
+
+def test_sglang_059_explains_piecewise_off_by_torch_compile(wheel_install):
+    """Resolved by SGLang 0.5.9 with compile on: the audit rule that keeps piecewise graphs from running is named."""
+    from servescope.threads.graph_disable import explain, graph_state
+
+    st = graph_state("sglang", {"enable_torch_compile": True, "enable_piecewise_cuda_graph": True,
+                                "disable_cuda_graph": False, "attention_backend": "fa3", "version": "0.5.9"})
+    audit = graph_disable_audit(get_engine("sglang").source_tree(wheel_install("sglang-0.5.9")))
+    why = explain(st, audit, __import__("pandas").DataFrame())
+    assert st.graphs == "piecewise"
+    assert (why["fact"] == "torch.compile is on").any()
+    assert why["where"].str.contains("can_run_piecewise_cuda_graph").any()
+
+
+def test_transformers_resolved_settings_are_its_arguments():
+    ad = get_engine("transformers")
+    r = ad.resolved_from_command(["py", "-m", "transformers.cli.transformers", "serve", "/m", "--host", "h",
+                                  "--continuous-batching", "--no-cb-use-cuda-graph", "--compile"])
+    assert r == {"transformers_serve_args": {"model": "/m", "host": "h", "continuous_batching": True,
+                                             "cb_use_cuda_graph": False, "compile": True}}

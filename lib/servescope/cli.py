@@ -131,6 +131,60 @@ def _cmd_kernels(a: argparse.Namespace) -> int:
     return 0
 
 
+def _install_for(a: argparse.Namespace):
+    """The engine install a verb reads: a published wheel (--wheel dist==version), an interpreter, or the managed
+    environment."""
+    from .engines import get_engine
+    from .engines.base import EngineInstall
+    from .engines.envs import ensure_engine_env
+    from .engines.source import fetch_wheel
+
+    ad = get_engine(a.engine)
+    if a.wheel:
+        dist, _, version = a.wheel.partition("==")
+        if not version:
+            raise ServescopeError(f"--wheel wants dist==version (e.g. sglang==0.5.23), not {a.wheel!r}")
+        return ad, EngineInstall(python=sys.executable, version=version, distribution=dist, platform="cuda",
+                                 source=str(fetch_wheel(dist, version)))
+    python = a.python
+    if not python:
+        env = ad.managed_env(None)
+        if env is None:
+            raise ServescopeError(f"engine {a.engine!r} has no managed environment: give --python or --wheel")
+        python = str(ensure_engine_env(env))
+    return ad, ad.probe(python)
+
+
+def _cmd_audit(a: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .engines.audit import find_rules, graph_disable_audit
+
+    ad, inst = _install_for(a)
+    audit = find_rules(graph_disable_audit(ad.source_tree(inst)), condition=a.condition or "", effect=a.effect or "")
+    if a.kind:
+        audit = audit[audit["kind"] == a.kind]
+    with pd.option_context("display.width", 200, "display.max_colwidth", 90, "display.max_rows", 500):
+        print(f"{ad.name} {inst.version}: {len(audit)} places that turn CUDA graphs off or force eager")
+        print(audit[["file", "line", "function", "kind", "effect", "condition"]].to_string(index=False))
+    if a.out:
+        audit.to_csv(a.out, index=False)
+    return 0
+
+
+def _cmd_flags(a: argparse.Namespace) -> int:
+    import pandas as pd
+
+    ad, inst = _install_for(a)
+    fs = ad.flag_set(inst)
+    with pd.option_context("display.width", 200, "display.max_colwidth", 110, "display.max_rows", 1000):
+        print(f"{ad.name} {inst.version}: {len(fs)} flags ({fs.origin})")
+        if a.all:
+            print(fs.table[["flag", "file", "line", "deprecated", "kind"]].to_string(index=False))
+        print(ad.knob_capabilities(inst).to_string(index=False))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `servescope` command."""
     p = argparse.ArgumentParser(prog="servescope", description=__doc__)
@@ -178,6 +232,21 @@ def main(argv: list[str] | None = None) -> int:
     kk.add_argument("--range", help="only this NVTX range (e.g. 'servescope c=8')")
     kk.add_argument("--top", type=int, default=15, help="how many kernels to list (default 15)")
     kk.set_defaults(fn=_cmd_kernels)
+
+    for name, fn, what in (("audit", _cmd_audit, "list every place in an engine's source that turns CUDA graphs off"),
+                           ("flags", _cmd_flags, "the CLI flags an engine version defines and how each knob maps")):
+        v = sub.add_parser(name, help=what)
+        v.add_argument("engine", nargs="?", default="vllm", help="sglang, vllm or transformers (default vllm)")
+        v.add_argument("--wheel", help="read a published version without installing it, e.g. sglang==0.5.23")
+        v.add_argument("--python", help="interpreter of an environment with the engine (default: managed one)")
+        if name == "audit":
+            v.add_argument("--condition", help="only rules whose condition matches this regex")
+            v.add_argument("--effect", help="only rules whose effect matches this regex")
+            v.add_argument("--kind", choices=["config", "runtime"])
+            v.add_argument("--out", help="also write the table as CSV")
+        else:
+            v.add_argument("--all", action="store_true", help="list every flag with file:line")
+        v.set_defaults(fn=fn)
 
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -114,6 +114,8 @@ def serve(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None 
                            startup_timeout_s=engine.startup_timeout_s, ready=ready, term_grace_s=term_grace_s)
     with server:
         resolved = adapter.resolved_config(server.base_url)
+        if resolved is None:
+            resolved = adapter.resolved_from_command(plan.command)
         resolved = redact_mapping(resolved) if resolved is not None else None
         if resolved is not None:
             atomic_write_json(Path(log_dir) / "resolved_config.json", resolved)

@@ -80,6 +80,10 @@ class EngineAdapter(ABC):
         """The configuration the running server actually uses, or None where it does not say."""
         return None
 
+    def resolved_from_command(self, command: list[str]) -> dict[str, Any] | None:
+        """For an engine without a config endpoint: the resolved settings its command line implies."""
+        return None
+
     def torch_profiler_launch(self, install: EngineInstall, out_dir: str) -> tuple[list[str], dict[str, str]]:
         """Flags and environment that let the running server's PyTorch profiler be started over HTTP."""
         raise ProfilingUnavailable(f"engine {self.name!r} has no PyTorch profiler hook in servescope")

@@ -188,3 +188,31 @@ def example_line(template: str) -> str:
     """A log line as the template would print it: %-placeholders and f-string holes filled with plausible values."""
     t = re.sub(r"%(?:\.\d+)?[sdifr]", "1.5", template)
     return t.replace(HOLE, "1.5")
+
+
+def vllm_config_from_log(text: str) -> dict | None:
+    """vLLM's resolved settings from its startup log, for a server without /server_info (no VLLM_SERVER_DEV_MODE):
+    the 'non-default args' line and the engine 'config:' line, in the shape of /server_info's vllm_config."""
+    import ast as _ast
+
+    out: dict = {}
+    m = re.search(r"non-default args: (\{.*\})", text)
+    if m:
+        try:
+            out["non_default_args"] = _ast.literal_eval(m.group(1))
+        except (ValueError, SyntaxError):
+            out["non_default_args"] = m.group(1)
+    line = next((ln for ln in text.splitlines() if "LLM engine (v" in ln and "with config:" in ln), "")
+    if not line and not out:
+        return None
+    cc: dict = {}
+    for key, rx in (("mode", r"'mode': <CompilationMode\.\w+: (\d+)>"),
+                    ("cudagraph_mode", r"'cudagraph_mode': <CUDAGraphMode\.\w+: (\d+)>")):
+        if mm := re.search(rx, line):
+            cc[key] = int(mm.group(1))
+    eager = re.search(r"enforce_eager=(True|False)", line)
+    device = re.search(r"device_config=(\w+)", line)
+    return {"vllm_config": {"compilation_config": cc,
+                            "model_config": {"enforce_eager": eager.group(1) == "True"} if eager else {},
+                            "device_config": {"device": device.group(1)} if device else {}},
+            "from_log": out}

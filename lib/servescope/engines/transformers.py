@@ -109,8 +109,25 @@ class TransformersAdapter(EngineAdapter):
                           ready=ReadyCheck(health_path="/health", models_path=None), flags=flags)
 
     def resolved_config(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
-        """transformers serve has no config endpoint: its resolved settings are the arguments it was given."""
+        """transformers serve has no config endpoint: see resolved_from_command."""
         return None
+
+    def resolved_from_command(self, command: list[str]) -> dict[str, Any] | None:
+        """Its resolved settings are the arguments it was started with (booleans default off)."""
+        args = command[command.index("serve") + 1:]
+        out: dict[str, Any] = {"model": args[0] if args and not args[0].startswith("--") else None}
+        i = 0
+        while i < len(args):
+            if args[i].startswith("--"):
+                key = args[i][2:].replace("-", "_")
+                if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                    out[key] = args[i + 1]
+                    i += 2
+                    continue
+                out[key.removeprefix("no_")] = not key.startswith("no_")
+            i += 1
+        out.setdefault("compile", False)
+        return {"transformers_serve_args": out}
 
     def log_patterns(self) -> list[LogPattern]:
         """Uvicorn start, CUDA-graph lines, common errors."""

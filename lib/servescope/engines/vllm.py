@@ -156,6 +156,20 @@ class VllmAdapter(EngineAdapter):
         """POST /stop_profile; vLLM writes the traces before it answers."""
         post(f"{base_url}/stop_profile", None, timeout_s)
 
+    def metric_names(self) -> dict[str, str]:
+        """vLLM Prometheus metrics worth watching (always served on /metrics)."""
+        return {"vllm:num_requests_running": "requests in the running batch",
+                "vllm:num_requests_waiting": "requests waiting", "vllm:kv_cache_usage_perc": "KV-cache usage (0-1)",
+                "vllm:num_preemptions": "preempted requests", "vllm:iteration_tokens_total": "tokens per engine step",
+                "vllm:time_to_first_token_seconds": "TTFT histogram",
+                "vllm:inter_token_latency_seconds": "inter-token latency histogram"}
+
+    def log_patterns(self) -> list:
+        """vLLM's config, graph, compile, MoE and startup lines plus the common error lines."""
+        from .logs import patterns_for
+
+        return patterns_for("vllm")
+
     def resolved_config(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
         """`/server_info?config_format=json` (needs VLLM_SERVER_DEV_MODE=1, which plan() sets)."""
         try:

@@ -162,8 +162,18 @@ def explain(state: GraphState, audit: pd.DataFrame, log: pd.DataFrame) -> pd.Dat
 
 
 def state_of(res: Results, engine: dict[str, Any] | EngineSpec) -> GraphState:
-    """The graph state of the measured point, from the resolved configuration stored with it."""
-    return graph_state(parse(EngineSpec, engine, "engine").name, _full_resolved(res))
+    """The graph state of the measured point, from the resolved configuration stored with it (vLLM without
+    /server_info: from its startup log's config line)."""
+    name = parse(EngineSpec, engine, "engine").name
+    resolved = _full_resolved(res)
+    if resolved is None and name == "vllm" and not res.points.empty:
+        from ..engines.logs import vllm_config_from_log
+
+        folder = Path(res.points["path"].iloc[0])
+        text = "\n".join(p.read_text(errors="replace") for p in (folder / "server.stderr.log",
+                                                                 folder / "server.stdout.log") if p.is_file())
+        resolved = vllm_config_from_log(text) if text else None
+    return graph_state(name, resolved)
 
 
 def server_log(res: Results, engine: dict[str, Any] | EngineSpec) -> tuple[pd.DataFrame, str]:
