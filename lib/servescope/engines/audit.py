@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from .logs import _template
+from .logs import call_name, is_log_call, log_template
 from .source import SourceTree
 
 AUDIT_COLUMNS = ["file", "line", "function", "kind", "effect", "condition", "statement", "message"]
@@ -121,12 +121,10 @@ def _block_message(body: list[ast.stmt]) -> str:
     """The first logged message (warning/info/...) or raised error text in a block: the engine's own words."""
     for st in body:
         for node in ast.walk(st):
-            if isinstance(node, ast.Call) and node.args:
-                fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-                if fn.removesuffix("_once") in ("warning", "info", "warn", "error", "debug"):
-                    t = _template(node.args[0])
-                    if t:
-                        return t.strip()[:300]
+            if isinstance(node, ast.Call) and node.args and is_log_call(call_name(node)) and call_name(node) != "print":
+                t = log_template(node)
+                if t:
+                    return t.strip()[:300]
     return ""
 
 

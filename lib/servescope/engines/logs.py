@@ -60,7 +60,8 @@ SGLANG_PATTERNS = [
     LogPattern("attention_backend", "attention_backend",
                r"(?i)(?:attention backend|attention_backend)\W+(?:is |to |=\s*)?(?P<backend>\w+)",
                "attention backend in use", "sglang", ""),
-    LogPattern("kv_cache_size", "startup", r"KV Cache is allocated\. #tokens: (?P<kv_tokens>\d+)",
+    LogPattern("kv_cache_size", "startup", r"KV Cache is allocated\. #tokens: (?P<kv_tokens>\d[\d.]*)|"
+               r"(?:is allocated|allocated)\. dtype: [^,]+, #tokens: (?P<kv_tokens_dtype>\d[\d.]*)",
                "KV cache size in tokens", "sglang", "0.4.10 0.5.9 0.5.23"),
     LogPattern("load_weight", "startup", r"Load weight end\. (?:elapsed=|type=)",
                "weights loaded", "sglang", "0.4.10 0.5.9 0.5.23"),
@@ -161,6 +162,30 @@ def _template(node: ast.AST) -> str | None:
     return None
 
 
+_LEVELS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "print")
+_LOG_HELPER = re.compile(r"^log_\w+|\w+_on_rank0$|^print_\w+")  # SGLang's log_info_on_rank0(logger, msg), ...
+
+
+def call_name(node: ast.Call) -> str:
+    """The called function's last name (logger.warning -> 'warning')."""
+    fn = node.func
+    return fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+
+
+def is_log_call(name: str) -> bool:
+    """A logger method (info, warning_once, ...) or a logging helper of the engines (log_info_on_rank0, ...)."""
+    return name.removesuffix("_once") in _LEVELS or bool(_LOG_HELPER.match(name))
+
+
+def log_template(node: ast.Call) -> str | None:
+    """The message template of a log call: its first argument, or the second where the first is the logger."""
+    for arg in node.args[:2]:
+        t = _template(arg)
+        if t:
+            return t
+    return None
+
+
 def logged_messages(tree: SourceTree, prefix: str = "") -> pd.DataFrame:
     """Every message template passed to a logger call (logger.info/warning/... , logger.info_once, print) in the
     source: file, line, level, template (with %-placeholders as written and f-string holes as HOLE)."""
@@ -173,12 +198,10 @@ def logged_messages(tree: SourceTree, prefix: str = "") -> pd.DataFrame:
         for node in ast.walk(mod):
             if not (isinstance(node, ast.Call) and node.args):
                 continue
-            fn = node.func
-            level = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
-            if level.removesuffix("_once") not in ("debug", "info", "warning", "warn", "error", "exception",
-                                                   "critical", "print"):
+            level = call_name(node)
+            if not is_log_call(level):
                 continue
-            t = _template(node.args[0])
+            t = log_template(node)
             if t:
                 rows.append({"file": f, "line": node.lineno, "level": level, "template": t})
     return pd.DataFrame(rows, columns=["file", "line", "level", "template"])
