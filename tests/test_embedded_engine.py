@@ -148,7 +148,8 @@ def test_static_flag_scan_agrees_with_the_real_help():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", ["sglang-0.4.10", "sglang-0.5.9", "sglang-0.5.23", "vllm-0.32.0"])
+@pytest.mark.parametrize("key", ["sglang-0.4.10", "sglang-0.5.9", "sglang-0.5.23", "vllm-0.32.0",
+                                 "transformers-5.17.0"])
 def test_log_patterns_match_the_engines_own_message_templates(wheel_install, key):
     """Every log pattern that names this version matches a message template logged in its source (slow: every file
     of the engine is parsed)."""
@@ -160,6 +161,6 @@ def test_log_patterns_match_the_engines_own_message_templates(wheel_install, key
     lines = [example_line(t) for t in logged_messages(tree)["template"]]
     version = key.split("-")[1]
     named = [p for p in patterns_for(engine) if version in p.versions.split()]
-    assert len(named) >= 5
+    assert len(named) >= (2 if engine == "transformers" else 5)
     missing = [p.name for p in named if not any(p.compiled().search(x) for x in lines)]
     assert missing == []

@@ -206,3 +206,14 @@ def test_transformers_resolved_settings_are_its_arguments():
                                   "--continuous-batching", "--no-cb-use-cuda-graph", "--compile"])
     assert r == {"transformers_serve_args": {"model": "/m", "host": "h", "continuous_batching": True,
                                              "cb_use_cuda_graph": False, "compile": True}}
+
+
+def test_transformers_audit_and_graph_decision_from_its_log(wheel_install):
+    from servescope.engines.logs import analyze_log, patterns_for
+
+    a = graph_disable_audit(get_engine("transformers").source_tree(wheel_install("transformers-5.17.0")))
+    rule = find_rules(a, condition=r"^not torch\.cuda\.is_available\(\)$")
+    assert list(rule["function"]) == ["decide_use_cuda_graphs"]
+    assert rule["effect"].iloc[0] == "continuous-batching CUDA graphs off (both paths)"
+    log = analyze_log("INFO Using cuda graphs for (varlen, decode) paths: (False, True)", patterns_for("transformers"))
+    assert (log["varlen"].iloc[0], log["decode"].iloc[0]) == ("False", "True")

@@ -17,9 +17,10 @@ from .source import SourceTree
 AUDIT_COLUMNS = ["file", "line", "function", "kind", "effect", "condition", "statement", "message"]
 
 # files worth parsing: those mentioning one of these (the scan of a whole engine stays a few seconds)
-_KEYWORDS = re.compile(r"disable_cuda_graph|Backend\.DISABLED|cudagraph_mode|enforce_eager|piecewise_cuda_graph|"
+_KEYWORDS = re.compile(r"disable_cuda_graph|use_cuda_graph|Backend\.DISABLED|cudagraph_mode|enforce_eager|piecewise_cuda_graph|"
                        r"def can_run|disable_prefill_cuda_graph|disable_decode_cuda_graph|CompilationMode\.NONE")
-_SCOPES = {"sglang": ("sglang/srt/",), "vllm": ("vllm/config/", "vllm/v1/", "vllm/platforms/", "vllm/engine/")}
+_SCOPES = {"sglang": ("sglang/srt/",), "vllm": ("vllm/config/", "vllm/v1/", "vllm/platforms/", "vllm/engine/"),
+           "transformers": ("transformers/generation/continuous_batching/", "transformers/cli/")}
 _CAN_RUN = re.compile(r"can_run\w*(graph|cuda)|can_run_graph|can_use_cuda_graph", re.IGNORECASE)
 
 
@@ -66,6 +67,8 @@ def _setting_effect(name: str, value: ast.AST) -> str | None:
         return f"CUDA-graph mode set to {v.rsplit('.', 1)[1]}"
     if name == "enforce_eager" and _is_true(value):
         return "eager execution forced (enforce_eager)"
+    if name == "use_cuda_graph" and (_is_false(value) or v in ("(False, False)", "[False, False]")):
+        return "continuous-batching CUDA graphs off (both paths)"
     if name in ("mode", "level") and v.endswith("CompilationMode.NONE"):
         return "torch.compile off (compilation mode NONE)"
     return None

@@ -116,8 +116,12 @@ COMMON_PATTERNS = [
 TRANSFORMERS_PATTERNS = [
     LogPattern("uvicorn_ready", "startup", r"Uvicorn running on (?P<url>\S+)", "the HTTP server is up",
                "transformers"),
-    LogPattern("cb_cuda_graph", "graph_capture", r"(?i)cuda ?graph[^\n]*", "continuous-batching CUDA-graph lines",
-               "transformers"),
+    LogPattern("cb_cuda_graphs_used", "graph_capture",
+               r"Using cuda graphs for \(varlen, decode\) paths: (?:\((?P<varlen>True|False), (?P<decode>True|False)\))?",
+               "continuous batching's CUDA-graph decision for its prefill (varlen) and decode paths", "transformers",
+               "5.17.0"),
+    LogPattern("cb_cuda_graph_off", "graph_disabled", r"turning off cuda graphs",
+               "CUDA graphs asked for but CUDA is not available", "transformers", "5.17.0"),
 ]
 
 

@@ -80,6 +80,15 @@ def graph_state(engine: str, resolved: dict[str, Any] | None) -> GraphState:
                  "compilation_mode": cc.get("mode"), "cudagraph_capture_sizes": cc.get("cudagraph_capture_sizes"),
                  "TORCH_COMPILE_DISABLE": (resolved.get("vllm_env") or {}).get("TORCH_COMPILE_DISABLE")}
         return GraphState(engine, _VLLM_INTENT.get(name or ""), name, {0: "off"}.get(cc.get("mode"), "on"), facts)
+    targs = resolved.get("transformers_serve_args")
+    if isinstance(targs, dict):
+        cg = targs.get("cb_use_cuda_graph")
+        graphs = {True: "full", False: "off"}.get(cg) if cg is not None else None
+        mode = f"--cb-use-cuda-graph={cg}" if cg is not None else \
+            "cb_use_cuda_graph not given: transformers decides at run time (see its log)"
+        return GraphState(engine, graphs, mode, "on" if targs.get("compile") else "off",
+                          {k: targs.get(k) for k in ("continuous_batching", "device", "dtype", "attn_implementation")
+                           if k in targs})
     r = resolved
     cfg = r.get("cuda_graph_config") if isinstance(r.get("cuda_graph_config"), dict) else {}
     dec = (cfg.get("decode") or {}).get("backend") or r.get("cuda_graph_backend_decode")
@@ -128,6 +137,9 @@ def _fact_rules(state: GraphState) -> list[tuple[str, str]]:
             out.append(("--enforce-eager was given", r"model_config\.enforce_eager$"))
         if f.get("TORCH_COMPILE_DISABLE") in ("1", 1, True):
             out.append(("TORCH_COMPILE_DISABLE=1 in the environment", r"TORCH_COMPILE_DISABLE"))
+    elif state.engine == "transformers":
+        if f.get("device") != "cuda":
+            out.append(("no CUDA device", r"^not torch\.cuda\.is_available\(\)$"))
     else:
         if f.get("attention_backend") in ("torch_native", "flex_attention"):
             out.append((f"attention backend is {f['attention_backend']}", re.escape(f"== '{f['attention_backend']}'")))
@@ -173,7 +185,16 @@ def state_of(res: Results, engine: dict[str, Any] | EngineSpec) -> GraphState:
         text = "\n".join(p.read_text(errors="replace") for p in (folder / "server.stderr.log",
                                                                  folder / "server.stdout.log") if p.is_file())
         resolved = vllm_config_from_log(text) if text else None
-    return graph_state(name, resolved)
+    state = graph_state(name, resolved)
+    if name == "transformers" and state.graphs is None:  # its decision is only in the log
+        log, _ = server_log(res, engine)
+        used = log[log["name"] == "cb_cuda_graphs_used"] if len(log) else log
+        if len(used):
+            varlen, decode = used["varlen"].iloc[-1] == "True", used["decode"].iloc[-1] == "True"
+            state.graphs = "full" if varlen and decode else "decode_only" if decode else "off" if not varlen else \
+                "prefill only"
+            state.engine_mode = f"(varlen, decode) = ({varlen}, {decode}), from its log"
+    return state
 
 
 def server_log(res: Results, engine: dict[str, Any] | EngineSpec) -> tuple[pd.DataFrame, str]:
