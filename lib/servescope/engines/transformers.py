@@ -103,6 +103,8 @@ class TransformersAdapter(EngineAdapter):
                "--port", str(port), "--continuous-batching"]
         if install.platform == "cuda":
             cmd += ["--device", "cuda", "--dtype", "bfloat16"]
+        else:  # 'auto' places the model with a device map, which needs accelerate
+            cmd += ["--device", "cpu"]
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"} if model_path.startswith("/") else {}
         env |= extra_env
         return LaunchPlan(command=cmd + flags, env=env,

@@ -139,7 +139,7 @@ def _fact_rules(state: GraphState) -> list[tuple[str, str]]:
             out.append(("TORCH_COMPILE_DISABLE=1 in the environment", r"TORCH_COMPILE_DISABLE"))
     elif state.engine == "transformers":
         if f.get("device") != "cuda":
-            out.append(("no CUDA device", r"^not torch\.cuda\.is_available\(\)$"))
+            out.append(("no CUDA device", r"^not torch\.cuda\.is_available\(\)$|get_accelerator_graph_name\(\) is None"))
     else:
         if f.get("attention_backend") in ("torch_native", "flex_attention"):
             out.append((f"attention backend is {f['attention_backend']}", re.escape(f"== '{f['attention_backend']}'")))
@@ -229,10 +229,18 @@ def audit_for(engine: dict[str, Any] | EngineSpec, install: EngineInstall | None
     return graph_disable_audit(ad.source_tree(install))
 
 
-def findings(engine_name: str, knobs: Knobs, state: GraphState, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding]:
+def findings(engine_name: str, knobs: Knobs, state: GraphState, why: pd.DataFrame, log: pd.DataFrame,
+             errors: pd.DataFrame | None = None) -> list[Finding]:
     """What thread 1 concludes: graphs as resolved, and why (rule, flag or crash), with the evidence."""
     crashed = log[log["name"].isin(["capture_failed"])] if len(log) else log
     rules = why[why["source"] == "audit"] if len(why) else why
+    if errors is not None and len(errors) and state.graphs is None:
+        err = str(errors["error"].iloc[0])
+        return [Finding(thread=THREAD, title="The server did not start", applies=False, confidence="none",
+                        claim=f"{errors['error_type'].iloc[0]}; last line of its log: "
+                              f"{[ln for ln in err.splitlines() if ln.strip()][-1][:300]}",
+                        reason="launch failed; its log is under data/runs/_failed/",
+                        evidence={"error": err[-2000:]})]
     if state.graphs is None:
         return [Finding(thread=THREAD, title="Resolved graph mode unknown", applies=False,
                         claim="The server did not report its resolved configuration.",
