@@ -9,6 +9,7 @@ export LD_LIBRARY_PATH=$PWD/.device/nsys-lib:${LD_LIBRARY_PATH:-}
 H=/opt/nvidia/nsight-compute/2025.3.1/host
 export PATH=$H/target-linux-x64:$H/linux-desktop-glibc_2_11_3-x64:$PATH
 export SERVESCOPE_CACHE=/tmp/sscache
+python3 -c "import papermill, nbconvert, servescope.report, servescope.threads.graph_disable" || exit 1
 cat > /tmp/h200.yaml <<YAML
 name: h200-transformers
 engine: {name: transformers, python: $(command -v python3), startup_timeout_s: 600}
@@ -22,5 +23,7 @@ notebooks:
   - id: 01_cuda_graph_disable_reason
 YAML
 timeout 420 python3 -m servescope.cli run /tmp/h200.yaml --reports-dir $OUT/reports --store-dir /tmp/store 2>&1 | tail -40
-mkdir -p $OUT/store && for d in /tmp/store/*/; do k=$(basename $d); mkdir -p $OUT/store/$k; cp $d/*.json $d/*.txt $d/*.log $d/summary.parquet $d/telemetry_gpu*.parquet $OUT/store/$k/ 2>/dev/null; done
-timeout 170 python3 benchmarks/gpu/check_nsys_session.py /tmp/chk > $OUT/nsys_check.txt 2>&1; tail -25 $OUT/nsys_check.txt
+mkdir -p $OUT/store && for d in /tmp/store/*/ /tmp/store/_failed/*/; do [ -d "$d" ] || continue; k=$(basename $d)
+  mkdir -p $OUT/store/$k; cp $d/*.json $d/*.txt $d/*.log $d/*.parquet $OUT/store/$k/ 2>/dev/null; done
+[ "${NSYS_CHECK:-1}" = 1 ] && { timeout 170 python3 benchmarks/gpu/check_nsys_session.py /tmp/chk > $OUT/nsys_check.txt 2>&1
+  tail -25 $OUT/nsys_check.txt; }
