@@ -217,3 +217,13 @@ def test_transformers_audit_and_graph_decision_from_its_log(wheel_install):
     assert rule["effect"].iloc[0] == "continuous-batching CUDA graphs off (both paths)"
     log = analyze_log("INFO Using cuda graphs for (varlen, decode) paths: (False, True)", patterns_for("transformers"))
     assert (log["varlen"].iloc[0], log["decode"].iloc[0]) == ("False", "True")
+
+
+def test_transformers_load_goes_without_ignore_eos():
+    """transformers serve answers 422 to ignore_eos/min_tokens (seen on the H200): the load drops them for it."""
+    from servescope.spec import LoadSpec
+
+    ld = LoadSpec(concurrency=(1,), num_requests=1, input_len=4, output_len=4)
+    said = []
+    assert get_engine("transformers").effective_load(ld, said.append).ignore_eos is False and said
+    assert get_engine("vllm").effective_load(ld).ignore_eos is True

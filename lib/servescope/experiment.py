@@ -167,6 +167,7 @@ def _telemetry_for(spec: TelemetrySpec, target: Any) -> Telemetry | None:
 def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config, load: LoadSpec,
                progress: bool, tag: str, say: Callable[[str], None], telemetry: TelemetrySpec) -> None:
     tokenizer = load_tokenizer(prep.model_path) if prep.model_path.startswith("/") else None
+    load = get_engine(prep.engine.name).effective_load(load, say)
     with store.writing(key, parts) as w:
         say(f"{tag}: launching {prep.engine.name} {prep.install.version} ({cfg.knobs.label()})")
         t0 = time.monotonic()

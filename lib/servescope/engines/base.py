@@ -53,6 +53,8 @@ class EngineAdapter(ABC):
     name: ClassVar[str]
     launches: ClassVar[bool] = True
     package: ClassVar[str] = ""  # the Python package whose source declares the flags ('' = no static scan)
+    # whether its OpenAI routes take ignore_eos/min_tokens (exact output lengths); transformers serve rejects them
+    accepts_ignore_eos: ClassVar[bool] = True
     distributions: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
@@ -71,6 +73,15 @@ class EngineAdapter(ABC):
     def plan(self, *, install: EngineInstall, model_path: str, served_name: str, host: str, port: int,
              knobs: Knobs, extra_env: dict[str, str]) -> LaunchPlan:
         """The full launch plan for one configuration."""
+
+    def effective_load(self, load: Any, say: Any = None) -> Any:
+        """The load as this engine can take it: without ignore_eos where it rejects the field (the records keep the
+        real output lengths from usage, so nothing is made up; only exactness is lost)."""
+        if load.ignore_eos and not self.accepts_ignore_eos and load.endpoint != "generate":
+            if say:
+                say(f"{self.name} rejects ignore_eos/min_tokens: output lengths are up to {load.output_len}, as generated")
+            return load.model_copy(update={"ignore_eos": False})
+        return load
 
     def served_name(self, model_path: str, requested: str) -> str:
         """The model name the server will answer to (most engines take the one we give)."""

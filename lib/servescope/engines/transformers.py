@@ -34,6 +34,7 @@ class TransformersAdapter(EngineAdapter):
 
     name = "transformers"
     package = "transformers"
+    accepts_ignore_eos = False  # its request validation answers 422 to fields it does not know
     distributions = ("transformers",)
 
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
@@ -101,6 +102,8 @@ class TransformersAdapter(EngineAdapter):
         model = ["--force-model", model_path] if fs.has("--force-model") else [model_path]
         cmd = [install.python, "-m", "transformers.cli.transformers", "serve", *model, "--host", host,
                "--port", str(port), "--continuous-batching"]
+        if fs.has("--log-level"):  # its CUDA-graph decision is logged at INFO (thread 1 reads it)
+            cmd += ["--log-level", "info"]
         if install.platform == "cuda":
             cmd += ["--device", "cuda", "--dtype", "bfloat16"]
         else:  # 'auto' places the model with a device map, which needs accelerate

@@ -64,6 +64,7 @@ def torch_profile(prep: Prepared, knobs: Knobs, load: LoadSpec, out_dir: str | P
     traces = out / "traces"
     traces.mkdir(parents=True, exist_ok=True)
     adapter = get_engine(prep.engine.name)
+    load = adapter.effective_load(load, say)
     flags, env = adapter.torch_profiler_launch(prep.install, str(traces))
     tok = load_tokenizer(prep.model_path) if prep.model_path.startswith("/") else None
     with serve(prep, _with_flags(knobs, flags), out / "server", extra_env=env) as target:
@@ -96,6 +97,7 @@ def nsys_profile(prep: Prepared, knobs: Knobs, load: LoadSpec, out_dir: str | Pa
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     adapter = get_engine(prep.engine.name)
+    load = adapter.effective_load(load, say)
     hook = adapter.cuda_profiler_launch(prep.install)
     notes = []
     if hook is not None:

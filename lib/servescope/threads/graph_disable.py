@@ -243,8 +243,9 @@ def findings(engine_name: str, knobs: Knobs, state: GraphState, why: pd.DataFram
                         evidence={"error": err[-2000:]})]
     if state.graphs is None:
         return [Finding(thread=THREAD, title="Resolved graph mode unknown", applies=False,
-                        claim="The server did not report its resolved configuration.",
-                        reason="no /server_info (vLLM needs VLLM_SERVER_DEV_MODE=1; servescope sets it when it launches)")]
+                        claim=f"The server did not report its graph mode ({state.engine_mode or 'no resolved config'}).",
+                        reason="no /server_info (vLLM: VLLM_SERVER_DEV_MODE=1, which servescope sets when it launches) "
+                               "and no graph decision in its log")]
     if len(crashed):
         claim = f"CUDA-graph capture failed: {crashed['line'].iloc[0]}"
     elif state.graphs == "off" and len(rules):
