@@ -227,3 +227,27 @@ def test_transformers_load_goes_without_ignore_eos():
     said = []
     assert get_engine("transformers").effective_load(ld, said.append).ignore_eos is False and said
     assert get_engine("vllm").effective_load(ld).ignore_eos is True
+
+
+def test_recorded_h200_transformers_run_of_threads_0_and_1():
+    """Recorded on the H200 (tests/fixtures/h200/README.md): thread 0 saw the GPU through NVML, thread 1 read the
+    server's arguments as its resolved config and did not guess a graph mode the server never reported."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from servescope.engines.logs import analyze_log_file
+    from servescope.threads.graph_disable import graph_state
+
+    d = Path(__file__).parent / "fixtures" / "h200" / "threads_transformers"
+    (env,) = json.loads((d / "00_environment.findings.json").read_text())
+    assert env["claim"].startswith("transformers 5.17.0 (cuda) on 1 x NVIDIA H200")
+    assert env["evidence"]["gpus"][0]["power_limit_w"] == 700.0
+    st = graph_state("transformers", json.loads((d / "resolved_config.json").read_text()))
+    assert st.graphs is None and st.compile == "off" and st.facts["device"] == "cuda"
+    (why,) = json.loads((d / "01_cuda_graph_disable_reason.findings.json").read_text())
+    assert not why["applies"] and "did not report its graph mode" in why["claim"]
+    assert "--continuous-batching --log-level info --device cuda" in (d / "command.txt").read_text()
+    assert pd.read_parquet(d / "summary.parquet")["failed"].sum() == 0
+    assert "uvicorn_ready" in set(analyze_log_file(d / "server.stderr.log", "transformers")["name"])
