@@ -59,16 +59,12 @@ def _const_str(node: ast.AST) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
-# module-level lists of literal choices (e.g. SGLang's MOE_RUNNER_BACKEND_CHOICES) that a flag names instead of
-# listing inline; filled per scan by scan_flags
-_CONSTANTS: dict[str, list[str]] = {}
-
-
-def _str_list(node: ast.AST | None) -> list[str]:
+def _str_list(node: ast.AST | None, constants: dict[str, list[str]] | None = None) -> list[str]:
+    """Literal strings of a list/tuple/set, or of a module-level list it names (e.g. MOE_RUNNER_BACKEND_CHOICES)."""
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
         return [s for e in node.elts if (s := _const_str(e)) is not None]
-    if isinstance(node, ast.Name):
-        return list(_CONSTANTS.get(node.id, []))
+    if isinstance(node, ast.Name) and constants:
+        return list(constants.get(node.id, []))
     return []
 
 
@@ -99,7 +95,7 @@ def _kw(call: ast.Call, name: str) -> ast.AST | None:
     return next((kw.value for kw in call.keywords if kw.arg == name), None)
 
 
-def argparse_flags(source: str, file: str) -> list[dict]:
+def argparse_flags(source: str, file: str, constants: dict[str, list[str]] | None = None) -> list[dict]:
     """Every `*.add_argument('--x', '-y', ...)` with literal option strings in one file."""
     rows = []
     for node in ast.walk(ast.parse(source)):
@@ -110,7 +106,7 @@ def argparse_flags(source: str, file: str) -> list[dict]:
             continue
         dest = _const_str(_kw(node, "dest")) if _kw(node, "dest") is not None else None
         dest = dest or next((n for n in names if n.startswith("--")), names[0]).lstrip("-").replace("-", "_")
-        choices = _str_list(_kw(node, "choices")) or None
+        choices = _str_list(_kw(node, "choices"), constants) or None
         bool_opt = "BooleanOptionalAction" in ast.unparse(_kw(node, "action") or ast.Constant(""))
         for n in names:
             rows.append({"flag": n, "dest": dest, "file": file, "line": node.lineno, "deprecated": _is_deprecated(node),
@@ -131,7 +127,7 @@ def _annotated_meta(ann: ast.AST) -> ast.AST | None:
     return ann.slice.elts[1]
 
 
-def sglang_field_flags(source: str, file: str) -> list[dict]:
+def sglang_field_flags(source: str, file: str, constants: dict[str, list[str]] | None = None) -> list[dict]:
     """CLI flags of SGLang's annotated config fields (0.5.2x `srt/arg_groups/fields/`)."""
     rows = []
     for cls in ast.walk(ast.parse(source)):
@@ -152,7 +148,7 @@ def sglang_field_flags(source: str, file: str) -> list[dict]:
                     continue
                 cli = _const_str(_kw(meta, "cli_name")) if _kw(meta, "cli_name") is not None else None
                 names = [cli or "--" + name.replace("_", "-"), *_str_list(_kw(meta, "aliases"))]
-                choices = _str_list(_kw(meta, "choices")) or None
+                choices = _str_list(_kw(meta, "choices"), constants) or None
                 bool_opt = "BooleanOptionalAction" in ast.unparse(_kw(meta, "action") or ast.Constant(""))
                 help_text = _const_str(_kw(meta, "help")) or "" if _kw(meta, "help") is not None else ""
             else:
@@ -215,15 +211,15 @@ def typer_flags(source: str, file: str) -> list[dict]:
 def scan_flags(tree: SourceTree) -> FlagSet:
     """The CLI flags the engine version in this source tree defines (static: nothing imported)."""
     rows: list[dict] = []
-    _CONSTANTS.clear()
-    for f in ("sglang/srt/arg_groups/choices.py", "sglang/srt/server_args.py"):
-        if tree.package == "sglang" and tree.exists(f):
-            _CONSTANTS.update(literal_lists(tree.read(f)))
     if tree.package == "sglang":
+        constants: dict[str, list[str]] = {}
+        for f in ("sglang/srt/arg_groups/choices.py", "sglang/srt/server_args.py"):
+            if tree.exists(f):
+                constants |= literal_lists(tree.read(f))
         for f in tree.files("sglang/srt/arg_groups/fields/"):
-            rows += sglang_field_flags(tree.read(f), f)
+            rows += sglang_field_flags(tree.read(f), f, constants)
         if tree.exists("sglang/srt/server_args.py"):
-            rows += argparse_flags(tree.read("sglang/srt/server_args.py"), "sglang/srt/server_args.py")
+            rows += argparse_flags(tree.read("sglang/srt/server_args.py"), "sglang/srt/server_args.py", constants)
     elif tree.package == "vllm":
         for f in ("vllm/engine/arg_utils.py", "vllm/entrypoints/launchers/cli_args.py",
                   "vllm/entrypoints/openai/cli_args.py"):
