@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import urllib.request
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -174,6 +175,29 @@ KNOB_PROBES: list[dict[str, Any]] = [
 @cache
 def _scan_cached(tree: SourceTree) -> FlagSet:
     return scan_flags(tree)
+
+
+_VERSION_PROBE = r"""
+import importlib.metadata as md, json, sys
+for dist in sys.argv[1:]:
+    try:
+        print(json.dumps({"version": md.version(dist), "distribution": dist}))
+        break
+    except md.PackageNotFoundError:
+        pass
+else:
+    print("{}")
+"""
+
+
+def installed_version(python: str, distributions: tuple[str, ...], label: str) -> tuple[str, str]:
+    """(version, distribution) of the first of these distributions installed under that interpreter, read from
+    package metadata (the engine is not imported); KnobError naming the interpreter when none is."""
+    res = subprocess.run([python, "-c", _VERSION_PROBE, *distributions], capture_output=True, text=True, timeout=120)
+    info = json.loads(res.stdout or "{}") if res.returncode == 0 else {}
+    if not info:
+        raise KnobError(f"no {label} installed under {python} ({res.stderr.strip()[-300:]})")
+    return info["version"], info["distribution"]
 
 
 def post(url: str, body: dict[str, Any] | None = None, timeout_s: float = 60.0) -> int:

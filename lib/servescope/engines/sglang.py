@@ -11,8 +11,6 @@ Graph intents on SGLang (see ../shared/knob-catalogue.md sections 1, 2):
 
 from __future__ import annotations
 
-import json
-import subprocess
 import urllib.error
 from pathlib import Path
 from typing import Any
@@ -21,18 +19,10 @@ from ..errors import KnobError
 from ..server import ReadyCheck
 from ..spec import Knobs
 from . import register
-from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, post
+from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, installed_version, post
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
 from .logs import LogPattern, patterns_for
-
-_PROBE = r"""
-import importlib.metadata as md, json
-try:
-    print(json.dumps({"version": md.version("sglang")}))
-except md.PackageNotFoundError:
-    print("{}")
-"""
 
 # old per-backend switches, before --moe-runner-backend existed
 _OLD_MOE_FLAGS = {"flashinfer_cutlass": "--enable-flashinfer-cutlass-moe",
@@ -85,11 +75,8 @@ class SglangAdapter(EngineAdapter):
 
     def probe(self, python: str) -> EngineInstall:
         """Version from the interpreter's package metadata (SGLang is not imported)."""
-        res = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120)
-        info = json.loads(res.stdout or "{}") if res.returncode == 0 else {}
-        if not info:
-            raise KnobError(f"no SGLang installed under {python} ({res.stderr.strip()[-300:]})")
-        return EngineInstall(python=python, version=info["version"], distribution="sglang", platform="cuda")
+        version, dist = installed_version(python, self.distributions, "SGLang")
+        return EngineInstall(python=python, version=version, distribution=dist, platform="cuda")
 
     # ---- knobs -------------------------------------------------------------------------------------------------
 

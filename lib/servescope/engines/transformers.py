@@ -4,7 +4,6 @@ The model is positional in 5.17-5.19 (`transformers serve MODEL`); releases that
 
 from __future__ import annotations
 
-import json
 import subprocess
 from typing import Any
 
@@ -12,19 +11,9 @@ from ..errors import KnobError
 from ..server import ReadyCheck
 from ..spec import Knobs
 from . import register
-from .base import EngineAdapter, EngineInstall, LaunchPlan
+from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version
 from .envs import EngineEnvSpec
 from .logs import LogPattern, patterns_for
-
-_PROBE = r"""
-import importlib.metadata as md, json
-try:
-    import importlib.util
-    print(json.dumps({"version": md.version("transformers"),
-                      "cuda": importlib.util.find_spec("torch") is not None}))
-except md.PackageNotFoundError:
-    print("{}")
-"""
 
 
 @register
@@ -43,14 +32,11 @@ class TransformersAdapter(EngineAdapter):
 
     def probe(self, python: str) -> EngineInstall:
         """Version from package metadata; platform from whether torch sees a GPU (torch is imported, briefly)."""
-        res = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120)
-        info = json.loads(res.stdout or "{}") if res.returncode == 0 else {}
-        if not info:
-            raise KnobError(f"no transformers installed under {python} ({res.stderr.strip()[-300:]})")
+        version, dist = installed_version(python, self.distributions, "transformers")
         gpu = subprocess.run([python, "-c", "import torch; print(int(torch.cuda.is_available()))"],
                              capture_output=True, text=True, timeout=300)
         platform = "cuda" if gpu.stdout.strip() == "1" else "cpu"
-        return EngineInstall(python=python, version=info["version"], distribution="transformers", platform=platform)
+        return EngineInstall(python=python, version=version, distribution=dist, platform=platform)
 
     def served_name(self, model_path: str, requested: str) -> str:
         """transformers serve answers to the model id it was started with, nothing else."""

