@@ -67,8 +67,6 @@ def _setting_effect(name: str, value: ast.AST) -> str | None:
         return f"CUDA-graph mode set to {v.rsplit('.', 1)[1]}"
     if name == "enforce_eager" and _is_true(value):
         return "eager execution forced (enforce_eager)"
-    if name == "use_cuda_graph" and (_is_false(value) or v in ("(False, False)", "[False, False]")):
-        return "continuous-batching CUDA graphs off (both paths)"
     if name in ("mode", "level") and v.endswith("CompilationMode.NONE"):
         return "torch.compile off (compilation mode NONE)"
     return None
@@ -80,6 +78,12 @@ def _statement_effects(st: ast.stmt, function: str) -> list[tuple[str, str]]:
     pairs: list[tuple[str, ast.AST]] = []
     if isinstance(st, ast.Assign):
         pairs += [(_name(t), st.value) for t in st.targets]
+        # a runner's own switch (vLLM's CPU runner, transformers' continuous batching); only as an assignment:
+        # the same keyword in a constructor call or a dataclass default describes a component, not the server
+        v = ast.unparse(st.value)
+        if any(_name(t) == "use_cuda_graph" for t in st.targets) and v in ("False", "(False, False)", "[False, False]"):
+            out.append(("config", "continuous-batching CUDA graphs off (both paths)" if v != "False"
+                        else "CUDA graphs off (this runner: use_cuda_graph = False)"))
     elif isinstance(st, (ast.AnnAssign, ast.AugAssign)) and st.value is not None:
         pairs.append((_name(st.target), st.value))
     for node in ast.walk(st):

@@ -133,6 +133,8 @@ def _fact_rules(state: GraphState) -> list[tuple[str, str]]:
         if f.get("device") not in (None, "cuda"):
             out.append((f"device is {f.get('device')}: this platform has no static CUDA-graph mode",
                         r"^not \(current_platform\.support_static_graph_mode\(\)\)$"))
+        if f.get("device") == "cpu":
+            out.append(("device is cpu: vLLM's CPU model runner has no CUDA graphs", "file:cpu_model_runner\\.py$"))
         if f.get("enforce_eager"):
             out.append(("--enforce-eager was given", r"model_config\.enforce_eager$"))
         if f.get("TORCH_COMPILE_DISABLE") in ("1", 1, True):
@@ -162,7 +164,8 @@ def explain(state: GraphState, audit: pd.DataFrame, log: pd.DataFrame) -> pd.Dat
     server's own graph lines. One row per piece of evidence: source ('audit' / 'log'), fact, where, effect, text."""
     rows = []
     for fact, rx in _fact_rules(state):
-        hit = audit[audit["condition"].str.contains(rx, regex=True)] if len(audit) else audit
+        col, rx = ("file", rx[5:]) if rx.startswith("file:") else ("condition", rx)  # 'file:<regex>' matches paths
+        hit = audit[audit[col].str.contains(rx, regex=True)] if len(audit) else audit
         for r in hit.itertuples():
             rows.append({"source": "audit", "fact": fact, "where": f"{r.file}:{r.line} {r.function}",
                          "effect": r.effect, "text": r.condition if not r.message else f"{r.condition} -> {r.message}"})
