@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .logs import call_name, is_log_call, log_template
-from .source import SourceTree
+from .source import SourceTree, parse_source
 
 AUDIT_COLUMNS = ["file", "line", "function", "kind", "effect", "condition", "statement", "message"]
 
@@ -177,7 +177,7 @@ def _walk(body: list[ast.stmt], ctx: _Ctx, file: str, rows: list[dict]) -> None:
 def audit_source(source: str, file: str) -> pd.DataFrame:
     """The graph-disabling places of one file."""
     rows: list[dict] = []
-    _walk(ast.parse(source).body, _Ctx(), file, rows)
+    _walk(parse_source(source).body, _Ctx(), file, rows)
     return pd.DataFrame(rows, columns=AUDIT_COLUMNS)
 
 

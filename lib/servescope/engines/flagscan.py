@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..errors import ServescopeError
-from .source import SourceTree
+from .source import SourceTree, parse_source
 
 FLAG_COLUMNS = ["flag", "dest", "file", "line", "deprecated", "kind", "choices"]
 
@@ -71,7 +71,7 @@ def _str_list(node: ast.AST | None, constants: dict[str, list[str]] | None = Non
 def literal_lists(source: str) -> dict[str, list[str]]:
     """Module-level `NAME = [\"a\", \"b\", ...]` assignments of one file."""
     out = {}
-    for st in ast.parse(source).body:
+    for st in parse_source(source).body:
         if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) and \
                 isinstance(st.value, (ast.List, ast.Tuple)):
             vals = [s for e in st.value.elts if (s := _const_str(e)) is not None]
@@ -98,7 +98,7 @@ def _kw(call: ast.Call, name: str) -> ast.AST | None:
 def argparse_flags(source: str, file: str, constants: dict[str, list[str]] | None = None) -> list[dict]:
     """Every `*.add_argument('--x', '-y', ...)` with literal option strings in one file."""
     rows = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse_source(source)):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"):
             continue
         names = [s for a in node.args if (s := _const_str(a)) is not None and s.startswith("-")]
@@ -130,7 +130,7 @@ def _annotated_meta(ann: ast.AST) -> ast.AST | None:
 def sglang_field_flags(source: str, file: str, constants: dict[str, list[str]] | None = None) -> list[dict]:
     """CLI flags of SGLang's annotated config fields (0.5.2x `srt/arg_groups/fields/`)."""
     rows = []
-    for cls in ast.walk(ast.parse(source)):
+    for cls in ast.walk(parse_source(source)):
         if not isinstance(cls, ast.ClassDef):
             continue
         for st in cls.body:
@@ -166,7 +166,7 @@ def sglang_field_flags(source: str, file: str, constants: dict[str, list[str]] |
 def vllm_frontend_flags(source: str, file: str) -> list[dict]:
     """vLLM's frontend arguments: fields of the `*FrontendArgs` dataclasses, each `--field-name`."""
     rows = []
-    for cls in ast.walk(ast.parse(source)):
+    for cls in ast.walk(parse_source(source)):
         if not (isinstance(cls, ast.ClassDef) and cls.name.endswith("FrontendArgs")):
             continue
         for st in cls.body:
@@ -184,7 +184,7 @@ def typer_flags(source: str, file: str) -> list[dict]:
     """Parameters declared `name: Annotated[T, typer.Option(...)]` (flag `--name`, bools also `--no-name`) or
     `typer.Argument(...)` (positional, recorded as `<name>`), as `transformers serve` declares its CLI."""
     rows = []
-    for fn in ast.walk(ast.parse(source)):
+    for fn in ast.walk(parse_source(source)):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         for arg in fn.args.args + fn.args.kwonlyargs:

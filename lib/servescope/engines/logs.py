@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .source import SourceTree
+from .source import SourceTree, parse_source
 
 KINDS = ("graph_capture", "graph_disabled", "compile", "moe_backend", "attention_backend", "oom", "cuda_error",
          "startup", "config")
@@ -196,7 +196,7 @@ def logged_messages(tree: SourceTree, prefix: str = "") -> pd.DataFrame:
     rows = []
     for f in tree.files(prefix or tree.package + "/"):
         try:
-            mod = ast.parse(tree.read(f))
+            mod = parse_source(tree.read(f))
         except SyntaxError:
             continue
         for node in ast.walk(mod):

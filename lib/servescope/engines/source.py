@@ -3,10 +3,12 @@ engine, or straight out of a published wheel (a zip). The flag scan and the grap
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
 import sys
+import warnings
 import zipfile
 from dataclasses import dataclass
 from functools import cached_property
@@ -117,3 +119,11 @@ def fetch_wheel(distribution: str, version: str, timeout_s: float = 900.0) -> Pa
     if res.returncode != 0 or not found:
         raise ServescopeError(f"could not fetch the {distribution} {version} wheel: {res.stderr.strip()[-400:]}")
     return found[0]
+
+
+def parse_source(text: str) -> ast.Module:
+    """ast.parse of an engine's file, quiet about the engine's own warnings (invalid escapes in its strings)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ast.parse(text)
