@@ -86,6 +86,7 @@ def test_notebook_html_is_self_contained_with_real_numbers(offline_run):
     assert finding["evidence"]["errors"] == []
 
 
+@pytest.mark.slow  # reads the installed engine (audit, --help): make test creates it, make test-fast may not have it
 def test_thread1_names_the_rule_from_the_audit_offline(offline_run):
     """From the reference store: vLLM CPU resolved cudagraph_mode NONE, and the audit of the installed engine names
     the platform rule; the stored server log is analysed."""
