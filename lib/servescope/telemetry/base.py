@@ -42,7 +42,8 @@ class Sampler:
         self.phase = phase or Phase()
         self.rows: list[dict[str, Any]] = []
         self.ticks = 0
-        self.cpu_s = 0.0  # CPU time this sampler's thread spent sampling (its own overhead)
+        self.cpu_s = 0.0  # CPU time this sampler's thread spent sampling, while it ran (its steady overhead)
+        self.setup_cpu_s = 0.0  # CPU time of setup and teardown (e.g. nvmlInit and static reads), once per run
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
@@ -68,6 +69,7 @@ class Sampler:
             log.warning("%s could not start: %s", self.name, e)
             return
         period = 1.0 / self.rate_hz
+        c1 = time.thread_time()
         self._t0 = start = time.perf_counter()
         k = 0
         while not self._stop.is_set():
@@ -83,10 +85,12 @@ class Sampler:
                 delay = start + k * period - time.perf_counter()
             self._stop.wait(max(0.0, delay))
         self._t1 = time.perf_counter()
+        c2 = time.thread_time()
+        self.cpu_s = c2 - c1
         try:
             self.teardown()
         finally:
-            self.cpu_s = time.thread_time() - c0
+            self.setup_cpu_s = (c1 - c0) + (time.thread_time() - c2)
 
     def start(self) -> Sampler:
         """Start the thread."""

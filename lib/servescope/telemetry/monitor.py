@@ -61,6 +61,7 @@ class Telemetry:
             s.stop()
             self.status[f"{name}_achieved_hz"] = round(s.achieved_hz, 2)
             self.status[f"{name}_cpu_s"] = round(s.cpu_s, 3)
+            self.status[f"{name}_setup_cpu_s"] = round(s.setup_cpu_s, 3)
             if s.errors:
                 self.status[f"{name}_errors"] = dict(s.errors)
             if isinstance(s, MetricsScraper):
