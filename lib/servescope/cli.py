@@ -136,8 +136,9 @@ def _install_for(a: argparse.Namespace):
     environment."""
     from .engines import get_engine
     from .engines.base import EngineInstall
-    from .engines.envs import ensure_engine_env
     from .engines.source import fetch_wheel
+    from .launch import find_install
+    from .spec import EngineSpec
 
     ad = get_engine(a.engine)
     if a.wheel:
@@ -146,13 +147,9 @@ def _install_for(a: argparse.Namespace):
             raise ServescopeError(f"--wheel wants dist==version (e.g. sglang==0.5.23), not {a.wheel!r}")
         return ad, EngineInstall(python=sys.executable, version=version, distribution=dist, platform="cuda",
                                  source=str(fetch_wheel(dist, version)))
-    python = a.python
-    if not python:
-        env = ad.managed_env(None)
-        if env is None:
-            raise ServescopeError(f"engine {a.engine!r} has no managed environment: give --python or --wheel")
-        python = str(ensure_engine_env(env))
-    return ad, ad.probe(python)
+    if not a.python and ad.managed_env(None) is None:
+        raise ServescopeError(f"engine {a.engine!r} has no managed environment: give --python or --wheel")
+    return ad, find_install(EngineSpec(name=a.engine, python=a.python))
 
 
 def _cmd_audit(a: argparse.Namespace) -> int:

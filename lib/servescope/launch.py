@@ -13,7 +13,7 @@ from typing import Any
 from .engines import get_engine
 from .engines.base import EngineInstall
 from .engines.envs import ensure_engine_env
-from .errors import SpecError
+from .errors import ServescopeError, SpecError
 from .models import resolve_model
 from .server import ManagedServer, free_port
 from .spec import EngineSpec, Knobs, ModelSpec
@@ -73,6 +73,18 @@ def prepare(engine: EngineSpec, model: ModelSpec, say: Callable[[str], None] = p
         return Prepared(engine, adapter.probe(""), model.path or "", served)
     if engine.url:
         raise SpecError(f"engine.url is only for engine 'external'; {engine.name!r} is launched by servescope")
+    install = find_install(engine, create=True, say=say)
+    assert install is not None
+    path, served = resolve_model(model, install.python)
+    return Prepared(engine, install, path, adapter.served_name(path, served))
+
+
+def find_install(engine: EngineSpec, create: bool = True, say: Callable[[str], None] = print) -> EngineInstall | None:
+    """The engine as installed: under engine.python, else in its managed environment (created when missing if
+    create, else a ServescopeError saying so); None for an engine servescope does not launch."""
+    adapter = get_engine(engine.name)
+    if not adapter.launches:
+        return None
     if engine.python:
         python = engine.python
         if not Path(python).exists():
@@ -81,12 +93,14 @@ def prepare(engine: EngineSpec, model: ModelSpec, say: Callable[[str], None] = p
         env_spec = adapter.managed_env(engine.version)
         if env_spec is None:
             raise SpecError(f"engine {engine.name!r} has no managed environment; set engine.python")
+        if not create and not env_spec.is_ready():
+            raise ServescopeError(f"the {env_spec.key} environment is not created yet (make engine, or any run "
+                                  "creates it)")
         python = str(ensure_engine_env(env_spec, say))
     install = adapter.probe(python)
     if engine.version and install.version != engine.version:
         raise SpecError(f"engine.version is {engine.version} but {python} has {engine.name} {install.version}")
-    path, served = resolve_model(model, python)
-    return Prepared(engine, install, path, adapter.served_name(path, served))
+    return install
 
 
 @contextlib.contextmanager

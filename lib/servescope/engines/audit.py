@@ -93,10 +93,7 @@ def _statement_effects(st: ast.stmt, function: str) -> list[tuple[str, str]]:
             if fn == "setattr" and len(node.args) == 3 and _const(node.args[1]):
                 pairs.append((_const(node.args[1]) or "", node.args[2]))
             text = ast.unparse(node)
-            if "Backend.DISABLED" in text and fn != "with_phase":
-                phase = "decode" if "DECODE" in text else "prefill" if "PREFILL" in text else "a phase's"
-                out.append(("config", f"{phase} CUDA graph off"))
-            elif fn == "with_phase" and "Backend.DISABLED" in text:
+            if "Backend.DISABLED" in text:  # with_phase(cfg, Phase.X, backend=Backend.DISABLED), _set(...), ...
                 phase = "decode" if "DECODE" in text else "prefill" if "PREFILL" in text else "a phase's"
                 out.append(("config", f"{phase} CUDA graph off"))
     for name, value in pairs:

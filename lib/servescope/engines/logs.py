@@ -220,13 +220,11 @@ def example_line(template: str) -> str:
 def vllm_config_from_log(text: str) -> dict | None:
     """vLLM's resolved settings from its startup log, for a server without /server_info (no VLLM_SERVER_DEV_MODE):
     the 'non-default args' line and the engine 'config:' line, in the shape of /server_info's vllm_config."""
-    import ast as _ast
-
     out: dict = {}
     m = re.search(r"non-default args: (\{.*\})", text)
     if m:
         try:
-            out["non_default_args"] = _ast.literal_eval(m.group(1))
+            out["non_default_args"] = ast.literal_eval(m.group(1))
         except (ValueError, SyntaxError):
             out["non_default_args"] = m.group(1)
     line = next((ln for ln in text.splitlines() if "LLM engine (v" in ln and "with config:" in ln), "")

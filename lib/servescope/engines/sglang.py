@@ -30,6 +30,10 @@ _OLD_MOE_FLAGS = {"flashinfer_cutlass": "--enable-flashinfer-cutlass-moe",
                   "flashinfer_mxfp4": "--enable-flashinfer-mxfp4-moe",
                   "triton_kernel": "--enable-triton-kernel-moe"}
 
+# (decode, prefill) backends of each graph intent on 0.5.2x (--cuda-graph-backend-decode/prefill)
+_PHASE_BACKENDS = {"off": ("disabled", "disabled"), "decode_only": ("full", "disabled"), "full": ("full", "full"),
+                   "piecewise": ("full", "breakable")}
+
 METRICS = {
     "sglang:num_running_reqs": "requests in the running batch",
     "sglang:num_queue_reqs": "requests waiting",
@@ -86,29 +90,20 @@ class SglangAdapter(EngineAdapter):
         pcg_default = f.has("--disable-piecewise-cuda-graph")
         can = ["off", "decode_only"] + (["full", "piecewise"] if per_phase else
                                         ["piecewise"] if (pcg_opt_in or pcg_default) else [])
-        if mode == "off":
-            if per_phase:
-                f.add("--cuda-graph-backend-decode", "disabled")
-                f.add("--cuda-graph-backend-prefill", "disabled")
-            else:
-                f.add("--disable-cuda-graph")
+        if per_phase:  # 0.5.2x says each phase's backend outright
+            decode, prefill = _PHASE_BACKENDS[mode]
+            f.add("--cuda-graph-backend-decode", decode)
+            f.add("--cuda-graph-backend-prefill", prefill)
+        elif mode == "off":
+            f.add("--disable-cuda-graph")
         elif mode == "decode_only":
-            if per_phase:
-                f.add("--cuda-graph-backend-decode", "full")
-                f.add("--cuda-graph-backend-prefill", "disabled")
-            elif pcg_default:
+            if pcg_default:
                 f.add("--disable-piecewise-cuda-graph")
             # else: decode graphs are this version's default and prefill runs eager
         elif mode == "full":
-            if not per_phase:
-                raise KnobError(f"{f.v} cannot capture prefill as one full graph (it can: {', '.join(can)})")
-            f.add("--cuda-graph-backend-decode", "full")
-            f.add("--cuda-graph-backend-prefill", "full")
+            raise KnobError(f"{f.v} cannot capture prefill as one full graph (it can: {', '.join(can)})")
         elif mode == "piecewise":
-            if per_phase:
-                f.add("--cuda-graph-backend-decode", "full")
-                f.add("--cuda-graph-backend-prefill", "breakable")
-            elif pcg_opt_in:
+            if pcg_opt_in:
                 f.add("--enable-piecewise-cuda-graph")
             elif not pcg_default:
                 raise KnobError(f"{f.v} has no piecewise CUDA graphs: prefill always runs eager (it can: "

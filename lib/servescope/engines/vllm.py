@@ -19,6 +19,10 @@ EMBEDDED_VERSION = "0.32.0"
 # graphs and mixed/prefill batches as piecewise graphs (FULL_AND_PIECEWISE), like SGLang's decode full + prefill
 # breakable; vLLM's own PIECEWISE (every batch piecewise) is reachable through extra_args.
 _GRAPH_MODE = {"off": "NONE", "decode_only": "FULL_DECODE_ONLY", "full": "FULL", "piecewise": "FULL_AND_PIECEWISE"}
+# CompilationMode and CUDAGraphMode values as /server_info reports them (config/compilation.py); a mixed graph mode
+# is a [decode, mixed] pair
+COMPILE_MODES = {0: "NONE", 1: "STOCK_TORCH_COMPILE", 2: "DYNAMO_TRACE_ONCE", 3: "VLLM_COMPILE"}
+GRAPH_MODES = {0: "NONE", 1: "PIECEWISE", 2: "FULL", (2, 0): "FULL_DECODE_ONLY", (2, 1): "FULL_AND_PIECEWISE"}
 
 @register
 class VllmAdapter(EngineAdapter):

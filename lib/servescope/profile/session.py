@@ -81,10 +81,9 @@ def torch_profile(prep: Prepared, knobs: Knobs, load: LoadSpec, out_dir: str | P
         files = _wait_for_traces(traces)
     kernels, runtime = [], []
     for f in files:
-        ev = torch_trace.read_events(f)
-        k = torch_trace.kernels_from_events(ev)
+        k, r = _torch_tables(f)
         kernels.append(k.assign(trace=f.name))
-        runtime.append(torch_trace.runtime_from_events(ev).assign(trace=f.name))
+        runtime.append(r.assign(trace=f.name))
     return Profile(kernels=pd.concat(kernels, ignore_index=True), runtime=pd.concat(runtime, ignore_index=True),
                    files=files, load_summary=result.summary(), source="torch")
 
@@ -128,9 +127,18 @@ def nsys_profile(prep: Prepared, knobs: Knobs, load: LoadSpec, out_dir: str | Pa
     if origin is None:
         notes.append("the report has no session start time: load phases are not placed on the timeline")
     phases = ak.phase_windows(marks, origin) if origin is not None else pd.DataFrame()
-    return Profile(kernels=nsys_mod.read_kernels(sqlite), runtime=nsys_mod.read_runtime(sqlite),
-                   nvtx=nsys_mod.read_nvtx(sqlite), stats=stats, files=[report, sqlite],
-                   load_summary=result.summary(), source="nsys", notes=notes, phases=phases)
+    return Profile(**_nsys_tables(sqlite), stats=stats, files=[report, sqlite], load_summary=result.summary(),
+                   source="nsys", notes=notes, phases=phases)
+
+
+def _nsys_tables(sqlite: Path) -> dict[str, pd.DataFrame]:
+    return {"kernels": nsys_mod.read_kernels(sqlite), "runtime": nsys_mod.read_runtime(sqlite),
+            "nvtx": nsys_mod.read_nvtx(sqlite)}
+
+
+def _torch_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    ev = torch_trace.read_events(path)  # streamed once, both tables from it
+    return torch_trace.kernels_from_events(ev), torch_trace.runtime_from_events(ev)
 
 
 def open_trace(path: str | Path) -> Profile:
@@ -141,17 +149,15 @@ def open_trace(path: str | Path) -> Profile:
         raise ProfilingUnavailable(f"no trace file at {path}")
     name = path.name
     if name.endswith((".json", ".json.gz")):
-        ev = torch_trace.read_events(path)
-        return Profile(kernels=torch_trace.kernels_from_events(ev), runtime=torch_trace.runtime_from_events(ev),
-                       files=[path], source="torch")
+        kernels, runtime = _torch_tables(path)
+        return Profile(kernels=kernels, runtime=runtime, files=[path], source="torch")
     if name.endswith(".nsys-rep"):
         path = nsys_mod.export_sqlite(nsys_mod.locate_nsys(), path)
     elif not name.endswith(".sqlite"):
         raise ProfilingUnavailable(f"{name}: not a trace servescope reads (.sqlite, .nsys-rep, .json, .json.gz)")
     prefix = path.with_suffix("")
     stats = {r: v for r, v in nsys_mod.read_stats(Path(f"{prefix}_stats")).items() if not v.empty}
-    return Profile(kernels=nsys_mod.read_kernels(path), runtime=nsys_mod.read_runtime(path),
-                   nvtx=nsys_mod.read_nvtx(path), stats=stats, files=[path], source="nsys")
+    return Profile(**_nsys_tables(path), stats=stats, files=[path], source="nsys")
 
 
 def summary(p: Profile) -> dict[str, Any]:

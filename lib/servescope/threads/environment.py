@@ -16,6 +16,7 @@ from ..engines.base import EngineInstall
 from ..engines.flagscan import FlagSet, help_flags
 from ..errors import ServescopeError
 from ..findings import Finding
+from ..launch import find_install
 from ..spec import EngineSpec, parse
 
 THREAD = "00_environment"
@@ -58,18 +59,7 @@ def gpus() -> tuple[pd.DataFrame, str]:
 
 
 def _install(engine: EngineSpec) -> EngineInstall | None:
-    ad = get_engine(engine.name)
-    if not ad.launches:
-        return None
-    python = engine.python
-    if not python:
-        env = ad.managed_env(engine.version)
-        if env is None:
-            raise ServescopeError(f"engine {engine.name!r} has no managed environment; set engine.python")
-        if not env.is_ready():  # describing the environment never installs an engine
-            raise ServescopeError(f"the {env.key} environment is not created yet (make engine, or any run creates it)")
-        python = str(env.python())
-    return ad.probe(python)
+    return find_install(engine, create=False)  # describing the environment never installs an engine
 
 
 def engine_info(engine: dict[str, Any] | EngineSpec) -> pd.DataFrame:

@@ -7,6 +7,7 @@ configuration is named as the reason."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,15 +19,16 @@ from ..engines import get_engine
 from ..engines.audit import graph_disable_audit
 from ..engines.base import EngineInstall
 from ..engines.logs import analyze_log, patterns_for
+from ..engines.vllm import GRAPH_MODES
+from ..errors import ServescopeError
 from ..experiment import Config, Results, measure
 from ..findings import Finding
+from ..launch import find_install
 from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec, parse
 from ..store import Store
 
 THREAD = "01_cuda_graph_disable_reason"
 CONFIG = "requested"
-# vLLM CUDAGraphMode values as /server_info reports them (vllm/config/compilation.py)
-_VLLM_GRAPH = {0: "NONE", 1: "PIECEWISE", 2: "FULL", (2, 0): "FULL_DECODE_ONLY", (2, 1): "FULL_AND_PIECEWISE"}
 _VLLM_INTENT = {"NONE": "off", "PIECEWISE": "piecewise (every batch)", "FULL": "full",
                 "FULL_DECODE_ONLY": "decode_only", "FULL_AND_PIECEWISE": "piecewise"}
 
@@ -62,8 +64,6 @@ def _full_resolved(res: Results) -> dict[str, Any] | None:
     p = Path(res.points["path"].iloc[0]) / "resolved_config.json"
     if not p.is_file():
         return None
-    import json
-
     return json.loads(p.read_text())
 
 
@@ -75,7 +75,7 @@ def graph_state(engine: str, resolved: dict[str, Any] | None) -> GraphState:
     if isinstance(vc, dict):
         cc, mc = vc.get("compilation_config") or {}, vc.get("model_config") or {}
         raw = cc.get("cudagraph_mode")
-        name = _VLLM_GRAPH.get(tuple(raw) if isinstance(raw, list) else raw, str(raw)) if raw is not None else None
+        name = GRAPH_MODES.get(tuple(raw) if isinstance(raw, list) else raw, str(raw)) if raw is not None else None
         facts = {"device": (vc.get("device_config") or {}).get("device"), "enforce_eager": mc.get("enforce_eager"),
                  "compilation_mode": cc.get("mode"), "cudagraph_capture_sizes": cc.get("cudagraph_capture_sizes"),
                  "TORCH_COMPILE_DISABLE": (resolved.get("vllm_env") or {}).get("TORCH_COMPILE_DISABLE")}
@@ -220,15 +220,11 @@ def audit_for(engine: dict[str, Any] | EngineSpec, install: EngineInstall | None
     if not ad.launches:
         return pd.DataFrame()
     if install is None:
-        from ..engines.envs import ensure_engine_env
-
-        python = engine.python
-        if not python:
-            env = ad.managed_env(engine.version)
-            if env is None or not env.is_ready():
-                return pd.DataFrame()
-            python = str(ensure_engine_env(env, lambda _: None))
-        install = ad.probe(python)
+        try:
+            install = find_install(engine, create=False)
+        except ServescopeError:  # not installed here (yet): nothing to read
+            return pd.DataFrame()
+        assert install is not None
     return graph_disable_audit(ad.source_tree(install))
 
 

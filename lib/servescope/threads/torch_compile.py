@@ -9,6 +9,7 @@ import pandas as pd
 
 from .. import plots
 from ..analysis.ab import higher_is_better, paired_effects, verdict
+from ..engines.vllm import COMPILE_MODES, GRAPH_MODES
 from ..experiment import Config, Results, measure
 from ..findings import Effect, Finding
 from ..plots import Figure
@@ -23,9 +24,7 @@ CONFIGS = (
 )
 METRICS = ("output_tok_s", "ttft_ms_p50", "tpot_ms_p50")
 
-# vLLM CompilationMode and CUDAGraphMode values as they appear in /server_info (vllm/config/compilation.py).
-VLLM_COMPILE_MODES = {0: "NONE", 1: "STOCK_TORCH_COMPILE", 2: "DYNAMO_TRACE_ONCE", 3: "VLLM_COMPILE"}
-VLLM_GRAPH_MODES = {0: "NONE", 1: "PIECEWISE", 2: "FULL", (2, 0): "FULL_DECODE_ONLY", (2, 1): "FULL_AND_PIECEWISE"}
+VLLM_COMPILE_MODES, VLLM_GRAPH_MODES = COMPILE_MODES, GRAPH_MODES
 
 
 def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
