@@ -18,9 +18,21 @@ import time
 from aiohttp import web
 
 
-def build_app(a: argparse.Namespace) -> web.Application:
+def build_app(a: argparse.Namespace, worker: subprocess.Popen | None = None) -> web.Application:
     t0 = time.monotonic()
     counter = {"n": 0}
+
+    def maybe_kill_worker() -> None:
+        """Like an engine whose worker process runs the model: at request N the worker dies from SIGILL (it signals
+        itself; faulthandler, enabled by the launcher's environment, prints the fatal error), and the front end
+        exits with code 0, as vLLM's API server does. The stub itself prints nothing about it."""
+        if worker is None or counter["n"] != a.child_sigill_at:
+            return
+        assert worker.stdin is not None
+        worker.stdin.write(b"die\n")
+        worker.stdin.flush()
+        worker.wait(timeout=10)
+        os._exit(0)
 
     def ready() -> bool:
         return a.mode != "never" and time.monotonic() - t0 >= a.ready_after
@@ -38,6 +50,7 @@ def build_app(a: argparse.Namespace) -> web.Application:
             return web.Response(status=503)
         body = await req.json()
         counter["n"] += 1
+        maybe_kill_worker()
         if a.fail_every and counter["n"] % a.fail_every == 0:
             return web.json_response({"error": {"message": "stub failure"}}, status=500)
         n = int(body.get("max_tokens") or 16)
@@ -126,6 +139,8 @@ def main() -> None:
     p.add_argument("--itl-ms", type=float, default=0.0)
     p.add_argument("--chunk-tokens", type=int, default=1, help="/generate: tokens per streamed chunk after the first")
     p.add_argument("--pid-file", default="")
+    p.add_argument("--child-sigill-at", type=int, default=0,
+                   help="run a worker child that dies from SIGILL at the Nth completion request (1 = the readiness check)")
     a = p.parse_args()
     if a.mode == "exit":
         print("stub: fatal configuration error, exiting", file=sys.stderr, flush=True)
@@ -135,11 +150,16 @@ def main() -> None:
     kids = [subprocess.Popen([sys.executable, "-c", "import signal,time; "
                               + ("signal.signal(signal.SIGTERM, signal.SIG_IGN); " if a.ignore_term else "")
                               + "time.sleep(3600)"]) for _ in range(a.children)]
+    worker = None
+    if a.child_sigill_at:
+        worker = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; sys.stdin.readline(); "
+                                   "os.kill(os.getpid(), signal.SIGILL)"], stdin=subprocess.PIPE)
+        kids.append(worker)
     if a.pid_file:
         with open(a.pid_file, "w") as fh:
             fh.write(" ".join(str(x) for x in [os.getpid(), *[k.pid for k in kids]]))
     print(f"stub: serving on {a.host}:{a.port}", flush=True)
-    web.run_app(build_app(a), host=a.host, port=a.port, print=None, handle_signals=not a.ignore_term)
+    web.run_app(build_app(a, worker), host=a.host, port=a.port, print=None, handle_signals=not a.ignore_term)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def test_report_end_to_end_on_vllm(tmp_path):
                            {"id": "05_torch_compile", "parameters": {"repetitions": 1}}]}
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump(suite))
-    out = run_suite(path, reports_dir=tmp_path / "reports", store_dir=tmp_path / "store")
+    out = run_suite(path, reports_dir=tmp_path / "reports", store_dir=tmp_path / "store").out_dir
     index = (out / "index.html").read_text()
     assert index.count('class="ok">ok') == 3, index
     (why,) = json.loads((out / "01_cuda_graph_disable_reason.findings.json").read_text())

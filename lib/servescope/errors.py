@@ -24,15 +24,28 @@ class EngineEnvError(ServescopeError):
 
 
 class ServerError(ServescopeError):
-    """A server failed to start, died, or could not be torn down cleanly."""
+    """A server failed to start, died, or could not be torn down cleanly; deaths names any process of its tree that
+    died from a signal (servescope.deaths.ProcessDeath), first one first."""
 
-    def __init__(self, message: str, log_tail: str = "") -> None:
-        super().__init__(message + (f"\n--- server log tail ---\n{log_tail}" if log_tail else ""))
+    def __init__(self, message: str, log_tail: str = "", deaths: list | None = None) -> None:
+        self.deaths = list(deaths or [])
+        head = f"{message}: {self.deaths[0].headline()}" if self.deaths else message
+        body = "".join(f"\n{d.text()}" for d in self.deaths[:3])
+        super().__init__(head + body + (f"\n--- server log tail ---\n{log_tail}" if log_tail else ""))
         self.log_tail = log_tail
+
+    @property
+    def signal(self) -> str:
+        """Name of the first fatal signal ('SIGILL'), or ''."""
+        return self.deaths[0].signal if self.deaths else ""
 
 
 class ServerExitedError(ServerError):
     """The server process exited before it became ready."""
+
+
+class ServerDiedError(ServerError):
+    """A process of the server's tree died (or the server exited) after it was ready: what it served is suspect."""
 
 
 class ServerStartTimeout(ServerError):

@@ -14,6 +14,7 @@ import pandas as pd
 
 from .engines import get_engine
 from .errors import NotMeasuredError, ServescopeError
+from .findings import Finding, Outcome
 from .launch import Prepared, prepare, serve
 from .load import load_tokenizer, run_sweep
 from .load.metrics import rejudge
@@ -44,6 +45,16 @@ class Results:
     resolved: dict[str, dict[str, Any]] = field(default_factory=dict)
     telemetry: dict[str, pd.DataFrame] = field(default_factory=dict)  # table name -> rows of every point
     telemetry_status: pd.DataFrame = field(default_factory=pd.DataFrame)
+    planned: int = 0  # points asked for: configurations x repetitions
+
+    def outcome(self, thread: str, findings: list[Finding]) -> Outcome:
+        """Points planned, measured and failed, the first error (and signal), and how many findings answer."""
+        first = self.errors.iloc[0] if len(self.errors) else None
+        return Outcome(thread=thread, points_planned=self.planned, points_measured=len(self.points),
+                       points_failed=len(self.errors),
+                       first_error="" if first is None else f"{first['config']} rep {first['rep']}: {first['summary']}",
+                       first_signal="" if first is None else str(first.get("signal") or ""),
+                       findings_total=len(findings), findings_applying=sum(f.applies for f in findings))
 
     def client_health(self) -> pd.DataFrame:
         """Per configuration, repetition and point: how busy the load client was, whether it limited the
@@ -128,9 +139,10 @@ def measure(
                     _run_point(store, key, parts, prep, cfg, load, progress, tag, say, telemetry)
                 pt = store.get(key)
             except Exception as e:  # a failed point must not lose the others
-                say(f"{tag}: FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-                errors.append({"config": cfg.name, "rep": rep, "key": key, "error_type": type(e).__name__,
-                               "error": str(e)[-3000:], "traceback": traceback.format_exc()[-4000:]})
+                errors.append(error_row(cfg.name, rep, key, e))
+                say(f"{tag}: FAILED: {errors[-1]['summary']}")
+                if errors[-1]["death"]:
+                    say("  " + errors[-1]["death"].replace("\n", "\n  "))
                 continue
             ids = {"config": cfg.name, "rep": rep}
             summaries.append(rejudge(pt.table("summary")).assign(**ids))
@@ -151,8 +163,24 @@ def measure(
                                               for k, v in m["telemetry"].items()}})
     cat = lambda xs: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame()  # noqa: E731
     return Results(summary=cat(summaries), requests=cat(requests), startup=pd.DataFrame(startups),
-                   points=pd.DataFrame(points), errors=pd.DataFrame(errors), resolved=resolved,
-                   telemetry={k: cat(v) for k, v in tele.items()}, telemetry_status=pd.DataFrame(tele_status))
+                   points=pd.DataFrame(points), errors=pd.DataFrame(errors, columns=list(ERROR_COLUMNS)),
+                   resolved=resolved, telemetry={k: cat(v) for k, v in tele.items()},
+                   telemetry_status=pd.DataFrame(tele_status), planned=repetitions * len(configs))
+
+
+ERROR_COLUMNS = ("config", "rep", "key", "error_type", "summary", "signal", "death", "error", "traceback")
+
+
+def error_row(config: str, rep: int, key: str, e: BaseException) -> dict[str, Any]:
+    """One failed point: its first line, the signal a server process died from (if any) with its evidence, the
+    end of the error (where servers put their log tail) and the traceback."""
+    text = str(e)
+    deaths = getattr(e, "deaths", None) or []
+    first_line = text.splitlines()[0] if text else ""
+    return {"config": config, "rep": rep, "key": key, "error_type": type(e).__name__,
+            "summary": f"{type(e).__name__}: {first_line}"[:400], "signal": deaths[0].signal if deaths else "",
+            "death": deaths[0].text() if deaths else "", "error": text[-3000:],
+            "traceback": traceback.format_exc()[-4000:]}
 
 
 def _telemetry_for(spec: TelemetrySpec, target: Any) -> Telemetry | None:

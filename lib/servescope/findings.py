@@ -65,3 +65,59 @@ def write_findings(findings: list[Finding], path: str | Path) -> Path:
 def read_findings(path: str | Path) -> list[Finding]:
     """Read a findings JSON written by write_findings."""
     return [Finding.model_validate(x) for x in json.loads(Path(path).read_text())]
+
+
+Status = Literal["ok", "partial", "no result", "failed"]
+
+
+class Outcome(BaseModel):
+    """What a notebook measured, written beside its findings; the index's status is computed from it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    thread: str
+    points_planned: int = Field(0, ge=0, description="server launches the notebook asked for (configs x repetitions)")
+    points_measured: int = Field(0, ge=0)
+    points_failed: int = Field(0, ge=0)
+    first_error: str = ""
+    first_signal: str = ""  # 'SIGILL' when the first failure was a process dying from a signal
+    findings_total: int = 0
+    findings_applying: int = 0  # findings that state an answer (applies=True)
+
+    def status(self) -> Status:
+        """failed: planned points and none measured; no result: no finding states an answer; partial: an answer,
+        but some points failed; ok otherwise."""
+        if self.points_planned and not self.points_measured:
+            return "failed"
+        if not self.findings_applying:
+            return "no result"
+        if self.points_failed:
+            return "partial"
+        return "ok"
+
+    def summary(self) -> str:
+        """'4 of 6 points measured, 2 failed' (or '' for a notebook that launches nothing)."""
+        if not self.points_planned:
+            return ""
+        s = f"{self.points_measured} of {self.points_planned} points measured"
+        return s + (f", {self.points_failed} failed" if self.points_failed else "")
+
+
+def outcome_path(findings_path: str | Path) -> Path:
+    """Where a notebook's outcome sits: beside its findings (X.findings.json -> X.outcome.json)."""
+    p = Path(findings_path)
+    stem = p.name[: -len(".findings.json")] if p.name.endswith(".findings.json") else p.stem
+    return p.with_name(f"{stem}.outcome.json")
+
+
+def write_outcome(outcome: Outcome, findings_path: str | Path) -> Path:
+    """Write the outcome JSON beside the findings (atomically)."""
+    p = outcome_path(findings_path)
+    atomic_write_text(p, outcome.model_dump_json(indent=2) + "\n")
+    return p
+
+
+def read_outcome(findings_path: str | Path) -> Outcome | None:
+    """The outcome written beside findings_path, or None if the notebook wrote none."""
+    p = outcome_path(findings_path)
+    return Outcome.model_validate_json(p.read_text()) if p.is_file() else None

@@ -133,8 +133,17 @@ def serve(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None 
         resolved = redact_mapping(resolved) if resolved is not None else None
         if resolved is not None:
             atomic_write_json(Path(log_dir) / "resolved_config.json", resolved)
-        yield Target(base_url=server.base_url, model=prep.served_name, engine=engine.name, install=prep.install,
-                     knobs=knobs, flags=plan.flags, command=(Path(log_dir) / "command.txt").read_text().strip(),
-                     resolved_config=resolved, startup=server.timings.as_dict(), log_dir=Path(log_dir),
-                     api_key=api_key, pid=server.proc.pid if server.proc else None,
-                     metrics_url=server.base_url + "/metrics")
+        target = Target(base_url=server.base_url, model=prep.served_name, engine=engine.name, install=prep.install,
+                        knobs=knobs, flags=plan.flags, command=(Path(log_dir) / "command.txt").read_text().strip(),
+                        resolved_config=resolved, startup=server.timings.as_dict(), log_dir=Path(log_dir),
+                        api_key=api_key, pid=server.proc.pid if server.proc else None,
+                        metrics_url=server.base_url + "/metrics")
+        try:
+            yield target
+        except Exception as e:
+            # what failed in the block (load, profiling) may be the symptom of a dead server: name the cause
+            if server.deaths(since_ready=True) or (server.proc is not None and server.proc.poll() is not None):
+                server.check_alive()
+            raise e
+        # a server that lost a process while it served has measured something else than what was asked
+        server.check_alive()

@@ -8,12 +8,17 @@ import pandas as pd
 from IPython.display import Markdown
 
 from .experiment import Results
-from .findings import Finding, write_findings
+from .findings import Finding, Outcome, write_findings, write_outcome
 
 
-def show_findings(findings: list[Finding], path: str | Path) -> Markdown:
-    """Write the findings JSON and render them as Markdown."""
+def show_findings(findings: list[Finding], path: str | Path, res: Results | None = None, thread: str = "") -> Markdown:
+    """Write the findings JSON and, beside it, the notebook's outcome (what it measured, for the index); render the
+    findings as Markdown."""
     p = write_findings(findings, path)
+    thread = thread or (findings[0].thread if findings else Path(path).name.split(".")[0])
+    outcome = res.outcome(thread, findings) if res is not None else Outcome(
+        thread=thread, findings_total=len(findings), findings_applying=sum(f.applies for f in findings))
+    write_outcome(outcome, path)
     lines = []
     for f in findings:
         lines.append(f"### {f.title}\n")
@@ -29,11 +34,26 @@ def show_findings(findings: list[Finding], path: str | Path) -> Markdown:
     return Markdown("\n".join(lines))
 
 
+def show_measured(res: Results) -> Markdown:
+    """One line on what was measured, and for failures the first error with the signal that ended a process."""
+    o = res.outcome("", [])
+    if not o.points_failed:
+        return Markdown(f"Measured all {o.points_planned} points." if o.points_planned else "Nothing to measure.")
+    word = "**Failed: no point was measured.**" if not o.points_measured else f"**Partly measured: {o.summary()}.**"
+    lines = [word, f"First error: {o.first_error}"]
+    first = res.errors.iloc[0]
+    if first["death"]:
+        lines.append("\n```\n" + str(first["death"]) + "\n```")
+    lines.append("Failed points keep their server logs under the store's `_failed/` folder (table at the end).")
+    return Markdown("\n\n".join(lines))
+
+
 def show_errors(res: Results) -> Markdown | pd.DataFrame:
-    """Failed points with their error, or a line saying there were none."""
+    """Failed points: the error's first line and the signal that ended a server process, if any."""
     if res.errors.empty:
         return Markdown("Every point completed.")
-    return res.errors[["config", "rep", "key", "error_type", "error"]]
+    cols = ["config", "rep", "summary", "signal", "death", "key"]
+    return res.errors[[c for c in cols if res.errors[c].astype(bool).any() or c in ("config", "rep", "summary")]]
 
 
 def show_client_health(res: Results) -> Markdown:

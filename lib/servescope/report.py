@@ -18,10 +18,13 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from nbconvert import HTMLExporter
 
 from .errors import SpecError
-from .findings import Finding, read_findings
+from .findings import Finding, Outcome, read_findings, read_outcome
 from .paths import default_reports_dir, default_store_dir
 from .suite import QUESTIONS, Suite, load_suite, notebook_file
 from .util import atomic_write_text
+
+# Statuses that mean the notebook gave no answer: the run exits non-zero when any notebook ends in one.
+FAILING = ("failed", "no result")
 
 
 @dataclass
@@ -29,12 +32,49 @@ class NotebookRun:
     """Outcome of one notebook in a suite run."""
 
     id: str
-    status: str  # ok | failed | skipped
+    status: str = "ok"  # ok | partial | no result | failed (see notebook_status)
     duration_s: float = 0.0
     html: str = ""
-    error: str = ""
+    error: str = ""  # the notebook's own exception, if it raised
     findings: list[Finding] = field(default_factory=list)
     question: str = ""
+    outcome: Outcome | None = None
+
+    @property
+    def css(self) -> str:
+        """CSS class of the status: green ok, amber partial / no result, red failed."""
+        return {"ok": "ok", "partial": "warn", "no result": "warn"}.get(self.status, "failed")
+
+    @property
+    def first_error(self) -> str:
+        """The first failed point's error (with its signal), else the notebook's own error's first line."""
+        if self.outcome is not None and self.outcome.first_error:
+            sig = f" [{self.outcome.first_signal}]" if self.outcome.first_signal else ""
+            return self.outcome.first_error + sig
+        return self.error.splitlines()[0] if self.error else ""
+
+
+def notebook_status(raised: bool, outcome: Outcome | None, findings: list[Finding]) -> str:
+    """failed if the notebook raised or measured none of its points; no result if no finding states an answer;
+    partial if it answered although some points failed; ok otherwise."""
+    if raised:
+        return "failed"
+    if outcome is not None:
+        return outcome.status()
+    return "ok" if any(f.applies for f in findings) else "no result"
+
+
+@dataclass
+class SuiteRun:
+    """A finished suite run: where its report is, and each notebook's outcome."""
+
+    out_dir: Path
+    runs: list[NotebookRun]
+
+    @property
+    def failing(self) -> list[NotebookRun]:
+        """Notebooks that failed or gave no result."""
+        return [r for r in self.runs if r.status in FAILING]
 
 
 def plan_parameters(suite: Suite, path: Path, nb_id: str, overrides: dict[str, Any], out_dir: Path,
@@ -99,8 +139,9 @@ def run_suite(
     suite_path: str | Path, only: Sequence[str] = (), offline: bool = False, hide_code: bool = False,
     reports_dir: str | Path | None = None, store_dir: str | Path | None = None, run_id: str | None = None,
     kernel_name: str | None = None, progress: bool = True,
-) -> Path:
-    """Execute the suite's notebooks into reports/<run-id>/, render HTML, write index.html, point reports/latest at it."""
+) -> SuiteRun:
+    """Execute the suite's notebooks into reports/<run-id>/, render HTML, write index.html, point reports/latest at it.
+    Every notebook runs even when one fails; the returned SuiteRun says which did not give an answer."""
     suite = load_suite(suite_path)
     entries = [n for n in suite.notebooks if not only or any(n.id.startswith(o) for o in only)]
     if not entries:
@@ -119,14 +160,15 @@ def run_suite(
     for i, entry in enumerate(entries, 1):
         print(f"[{i}/{len(entries)}] {entry.id}: running", flush=True)
         t0 = time.monotonic()
-        run = NotebookRun(id=entry.id, status="ok", question=QUESTIONS.get(entry.id, ""))
+        run = NotebookRun(id=entry.id, question=QUESTIONS.get(entry.id, ""))
         executed = out_dir / f"{entry.id}.ipynb"
+        raised = False
         try:
             pm.execute_notebook(str(files[entry.id]), str(executed), parameters=plans[entry.id],
                                 cwd=str(files[entry.id].parent), kernel_name=kernel_name,
                                 progress_bar=progress, log_output=True, report_mode=hide_code)
         except Exception as e:  # a failing notebook is reported, and the others still run
-            run.status = "failed"
+            raised = True
             run.error = _error_excerpt(e)
         run.duration_s = time.monotonic() - t0
         if executed.exists():
@@ -139,13 +181,16 @@ def run_suite(
         fpath = Path(plans[entry.id].get("findings_path", out_dir / f"{entry.id}.findings.json"))
         if fpath.is_file():
             run.findings = read_findings(fpath)
+            run.outcome = read_outcome(fpath)
+        run.status = notebook_status(raised, run.outcome, run.findings)
+        measured = run.outcome.summary() if run.outcome is not None else ""
         print(f"[{i}/{len(entries)}] {entry.id}: {run.status} in {run.duration_s:.0f} s"
-              + (f" — {run.error.splitlines()[0]}" if run.error else ""), flush=True)
+              + (f"; {measured}" if measured else "") + (f" — {run.first_error}" if run.first_error else ""), flush=True)
         runs.append(run)
         _write_index(out_dir, suite, Path(suite_path), run_id, t_start, runs)
     _point_latest(reports, out_dir)
     print(f"report: {out_dir / 'index.html'}", flush=True)
-    return out_dir
+    return SuiteRun(out_dir, runs)
 
 
 def _write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_start: float,

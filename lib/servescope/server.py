@@ -20,7 +20,9 @@ from typing import Any
 
 import psutil
 
-from .errors import PortInUseError, ServerError, ServerExitedError, ServerStartTimeout
+from . import deaths as _deaths
+from .deaths import ProcessDeath, TreeWatch
+from .errors import PortInUseError, ServerDiedError, ServerError, ServerExitedError, ServerStartTimeout
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +130,8 @@ class ManagedServer:
     timings: StartupTimings = field(default_factory=StartupTimings, init=False)
     _reaper: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _files: list[Any] = field(default_factory=list, init=False, repr=False)
+    watch: TreeWatch = field(default_factory=TreeWatch, init=False, repr=False)
+    _ready_offsets: tuple[int, int] = field(default=(0, 0), init=False, repr=False)
 
     @property
     def base_url(self) -> str:
@@ -143,6 +147,34 @@ class ManagedServer:
     def stderr_path(self) -> Path:
         """Where the server's stderr goes."""
         return Path(self.log_dir) / "server.stderr.log"
+
+    def log_text(self, since: tuple[int, int] = (0, 0)) -> str:
+        """stdout then stderr of the server, each from a byte offset."""
+        parts = []
+        for p, start in zip((self.stdout_path, self.stderr_path), since, strict=True):
+            if p.exists():
+                with open(p, "rb") as fh:
+                    fh.seek(start)
+                    parts.append(fh.read().decode(errors="replace"))
+        return "\n".join(parts)
+
+    def _offsets(self) -> tuple[int, int]:
+        return tuple(p.stat().st_size if p.exists() else 0 for p in (self.stdout_path, self.stderr_path))  # type: ignore[return-value]
+
+    def deaths(self, since_ready: bool = False) -> list[ProcessDeath]:
+        """Processes of the tree that died from a signal: the root's exit status and what the logs show
+        (since the server became ready, if asked)."""
+        rc = self.proc.poll() if self.proc is not None else None
+        text = self.log_text(self._ready_offsets if since_ready else (0, 0))
+        return _deaths.explain(rc, text, self.watch)
+
+    def check_alive(self) -> None:
+        """Raise ServerDiedError if the server exited or a process of its tree died since it became ready."""
+        found = self.deaths(since_ready=True)
+        rc = self.proc.poll() if self.proc is not None else None
+        if found or rc is not None:
+            what = f"server exited with code {rc} while serving" if rc is not None else "a server process died while serving"
+            raise ServerDiedError(what, self.log_tail(), found)
 
     def log_tail(self, lines: int = 40) -> str:
         """Last lines of the server's stdout then stderr."""
@@ -167,7 +199,9 @@ class ManagedServer:
         out = open(self.stdout_path, "ab")
         err = open(self.stderr_path, "ab")
         self._files = [out, err]
-        env = {**os.environ, "NO_COLOR": "1", **self.env}  # plain logs: they are parsed and shown in reports
+        # plain logs (they are parsed and shown in reports); faulthandler so a Python process dying from a signal says so
+        env = {**os.environ, "NO_COLOR": "1", **_deaths.env_for_python_servers(), **self.env}
+        self.watch = TreeWatch(oom_kills_at_start=_deaths.oom_kill_count())
         self._t0 = time.monotonic()
         self.proc = subprocess.Popen(
             self.command,
@@ -190,6 +224,8 @@ class ManagedServer:
         except BaseException:
             self.stop(check_port=False)
             raise
+        self.watch.update(self.proc.pid)
+        self._ready_offsets = self._offsets()
         (log_dir / "startup.json").write_text(json.dumps(self.timings.as_dict(), indent=2))
         return self
 
@@ -199,8 +235,9 @@ class ManagedServer:
         if rc is not None:
             raise ServerExitedError(
                 f"server exited with code {rc} before it was ready ({time.monotonic() - self._t0:.1f} s after launch)",
-                self.log_tail(),
+                self.log_tail(), self.deaths(),
             )
+        self.watch.update(self.proc.pid)
 
     def _poll(self, step: str, attempt: Any, deadline: float) -> float:
         last = ""
@@ -210,7 +247,7 @@ class ManagedServer:
                 raise ServerStartTimeout(
                     f"server not ready after {self.startup_timeout_s:.0f} s "
                     f"(stuck at step '{step}'; last answer: {last or 'none'})",
-                    self.log_tail(),
+                    self.log_tail(), self.deaths(),
                 )
             try:
                 ok, last = attempt()

@@ -234,12 +234,14 @@ def findings(engine_name: str, knobs: Knobs, state: GraphState, why: pd.DataFram
     crashed = log[log["name"].isin(["capture_failed"])] if len(log) else log
     rules = why[why["source"] == "audit"] if len(why) else why
     if errors is not None and len(errors) and state.graphs is None:
-        err = str(errors["error"].iloc[0])
+        first = errors.iloc[0]
+        err = str(first["error"])
+        said = (f"{first['death']}" if first["death"] else
+                f"last line of its log: {[ln for ln in err.splitlines() if ln.strip()][-1][:300]}")
         return [Finding(thread=THREAD, title="The server did not start", applies=False, confidence="none",
-                        claim=f"{errors['error_type'].iloc[0]}; last line of its log: "
-                              f"{[ln for ln in err.splitlines() if ln.strip()][-1][:300]}",
+                        claim=f"{first['summary']}. {said}",
                         reason="launch failed; its log is under data/runs/_failed/",
-                        evidence={"error": err[-2000:]})]
+                        evidence={"error": err[-2000:], "signal": first["signal"]})]
     if state.graphs is None:
         return [Finding(thread=THREAD, title="Resolved graph mode unknown", applies=False,
                         claim=f"The server did not report its graph mode ({state.engine_mode or 'no resolved config'}).",

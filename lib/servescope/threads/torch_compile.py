@@ -115,10 +115,14 @@ def findings(res: Results) -> list[Finding]:
     e = effects(res)
     errors = res.errors.to_dict("records") if len(res.errors) else []
     if e.empty or e[e["metric"] == "output_tok_s"]["n_pairs"].max() == 0:
+        first = next((x for x in errors if x.get("signal")), errors[0] if errors else None)
+        cause = f" First failure: {first['config']} rep {first['rep']}: {first['summary']}" if first else ""
         return [Finding(thread=THREAD, title="torch.compile: not measured", applies=False, confidence="none",
-                        claim="No paired measurement of compiled vs eager completed, so no effect can be stated.",
-                        reason="; ".join(f"{x['config']} rep {x['rep']}: {x['error_type']}" for x in errors)
-                        or "no data", evidence={"errors": errors})]
+                        claim="No paired measurement of compiled vs eager completed, so no effect can be stated."
+                              + cause,
+                        reason="; ".join(f"{x['config']} rep {x['rep']}: {x['signal'] or x['error_type']}"
+                                         for x in errors) or "no data",
+                        evidence={"errors": [{k: v for k, v in x.items() if k != "traceback"} for x in errors]})]
     tok = e[(e["metric"] == "output_tok_s") & (e["n_pairs"] > 0)]
     peak = tok.loc[tok["concurrency"].idxmax()]
     rt = resolved_table(res)

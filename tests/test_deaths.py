@@ -1,0 +1,122 @@
+"""Naming the signal a server process died from: parser on real logs, and the lifecycle against the stub."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import stub_command
+from servescope.deaths import deaths_in_log, explain, make_death, signal_name
+from servescope.errors import ServerDiedError, ServerExitedError
+from servescope.server import ManagedServer, ReadyCheck, free_port
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _real_vllm_log() -> str:
+    d = FIXTURES / "vllm_cpu" / "worker_sigill"
+    return (d / "server.stdout.log").read_text() + "\n" + (d / "server.stderr.log").read_text()
+
+
+def test_real_vllm_worker_sigill_is_named_with_its_line_and_frame():
+    (d,) = explain(0, _real_vllm_log())  # the API server itself exited 0
+    assert d.signal == "SIGILL" and d.signum == 4 and d.process == "VllmWorker-0"
+    assert "died unexpectedly (exit code: -4)" in d.evidence
+    assert d.where == "zmq/sugar/poll.py:106 in poll"  # the crashing thread's innermost frame, not another thread's
+    assert d.headline() == "VllmWorker-0 died from SIGILL (illegal instruction)"
+    assert "instruction this CPU or VM refuses" in d.text()
+
+
+@pytest.mark.parametrize("line,signal_,who", [
+    ("(EngineCore pid=7) ERROR [utils.py:587] Process EngineCore_DP0 (PID: 123) died with exit code -9", "SIGKILL",
+     "EngineCore_DP0"),
+    ("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP0': -11}",
+     "SIGSEGV", "EngineCore_DP0"),
+    ("<SpawnProcess name='SpawnProcess-1' pid=99 parent=1 stopped exitcode=-SIGBUS>", "SIGBUS", "SpawnProcess-1"),
+    ("Fatal Python error: Aborted", "SIGABRT", ""),
+    ("Illegal instruction (core dumped)", "SIGILL", ""),
+    ("bash: line 1:  4242 Killed                  python -m server", "SIGKILL", ""),
+])
+def test_death_line_forms(line, signal_, who):
+    (d,) = deaths_in_log(f"INFO starting\n{line}\nINFO more\n")
+    assert (d.signal, d.process) == (signal_, who)
+
+
+@pytest.mark.parametrize("line", [
+    "INFO 12-01 [async_llm.py:500] Aborted request cmpl-123.",
+    "Killed 3 stale requests",
+    "Worker proc VllmWorker-0 exited (exit code: 0)",
+    "INFO: child exited with exit code 1",
+    "(EngineCore pid=7) INFO [multiproc_executor.py:479] [shutdown] Executor: waiting for worker exit count=0",
+])
+def test_ordinary_lines_are_no_deaths(line):
+    assert deaths_in_log(line) == []
+
+
+def test_root_status_and_signal_names():
+    assert signal_name(-4) == ("SIGILL", 4) and signal_name("-SIGKILL") == ("SIGKILL", 9) and signal_name(0) is None
+    (d,) = explain(-11, "")
+    assert d.signal == "SIGSEGV" and d.process == "server root process" and "-11" in d.evidence
+    assert make_death(1) is not None and make_death("x") is None
+
+
+def test_sigkill_carries_the_oom_record_or_why_it_cannot_be_read():
+    (d,) = explain(-9, "")
+    assert d.oom  # the kernel's OOM line, the cgroup counter, or the reason neither could be read here
+    assert "kernel OOM record: " in d.text()
+
+
+FAST = ReadyCheck(poll_interval_s=0.1)
+
+
+def _server(tmp_path: Path, *args: str) -> ManagedServer:
+    port = free_port()
+    return ManagedServer(command=stub_command(port, *args), port=port, log_dir=tmp_path / "srv", model="stub",
+                         startup_timeout_s=20, ready=FAST)
+
+
+def test_child_dying_from_sigill_at_the_first_request_is_named(tmp_path):
+    """The stub's worker child kills itself with SIGILL at the readiness check's request; the stub logs nothing
+    about it and exits 0. The error names the signal from the child's own faulthandler line."""
+    srv = _server(tmp_path, "--child-sigill-at", "1")
+    with pytest.raises(ServerExitedError) as ei:
+        srv.start()
+    e = ei.value
+    assert e.signal == "SIGILL"
+    assert "server exited with code 0 before it was ready" in str(e)
+    assert "died from SIGILL (illegal instruction)" in str(e).splitlines()[0]
+    assert "log: Fatal Python error: Illegal instruction" in str(e)
+    assert srv.proc is None  # torn down
+
+
+def test_child_dying_while_serving_is_a_dead_server(tmp_path):
+    import urllib.request
+
+    srv = _server(tmp_path, "--child-sigill-at", "2")
+    with srv:
+        srv.check_alive()  # fine after the readiness check's request
+        req = urllib.request.Request(f"{srv.base_url}/v1/completions", data=b'{"prompt": "x", "max_tokens": 2}',
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(OSError):
+            urllib.request.urlopen(req, timeout=10)
+        deadline = time.monotonic() + 10
+        while srv.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(ServerDiedError) as ei:
+            srv.check_alive()
+    assert ei.value.signal == "SIGILL" and "while serving" in str(ei.value)
+
+
+def test_root_killed_while_serving_names_sigkill(tmp_path):
+    srv = _server(tmp_path)
+    with srv:
+        os.kill(srv.proc.pid, signal.SIGKILL)
+        srv.proc.wait(timeout=10)
+        with pytest.raises(ServerDiedError) as ei:
+            srv.check_alive()
+    d = ei.value.deaths[0]
+    assert d.signal == "SIGKILL" and d.process == "server root process" and "out-of-memory" in d.meaning and d.oom
