@@ -10,10 +10,11 @@ ARGS ?=
 LAB_ARGS ?=
 CACHE := $(or $(SERVESCOPE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/servescope)
 
-.PHONY: help venv engine model report lint test test-fast lab clean distclean bench-client bench-agreement bench-telemetry bench-trace
+.PHONY: help venv engine model doctor report lint test test-fast lab clean distclean bench-client bench-agreement bench-telemetry bench-trace
 
 help:
 	@echo "make report     run the default suite on the embedded engine; open reports/latest/index.html"
+	@echo "make doctor     check this machine end to end (one real token eager and compiled); run it when a report fails"
 	@echo "make test       every test, including real runs of the embedded engine (what CI runs)"
 	@echo "make test-fast  the tests that need no engine"
 	@echo "make lint       ruff over lib/ and tests/ (part of make test)"
@@ -39,7 +40,12 @@ engine: venv
 model: engine
 	@$(PY) -m servescope.cli make-model >/dev/null
 
+doctor: model
+	$(PY) -m servescope.cli doctor --suite $(SUITE)
+
+# the doctor's quick part first (no launch): it stops here when a configuration is known to fail on this machine
 report: model
+	@$(PY) -m servescope.cli doctor --quick --suite $(SUITE)
 	$(PY) -m servescope.cli run $(SUITE) $(ARGS)
 	@echo "open reports/latest/index.html"
 

@@ -84,13 +84,16 @@ def test_report_end_to_end_on_vllm(tmp_path):
     assert _vllm_processes() == []
 
 
-def _vllm_processes() -> list[int]:
-    """Processes of any vLLM server still running on this machine."""
+def _vllm_processes() -> list[str]:
+    """Processes of any vLLM server still running on this machine. Zombies do not count: they run nothing and hold
+    no port, and where PID 1 reaps orphans lazily (this VM's init does) an engine's worker can linger as one."""
     out = []
-    for p in psutil.process_iter(["name", "cmdline"]):
+    for p in psutil.process_iter(["name", "cmdline", "status"]):
         cmd = " ".join(p.info["cmdline"] or [])
+        if p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
         if (p.info["name"] or "").startswith("VLLM") or "vllm.entrypoints" in cmd:
-            out.append(p.pid)
+            out.append(f"{p.pid} {p.info['name']} {p.info['status']} {cmd[:100]}")
     return out
 
 
@@ -164,3 +167,17 @@ def test_log_patterns_match_the_engines_own_message_templates(wheel_install, key
     assert len(named) >= (2 if engine == "transformers" else 5)
     missing = [p.name for p in named if not any(p.compiled().search(x) for x in lines)]
     assert missing == []
+
+
+def test_doctor_on_the_embedded_engine():
+    """`make doctor` for real: both configuration classes give a token on this CPU, and quick mode finds them cached."""
+    from servescope import doctor
+
+    checks = {c.check: c for c in doctor.run_doctor(say=lambda m: None)}
+    assert [k for k, c in checks.items() if c.status == "fail"] == [], doctor.table(list(checks.values()))
+    assert checks["token: eager"].status == "ok" and "--enforce-eager" in checks["token: eager"].detail
+    assert checks["token: compiled"].status == "ok"
+    assert "float32" in checks["model"].detail
+    quick = {c.check: c for c in doctor.run_doctor(quick=True)}
+    assert quick["token: eager"].cached and quick["token: eager"].status == "ok"
+    assert _vllm_processes() == []

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 
 from .errors import ServescopeError
 
@@ -40,6 +41,21 @@ def _cmd_run(a: argparse.Namespace) -> int:
     return 1 if bad and not a.tolerate_failures else 0
 
 
+def _cmd_doctor(a: argparse.Namespace) -> int:
+    from .doctor import run_doctor, table
+
+    t0 = time.monotonic()
+    checks = run_doctor(a.suite, quick=a.quick, say=lambda m: print(m, file=sys.stderr, flush=True))
+    print(table(checks))
+    bad = [c for c in checks if c.failed()]
+    took = f"{time.monotonic() - t0:.0f} s" + (", quick: token results from the cache" if a.quick else "")
+    if bad:
+        print(f"doctor: {len(bad)} check(s) failed ({', '.join(c.check for c in bad)}); {took}", file=sys.stderr)
+        return 1
+    print(f"doctor: everything the suite needs works here ({took})", file=sys.stderr)
+    return 0
+
+
 def _cmd_engines(a: argparse.Namespace) -> int:
     from .engines import engine_names, get_engine
 
@@ -58,8 +74,13 @@ def _cmd_engine_env(a: argparse.Namespace) -> int:
     env = get_engine(a.engine).managed_env(a.version)
     if env is None:
         raise ServescopeError(f"engine {a.engine!r} has no managed environment")
-    print(ensure_engine_env(env))
+    print(ensure_engine_env(env, _progress))
     return 0
+
+
+def _progress(msg: str) -> None:
+    """Progress lines go to stderr, so they show even when the printed result (a path) is captured."""
+    print(time.strftime("%H:%M:%S"), msg, file=sys.stderr, flush=True)
 
 
 def _cmd_make_model(a: argparse.Namespace) -> int:
@@ -73,7 +94,7 @@ def _cmd_make_model(a: argparse.Namespace) -> int:
     if not python:
         env = get_engine("vllm").managed_env(None)
         assert env is not None
-        python = str(ensure_engine_env(env))
+        python = str(ensure_engine_env(env, _progress))
     print(ensure_tiny_model(spec, python))
     return 0
 
@@ -207,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="exit 0 even when a notebook failed or measured nothing (default: exit 1)")
     r.add_argument("--quiet", action="store_true", help="do not stream the notebooks' progress lines")
     r.set_defaults(fn=_cmd_run)
+
+    d = sub.add_parser("doctor", help="check this machine end to end: environments, CPU, model, one real token per "
+                       "configuration class, NVML, nsys, disk")
+    d.add_argument("--suite", help="the suite whose engine and model to check (default data/suites/default.yaml)")
+    d.add_argument("--quick", action="store_true",
+                   help="launch nothing: token results from the cache of this engine environment, CPU and model")
+    d.set_defaults(fn=_cmd_doctor)
 
     e = sub.add_parser("engines", help="list engines and their managed environments")
     e.set_defaults(fn=_cmd_engines)

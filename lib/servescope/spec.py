@@ -42,7 +42,10 @@ class TinyModelSpec(_Spec):
     top_k: int = Field(4, ge=1)
     vocab_size: int = Field(512, ge=300, description="BPE target size; the byte alphabet alone is 256")
     max_position_embeddings: int = Field(4096, ge=256)
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    # float32 by default: vLLM CPU's bfloat16 attention and fused-MoE kernels run AMX tile instructions on CPUs that
+    # report AMX without asking Linux for the tile permission, so eager workers die from SIGILL there
+    # (lib/servescope/engines/vllm_cpu.md); in float32 no kernel of the engine touches AMX, on any x86 CPU
+    dtype: Literal["bfloat16", "float16", "float32"] = "float32"
     seed: int = 0
 
     @model_validator(mode="after")

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 import psutil
 
+from .. import hostcpu
 from ..engines import get_engine
 from ..engines.base import EngineInstall
 from ..engines.flagscan import FlagSet, help_flags
@@ -26,22 +27,12 @@ def host() -> pd.DataFrame:
     """The machine the suite runs on (one row per fact)."""
     freq = psutil.cpu_freq()
     facts = {"hostname": platform.node(), "os": f"{platform.system()} {platform.release()}",
-             "cpu": _cpu_model(), "cpu_cores_logical": psutil.cpu_count(), "cpu_cores_physical": psutil.cpu_count(False),
+             "cpu": hostcpu.cpu_model(), "cpu_isa": hostcpu.isa_text(), "amx": hostcpu.amx_note(),
+             "cpu_cores_logical": psutil.cpu_count(), "cpu_cores_physical": psutil.cpu_count(False),
              "cpu_max_mhz": round(freq.max) if freq and freq.max else None,
              "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "python": platform.python_version(),
              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "(not set)")}
     return pd.DataFrame({"fact": list(facts), "value": [str(v) for v in facts.values()]})
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def gpus() -> tuple[pd.DataFrame, str]:
