@@ -90,4 +90,4 @@ def test_store_keys_of_defaults_are_stable():
 
     parts = point_parts(EngineSpec(), ModelSpec(tiny={}), Knobs(), LoadSpec(), 0)
     assert parts["knobs"] == {} and parts["load"] == {}
-    assert Store.key(parts) == "47610d9e1f10eeb3"
+    assert Store.key(parts) == "193031dbb2a2aefd"  # float32 tiny model since issue 10

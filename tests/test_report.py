@@ -70,7 +70,7 @@ def test_index_lists_each_notebook_with_status_and_finding(offline_run):
     index = (offline_run / "index.html").read_text()
     assert 'class="failed">failed' in index and 'class="ok">ok' in index
     assert "RuntimeError: boom from the fixture" in index  # the failing notebook's error excerpt
-    assert "torch.compile helps at c=1; not resolved at c=4, 16" in index
+    assert "torch.compile helps at c=1, 4; not resolved at c=16" in index
     assert "ratio of medians over 3 paired repetitions" in index
     assert "confidence: low" in index  # the ranked effect is at peak load, where the three pairs disagree
     assert "oversubscribed" in index  # the client health caveat travels with the finding
