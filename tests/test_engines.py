@@ -180,7 +180,7 @@ def test_vllm_config_from_its_startup_log():
     from servescope.engines.logs import vllm_config_from_log
     from servescope.threads.graph_disable import graph_state
 
-    log = Path(__file__).parents[1] / "data/reference/store/60ff1453728a5d74/server.stdout.log"
+    log = Path(__file__).parents[1] / "data/reference/store/d0c336d2166d9303/server.stdout.log"
     cfg = vllm_config_from_log(log.read_text())
     st = graph_state("vllm", cfg)
     assert (st.graphs, st.engine_mode, st.compile) == ("off", "NONE", "on")

@@ -28,8 +28,11 @@ def show_findings(findings: list[Finding], path: str | Path, res: Results | None
         if f.effect is not None:
             lines.append(f"- measured effect: {f.effect.text()} ({f.effect.treatment} vs {f.effect.baseline})")
         lines.append(f"- confidence: **{f.confidence}**")
-        lines.append(f"- recommended flags: `{' '.join(f.recommended_flags)}`" if f.recommended_flags
-                     else "- recommended flags: none (keep the current configuration)")
+        if f.recommended_flags:
+            lines.append(f"- recommended flags: `{' '.join(f.recommended_flags)}`")
+        else:
+            lines.append("- recommended flags: none (keep the current configuration)" if f.applies
+                         else "- recommended flags: none (nothing measured to recommend from)")
     lines.append(f"\nFindings written to `{p}`.")
     return Markdown("\n".join(lines))
 

@@ -49,7 +49,8 @@ class NotebookRun:
     def first_error(self) -> str:
         """The first failed point's error (with its signal), else the notebook's own error's first line."""
         if self.outcome is not None and self.outcome.first_error:
-            sig = f" [{self.outcome.first_signal}]" if self.outcome.first_signal else ""
+            sig = self.outcome.first_signal
+            sig = f" [{sig}]" if sig and sig not in self.outcome.first_error else ""
             return self.outcome.first_error + sig
         return self.error.splitlines()[0] if self.error else ""
 
