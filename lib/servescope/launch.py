@@ -140,10 +140,8 @@ def serve(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None 
                         metrics_url=server.base_url + "/metrics")
         try:
             yield target
-        except Exception as e:
-            # what failed in the block (load, profiling) may be the symptom of a dead server: name the cause
-            if server.deaths(since_ready=True) or (server.proc is not None and server.proc.poll() is not None):
-                server.check_alive()
-            raise e
+        except Exception:
+            server.check_alive()  # what failed in the block may be the symptom of a dead server: name the cause
+            raise
         # a server that lost a process while it served has measured something else than what was asked
         server.check_alive()
