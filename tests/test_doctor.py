@@ -48,7 +48,8 @@ def test_quick_without_cached_tokens_warns_and_passes(tmp_path, capsys):
 
 def test_full_doctor_passes_and_caches_per_cpu(tmp_path):
     suite = _suite(tmp_path, "none")
-    assert all(c.status != "fail" for c in doctor.run_doctor(suite, say=lambda m: None))
+    checks = doctor.run_doctor(suite, say=lambda m: None)
+    assert all(c.status != "fail" for c in checks), doctor.table(checks)
     engine, model = doctor._suite_parts(suite)
     _, key, _ = doctor.check_engine(engine)
     cached = doctor._read_cache(doctor.cache_path(key, model))

@@ -155,3 +155,28 @@ def test_redact_command_hides_secrets():
     shown = redact_command(["srv", "--api-key", "sk-123", "--hf-token=abc", "--port", "1"])
     assert "sk-123" not in shown and "abc" not in shown
     assert "--port 1" in shown
+
+
+def test_free_ports_stay_out_of_the_ephemeral_range_and_are_never_handed_out_twice():
+    from servescope.server import _ephemeral_range
+
+    lo, _ = _ephemeral_range()
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50 and all(p < lo for p in ports)  # client sockets cannot take them meanwhile
+
+
+def test_launch_retries_on_a_fresh_port_when_the_first_is_taken(tmp_path, monkeypatch, stub_engine):
+    from servescope import launch
+    from servescope.launch import prepare, serve
+    from servescope.spec import EngineSpec, Knobs, ModelSpec
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    ports = iter([busy])
+    monkeypatch.setattr(launch, "free_port", lambda host: next(ports, None) or free_port(host))
+    prep = prepare(EngineSpec(**stub_engine), ModelSpec(path="stub"))
+    with serve(prep, Knobs(), tmp_path) as target:
+        assert not target.base_url.endswith(f":{busy}")
+    taken.close()

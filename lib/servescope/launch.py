@@ -13,7 +13,7 @@ from typing import Any
 from .engines import get_engine
 from .engines.base import EngineInstall
 from .engines.envs import ensure_engine_env
-from .errors import ServescopeError, SpecError
+from .errors import PortInUseError, ServescopeError, SpecError
 from .models import resolve_model
 from .server import ManagedServer, free_port
 from .spec import EngineSpec, Knobs, ModelSpec
@@ -119,13 +119,20 @@ def serve(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None 
         yield Target(base_url=engine.url.rstrip("/"), model=prep.served_name, engine=engine.name,
                      install=prep.install, knobs=knobs, api_key=api_key, metrics_url=engine.url.rstrip("/") + "/metrics")
         return
-    port = engine.port or free_port(engine.host)
-    plan = adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
-                        host=engine.host, port=port, knobs=knobs, extra_env={**engine.env, **(extra_env or {})})
-    ready = dataclasses.replace(plan.ready, api_key=api_key)
-    server = ManagedServer(command=[*(prefix or []), *plan.command], port=port, host=engine.host,
-                           log_dir=Path(log_dir), model=prep.served_name, env=plan.env,
-                           startup_timeout_s=engine.startup_timeout_s, ready=ready, term_grace_s=term_grace_s)
+    for attempt in range(3):
+        port = engine.port or free_port(engine.host)
+        plan = adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
+                            host=engine.host, port=port, knobs=knobs, extra_env={**engine.env, **(extra_env or {})})
+        ready = dataclasses.replace(plan.ready, api_key=api_key)
+        server = ManagedServer(command=[*(prefix or []), *plan.command], port=port, host=engine.host,
+                               log_dir=Path(log_dir), model=prep.served_name, env=plan.env,
+                               startup_timeout_s=engine.startup_timeout_s, ready=ready, term_grace_s=term_grace_s)
+        try:
+            server.start()
+            break
+        except PortInUseError:
+            if engine.port or attempt == 2:  # a port the user chose is theirs to free
+                raise
     with server:
         resolved = adapter.resolved_config(server.base_url)
         if resolved is None:

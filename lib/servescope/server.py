@@ -6,11 +6,13 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -62,11 +64,43 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+_handed_out: dict[int, float] = {}  # port -> when free_port gave it, so parallel launches never share one
+_port_lock = threading.Lock()
+_PORT_FLOOR = 10000
+_HOLD_S = 120.0
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free now on host."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port that is free now on host, below the kernel's ephemeral range (client sockets, such as a load
+    generator's or another launch's readiness polls, take ephemeral ports and could take it before the server
+    binds), and not handed out by this process in the last two minutes."""
+    lo, _ = _ephemeral_range()
+    rng = random.Random()
+    with _port_lock:
+        now = time.monotonic()
+        for port, t in list(_handed_out.items()):
+            if now - t > _HOLD_S:
+                del _handed_out[port]
+        candidates = [rng.randrange(_PORT_FLOOR, lo) for _ in range(200)] if lo > _PORT_FLOOR + 1000 else []
+        for port in candidates:
+            if port not in _handed_out and port_is_free(host, port):
+                _handed_out[port] = now
+                return port
+        while True:  # no room below the ephemeral range: let the kernel choose
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
+                port = int(s.getsockname()[1])
+            if port not in _handed_out:
+                _handed_out[port] = now
+                return port
 
 
 @dataclass(frozen=True)
@@ -334,7 +368,7 @@ class ManagedServer:
                 p.send_signal(sig)
 
     def __enter__(self) -> ManagedServer:
-        return self.start()
+        return self if self.proc is not None else self.start()  # a server started already is entered as it is
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
