@@ -3,15 +3,20 @@ papermill runs in a separate kernel, which import this module to register it).""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 from servescope.engines import register
-from servescope.engines.base import EngineAdapter, EngineInstall, LaunchPlan
+from servescope.engines.base import EngineAdapter, EngineInstall, LaunchPlan, get_json
+from servescope.engines.state import GRAPH_PHASES, ResolvedState
 from servescope.server import ReadyCheck
 from servescope.spec import Knobs
 
 STUB = Path(__file__).with_name("stub_server.py")
+# the stub's inter-token gap factor per graph mode (a known answer for thread 2: piecewise is best); an unset mode
+# (engine default) keeps the 1 ms gap, so thread 5's recommendation reads --itl-ms 1
+GRAPH_SPEED = {"off": 8.0, "decode_only": 6.0, "full": 4.0, "piecewise": 2.0}
 
 
 def stub_command(port: int, *args: str) -> list[str]:
@@ -23,7 +28,11 @@ def stub_command(port: int, *args: str) -> list[str]:
 class StubAdapter(EngineAdapter):
     """Launches the stub server; torch_compile=False makes it slower per token, so A/B tests see an effect.
     engine.env STUB_DIES=eager makes every eager launch's worker child die from SIGILL at the first request (the
-    shape of vLLM CPU's eager bf16 crash on AMX machines); STUB_DIES=all does it to every launch."""
+    shape of vLLM CPU's eager bf16 crash on AMX machines); STUB_DIES=all does it to every launch.
+
+    It reports its 'resolved configuration' at /server_info: compile and graphs as asked, unless engine.env
+    STUB_STATE says otherwise: 'silent' (no /server_info), 'compile_off' (compile resolves off whatever was asked),
+    'graphs_full_when_compiled' (the compiled side also runs full graphs)."""
 
     name = "stub"
 
@@ -34,7 +43,9 @@ class StubAdapter(EngineAdapter):
         return EngineInstall(python=python, version="0.0-stub", distribution="stub", platform="cpu")
 
     def knob_flags(self, knobs: Knobs, install):
-        flags = ["--itl-ms", "4" if knobs.torch_compile is False else "1"]
+        itl = 4.0 if knobs.torch_compile is False else 1.0
+        itl *= GRAPH_SPEED.get(knobs.cuda_graph, 1.0) if knobs.cuda_graph else 1.0
+        flags = ["--itl-ms", f"{itl:g}"]
         return flags + list(knobs.extra_args)
 
     def plan(self, *, install, model_path, served_name, host, port, knobs, extra_env):
@@ -42,5 +53,23 @@ class StubAdapter(EngineAdapter):
         dies = extra_env.get("STUB_DIES", "")
         if dies == "all" or dies == "eager" and knobs.torch_compile is False:
             flags += ["--child-sigill-at", "1"]
-        cmd = stub_command(port, "--model", served_name, "--host", host, *flags)
+        mode = extra_env.get("STUB_STATE", "")
+        compiled = knobs.torch_compile is not False and mode != "compile_off"
+        graphs = "full" if mode == "graphs_full_when_compiled" and compiled else knobs.cuda_graph or "off"
+        state = [] if mode == "silent" else ["--state", json.dumps({"compile": compiled, "graphs": graphs})]
+        cmd = stub_command(port, "--model", served_name, "--host", host, *flags, *state)
         return LaunchPlan(command=cmd, env=dict(extra_env), ready=ReadyCheck(poll_interval_s=0.1), flags=flags)
+
+    def resolved_config(self, base_url, timeout_s=10.0):
+        try:
+            return get_json(f"{base_url}/server_info", timeout_s)
+        except OSError:
+            return None
+
+    def resolved_state(self, resolved, log_text=""):
+        if not resolved:
+            return ResolvedState("stub", not_reported={f: "the stub was told to report nothing" for f in
+                                                       ("compile", "graph_decode", "graph_prefill", "tp", "dp")})
+        dec, pre = GRAPH_PHASES[resolved["graphs"]]
+        return ResolvedState("stub", source="/server_info", compile="on" if resolved["compile"] else "off",
+                             graph_decode=dec, graph_prefill=pre, graph_mode=resolved["graphs"], tp=1, dp=1)

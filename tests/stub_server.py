@@ -118,7 +118,13 @@ def build_app(a: argparse.Namespace, worker: subprocess.Popen | None = None) -> 
             "# HELP other_metric Not an engine metric.\n# TYPE other_metric gauge\nother_metric 1\n")
         return web.Response(text=text, content_type="text/plain")
 
+    async def server_info(_: web.Request) -> web.Response:
+        """The state the launcher told the stub to report (like SGLang's /server_info)."""
+        return web.json_response(json.loads(a.state))
+
     app = web.Application()
+    if getattr(a, "state", ""):  # told nothing: no /server_info at all (404), like a server without one
+        app.add_routes([web.get("/server_info", server_info)])
     app.add_routes([web.get("/health", health), web.get("/v1/models", models), web.post("/generate", generate),
                     web.get("/metrics", metrics),
                     web.post("/v1/completions", completions), web.post("/v1/chat/completions", completions)])
@@ -139,6 +145,7 @@ def main() -> None:
     p.add_argument("--itl-ms", type=float, default=0.0)
     p.add_argument("--chunk-tokens", type=int, default=1, help="/generate: tokens per streamed chunk after the first")
     p.add_argument("--pid-file", default="")
+    p.add_argument("--state", default="", help="JSON served at /server_info (the stub's 'resolved configuration')")
     p.add_argument("--child-sigill-at", type=int, default=0,
                    help="run a worker child that dies from SIGILL at the Nth completion request (1 = the readiness check)")
     a = p.parse_args()

@@ -112,6 +112,10 @@ def test_tiny_model_is_deterministic_and_sized_by_its_spec(tmp_path, monkeypatch
     assert a["sha256"] == b["sha256"] and "model.safetensors" in a["sha256"]
     cfg = json.loads((dirs[0] / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 2 and cfg["num_experts_per_tok"] == 2 and cfg["hidden_size"] == 64
+    # no end token in the configs (engines that cannot ignore it would stop early), the tokenizer keeps its own
+    gen = json.loads((dirs[0] / "generation_config.json").read_text())
+    assert cfg["eos_token_id"] is None and gen.get("eos_token_id") is None
+    assert json.loads((dirs[0] / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
     assert cfg["vocab_size"] == a["vocab_size"] <= 400
     tok_cfg = json.loads((dirs[0] / "tokenizer_config.json").read_text())
     chat = (dirs[0] / "chat_template.jinja")

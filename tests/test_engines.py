@@ -177,24 +177,22 @@ def test_vllm_config_from_its_startup_log():
     """Without /server_info, the resolved graph mode comes from the recorded real log's config line."""
     from pathlib import Path
 
-    from servescope.engines.logs import vllm_config_from_log
-    from servescope.threads.graph_disable import graph_state
-
-    log = Path(__file__).parents[1] / "data/reference/store/d0c336d2166d9303/server.stdout.log"
-    cfg = vllm_config_from_log(log.read_text())
-    st = graph_state("vllm", cfg)
-    assert (st.graphs, st.engine_mode, st.compile) == ("off", "NONE", "on")
-    assert st.facts["device"] == "cpu" and st.facts["enforce_eager"] is False
+    log = Path(__file__).parents[1] / "data/reference/store/1fa249983d7e7af5/server.stdout.log"
+    st = get_engine("vllm").resolved_state(None, log.read_text())
+    assert (st.graphs, st.graph_mode, st.compile, st.compile_mode) == ("off", "NONE", "on", "DYNAMO_TRACE_ONCE")
+    assert st.facts["device"] == "cpu" and st.facts["enforce_eager"] is False and st.source.startswith("log")
+    assert st.moe_backend == "CPU" and st.tp is None and "no /server_info" in st.why_missing("tp")
 
 
 def test_sglang_059_explains_piecewise_off_by_torch_compile(wheel_install):
     """Resolved by SGLang 0.5.9 with compile on: the audit rule that keeps piecewise graphs from running is named."""
-    from servescope.threads.graph_disable import explain, graph_state
+    from servescope.threads.graph_disable import explain_state
 
-    st = graph_state("sglang", {"enable_torch_compile": True, "enable_piecewise_cuda_graph": True,
-                                "disable_cuda_graph": False, "attention_backend": "fa3", "version": "0.5.9"})
-    audit = graph_disable_audit(get_engine("sglang").source_tree(wheel_install("sglang-0.5.9")))
-    why = explain(st, audit, __import__("pandas").DataFrame())
+    ad = get_engine("sglang")
+    st = ad.resolved_state({"enable_torch_compile": True, "enable_piecewise_cuda_graph": True,
+                            "disable_cuda_graph": False, "attention_backend": "fa3", "version": "0.5.9"})
+    audit = graph_disable_audit(ad.source_tree(wheel_install("sglang-0.5.9")))
+    why = explain_state(ad.fact_rules(st), audit, __import__("pandas").DataFrame())
     assert st.graphs == "piecewise"
     assert (why["fact"] == "torch.compile is on").any()
     assert why["where"].str.contains("can_run_piecewise_cuda_graph").any()
@@ -238,14 +236,14 @@ def test_recorded_h200_transformers_run_of_threads_0_and_1():
     import pandas as pd
 
     from servescope.engines.logs import analyze_log_file
-    from servescope.threads.graph_disable import graph_state
 
     d = Path(__file__).parent / "fixtures" / "h200" / "threads_transformers"
     (env,) = json.loads((d / "00_environment.findings.json").read_text())
     assert env["claim"].startswith("transformers 5.17.0 (cuda) on 1 x NVIDIA H200")
     assert env["evidence"]["gpus"][0]["power_limit_w"] == 700.0
-    st = graph_state("transformers", json.loads((d / "resolved_config.json").read_text()))
+    st = get_engine("transformers").resolved_state(json.loads((d / "resolved_config.json").read_text()))
     assert st.graphs is None and st.compile == "off" and st.facts["device"] == "cuda"
+    assert "transformers decides at run time" in st.why_missing("graph_decode")
     (why,) = json.loads((d / "01_cuda_graph_disable_reason.findings.json").read_text())
     assert not why["applies"] and "did not report its graph mode" in why["claim"]
     assert "--continuous-batching --log-level info --device cuda" in (d / "command.txt").read_text()

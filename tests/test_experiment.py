@@ -52,17 +52,37 @@ def test_offline_reads_store_and_reports_missing(tmp_path, stub_engine):
 
 
 def test_thread05_finds_known_effect(tmp_path, stub_engine):
-    """The stub streams 4x slower per token when torch_compile=False: the thread must say compile helps."""
+    """The stub streams 4x slower per token when torch_compile=False and reports what it ran as: the thread must
+    say compile helps, with both sides verified, and recommend compile in the engine's spelling."""
     load = {"concurrency": [1, 4], "num_requests": 8, "output_len": 16, "warmup_requests": 0}
-    res = t05.run(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path))
-    eff = t05.effects(res)
+    study = t05.run(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path))
+    eff = t05.comparison(study).effects()
     tok = eff[eff["metric"] == "output_tok_s"]
     assert (tok["effect_pct"] > 50).all() and (tok["n_pairs"] == 3).all()
-    (f,) = t05.findings(res)
+    (f,) = t05.findings(study)
     assert f.confidence == "high" and f.effect.value_pct > 50 and f.effect.n == 3
-    assert f.claim.startswith("torch.compile helps")
-    assert f.recommended_flags == []
-    assert t05.plot(res) is not None and t05.plot_effects(res) is not None
+    assert f.claim.startswith("torch.compile helps") and "so the effect is torch.compile's" in f.claim
+    assert "compiled ran as compile on, CUDA graphs off" in f.claim
+    assert f.recommended_flags == ["--itl-ms", "1"]  # the stub's spelling of torch_compile=True
+    v = study.verification()
+    assert set(v[v["field"] == "compile"]["status"]) == {"as requested"}
+    assert study.plot() is not None and t05.comparison(study).plot_effects() is not None
+
+
+@pytest.mark.parametrize("mode,title,conf,says", [
+    ("silent", "torch.compile: compiled vs eager", "low", "compile on compiled not verified"),
+    ("graphs_full_when_compiled", "torch.compile: compiled vs eager", "low", "graph_decode on compiled: asked off"),
+    ("compile_off", "torch.compile: not compared", "none", "compile on compiled: asked on, the server resolved off"),
+])
+def test_thread05_unverified_or_different_states_lower_or_void_the_finding(tmp_path, stub_engine, mode, title, conf,
+                                                                          says):
+    """Unknown is never equal: a side that reports nothing is 'not verified' (confidence at most low); a side that
+    also changed graphs is named; a side that did not resolve compile as asked voids the comparison."""
+    engine = {**stub_engine, "env": {"STUB_STATE": mode}}
+    load = {"concurrency": [2], "num_requests": 6, "output_len": 8, "warmup_requests": 0}
+    (f,) = t05.findings(t05.run(engine, {"path": "stub"}, load, repetitions=2, store_dir=str(tmp_path)))
+    assert f.title == title and f.confidence == conf and says in f.claim, f.claim
+    assert f.applies == (mode != "compile_off")
 
 
 def test_thread05_bad_input_fails_before_launch(tmp_path):
@@ -74,9 +94,9 @@ def test_thread05_bad_input_fails_before_launch(tmp_path):
 
 
 def test_thread05_nothing_measured_says_so(tmp_path, stub_engine):
-    res = t05.run(stub_engine, {"path": "stub"}, {"concurrency": [1]}, repetitions=1, store_dir=str(tmp_path),
-                  offline=True)
-    (f,) = t05.findings(res)
+    study = t05.run(stub_engine, {"path": "stub"}, {"concurrency": [1]}, repetitions=1, store_dir=str(tmp_path),
+                    offline=True)
+    (f,) = t05.findings(study)
     assert not f.applies and f.confidence == "none" and f.effect is None
     assert "NotMeasuredError" in f.reason
 
@@ -90,4 +110,42 @@ def test_store_keys_of_defaults_are_stable():
 
     parts = point_parts(EngineSpec(), ModelSpec(tiny={}), Knobs(), LoadSpec(), 0)
     assert parts["knobs"] == {} and parts["load"] == {}
-    assert Store.key(parts) == "193031dbb2a2aefd"  # float32 tiny model since issue 10
+    assert Store.key(parts) == "4044f6dddc0cd827"  # float32, no EOS in the generation config (issues 10, 11)
+
+
+def test_thread02_picks_the_mode_that_helps_most(tmp_path, stub_engine):
+    """Known answer: the stub's inter-token gap shrinks most with piecewise graphs (tests/stub_engine.py GRAPH_SPEED);
+    every mode resolves as asked; the thread recommends piecewise in the engine's spelling."""
+    from servescope.threads import graph_modes as t02
+
+    load = {"concurrency": [2], "num_requests": 8, "output_len": 16, "warmup_requests": 0}
+    gs = t02.run(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path))
+    assert list(gs.modes["mode"][gs.modes["expressible"]]) == ["off", "decode_only", "full", "piecewise"]
+    assert set(gs.study.verification()["status"]) == {"as requested"}
+    head, *per_mode = t02.findings(gs)
+    assert head.title == "Use CUDA graphs: piecewise" and head.recommended_flags == ["--itl-ms", "2"]
+    assert [f.effect.treatment for f in per_mode] == ["decode_only", "full", "piecewise"]
+    assert all(f.evidence["direction"] == "better" for f in per_mode)
+    assert all(f.confidence == "high" for f in per_mode), [(f.title, f.confidence) for f in per_mode]
+    assert gs.plot_effects() is not None and len(gs.effects()) == 9
+
+
+def test_thread02_without_graph_modes_launches_only_the_defaults_point(tmp_path, stub_engine, monkeypatch):
+    """An engine that can express no graph mode: one engine-defaults point (thread 1's key), and a finding that says
+    why, which counts as an answer."""
+    from servescope.errors import KnobError
+    from servescope.threads import graph_modes as t02
+    from stub_engine import StubAdapter
+
+    def no_graphs(self, knobs, install):
+        if knobs.cuda_graph not in (None, "off"):
+            raise KnobError("stub 0.0: this platform has no CUDA graphs")
+        return ["--itl-ms", "1"]
+
+    monkeypatch.setattr(StubAdapter, "knob_flags", no_graphs)
+    load = {"concurrency": [1], "num_requests": 2, "output_len": 4, "warmup_requests": 0}
+    gs = t02.run(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path))
+    assert [a.name for a in gs.study.arms] == ["engine default"] and len(gs.study.results.points) == 1
+    (f,) = t02.findings(gs)
+    assert f.title == "No CUDA graph modes to compare here" and not f.applies and f.answers
+    assert "this platform has no CUDA graphs" in f.claim and "resolved CUDA graphs off" in f.claim

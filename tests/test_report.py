@@ -51,7 +51,8 @@ def test_cli_reports_bad_suite_as_error(tmp_path, capsys):
 
 def test_default_suite_is_valid():
     suite = load_suite(ROOT / "data" / "suites" / "default.yaml")
-    assert [n.id for n in suite.notebooks] == ["00_environment", "01_cuda_graph_disable_reason", "05_torch_compile"]
+    assert [n.id for n in suite.notebooks] == ["00_environment", "01_cuda_graph_disable_reason",
+                                               "02_piecewise_cuda_graphs", "05_torch_compile"]
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +82,13 @@ def test_notebook_html_is_self_contained_with_real_numbers(offline_run):
     html = (offline_run / "05_torch_compile.html").read_text()
     assert html.count("data:image/png;base64") >= 2  # both plots embedded
     assert "DYNAMO_TRACE_ONCE" in html and "--enforce-eager" in html
-    (finding,) = json.loads((offline_run / "05_torch_compile.findings.json").read_text())
+    finding, excl = json.loads((offline_run / "05_torch_compile.findings.json").read_text())
     assert finding["effect"]["n"] == 3 and finding["effect"]["metric"] == "output_tok_s"
     assert finding["evidence"]["errors"] == []
+    # both sides verified from the real server's /server_info: compile as asked, graphs NONE on both
+    assert "eager ran as compile off, CUDA graphs off (NONE); compiled ran as compile on (DYNAMO_TRACE_ONCE)" \
+        in finding["claim"] and "so the effect is torch.compile's" in finding["claim"]
+    assert excl["title"] == "torch.compile with piecewise CUDA graphs: not expressible" and not excl["applies"]
 
 
 @pytest.mark.slow  # reads the installed engine (audit, --help): make test creates it, make test-fast may not have it
@@ -97,6 +102,13 @@ def test_thread1_names_the_rule_from_the_audit_offline(offline_run):
     assert "non_default_args" in html and "support_static_graph_mode" in html
     (env,) = json.loads((offline_run / "00_environment.findings.json").read_text())
     assert env["claim"].startswith("vllm 0.32.0 (cpu) on no NVIDIA GPU / NVML")
+    # thread 2 on the CPU engine: no graph mode to compare, said with the adapter's reason, thread 1's resolved
+    # point (read from the store, nothing launched) and the audit's rule; an answer, so the notebook is ok
+    (g,) = json.loads((offline_run / "02_piecewise_cuda_graphs.findings.json").read_text())
+    assert g["title"] == "No CUDA graph modes to compare here" and g["confidence"] == "high" and not g["applies"]
+    assert "CPU build has no CUDA graphs" in g["claim"] and "vllm/config/vllm.py:" in g["claim"]
+    outcome = json.loads((offline_run / "02_piecewise_cuda_graphs.outcome.json").read_text())
+    assert outcome["points_planned"] == outcome["points_measured"] == 1
 
 
 def test_failed_notebook_still_rendered(offline_run):
@@ -177,3 +189,27 @@ def test_tolerate_failures_exits_zero(tmp_path):
     suite = _suite(tmp_path, [_stub_entry("97_all_die", "all")])
     assert main(["run", str(suite), "--reports-dir", str(tmp_path / "r"), "--store-dir", str(tmp_path / "s"),
                  "--quiet", "--tolerate-failures"]) == 0
+
+
+TF_CPU = ROOT / "tests" / "fixtures" / "transformers_cpu"
+
+
+def test_threads_02_05_on_real_transformers_serve_cpu_offline(tmp_path):
+    """A real transformers serve on CPU (tests/fixtures/transformers_cpu): the graph arm that resolved to no graphs is
+    not called a measurement of graphs, and thread 05 verifies both sides from the arguments and log."""
+    store = tmp_path / "store"
+    shutil.copytree(TF_CPU / "store", store)
+    done = run_suite(TF_CPU / "suite.yaml", offline=True, reports_dir=tmp_path / "reports", store_dir=store,
+                     run_id="r", progress=False)
+    status = {r.id: r.status for r in done.runs}
+    assert status == {"02_piecewise_cuda_graphs": "no result", "05_torch_compile": "ok"}
+    head, full = json.loads((done.out_dir / "02_piecewise_cuda_graphs.findings.json").read_text())
+    assert head["title"] == "Graph modes: not compared" and full["title"] == "CUDA graphs full: not compared"
+    assert "graph_decode on full: asked full, the server resolved off" in full["claim"]
+    f, excl = json.loads((done.out_dir / "05_torch_compile.findings.json").read_text())
+    assert "Both sides resolved as asked in compile, eager" in f["claim"] and f["confidence"] == "low"
+    assert excl["title"].endswith("not expressible") and "cuda_graph can be 'off' or 'full'" in excl["claim"]
+    import pandas as pd
+
+    short = sum(int(pd.read_parquet(p)["short_outputs"].sum()) for p in store.glob("*/summary.parquet"))
+    assert short == 0  # no end token in the model's configs: transformers answered with the full length

@@ -92,3 +92,28 @@ def test_cuda_profiler_activity_for_nsys(sglang_059, tmp_path, monkeypatch):
     monkeypatch.setattr("servescope.engines.sglang.post", lambda url, body, timeout_s: sent.update(url=url, body=body))
     get_engine("sglang").start_profile("http://h:1")
     assert sent == {"url": "http://h:1/start_profile", "body": {"activities": ["CUDA_PROFILER"]}}
+
+
+def test_thread05_on_sglang_compares_under_decode_graphs_and_finds_the_piecewise_exclusion(sglang_059, tmp_path,
+                                                                                         wheel_install):
+    """SGLang compiles inside its decode graphs, so both sides pin decode graphs; the probe asking compile and
+    piecewise at once resolves (0.5.9's rule, logged at run time) to prefill graphs off."""
+    from servescope.threads import torch_compile as t05
+
+    engine = {"name": "sglang", "python": sglang_059.install.python, "startup_timeout_s": 60}
+    model = {"path": "org/moe", "served_name": "moe"}
+    load = {"concurrency": [1, 2], "num_requests": 4, "input_len": 8, "output_len": 4, "endpoint": "generate"}
+    study = t05.run(engine, model, load, repetitions=2, store_dir=str(tmp_path), progress=False,
+                    telemetry={"enabled": False})
+    flags = dict(zip(study.results.points["config"], study.results.points["flags"], strict=False))
+    assert flags == {"compiled": "--enable-torch-compile", "eager": ""}  # decode graphs are 0.5.9's default
+    v = study.verification()
+    assert set(v[v["field"].isin(["compile", "graph_decode", "graph_prefill"])]["status"]) == {"as requested"}
+    excl = t05.piecewise_exclusion(study, model, load, store_dir=str(tmp_path))
+    assert excl.verdict == "excludes" and "prefill graphs off" in excl.words
+    study.__dict__["install"] = wheel_install("sglang-0.5.9")  # the fake package holds server_args.py alone
+    audit = t05._with_audit(study, [])
+    assert audit["where"].str.contains("can_run_piecewise_cuda_graph").any()  # the real source's rule, listed
+    f, x = t05.findings(study, excl)
+    assert x.title == "torch.compile excludes piecewise CUDA graphs here" and x.applies and x.confidence == "high"
+    assert "eager ran as compile off, CUDA graphs decode_only" in f.claim

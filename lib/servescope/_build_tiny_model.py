@@ -90,7 +90,7 @@ def build(spec: dict, out: Path) -> None:
         max_position_embeddings=spec["max_position_embeddings"],
         tie_word_embeddings=False,
         bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id if spec.get("stops_at_eos", True) else None,
         pad_token_id=tok.pad_token_id,
     )
     config.dtype = spec["dtype"]
@@ -98,6 +98,11 @@ def build(spec: dict, out: Path) -> None:
     model.generation_config.bos_token_id = tok.bos_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
+    if not spec.get("stops_at_eos", True):
+        # random weights emit the end token early and at random; engines that cannot be told to ignore it
+        # (transformers serve reads the generation config, then the model config) would measure short answers
+        model.generation_config.eos_token_id = None
+        model.config.eos_token_id = None
     model.save_pretrained(out, safe_serialization=True)
     digests = {
         p.name: hashlib.sha256(p.read_bytes()).hexdigest()

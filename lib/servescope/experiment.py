@@ -54,7 +54,7 @@ class Results:
                        points_failed=len(self.errors),
                        first_error="" if first is None else f"{first['config']} rep {first['rep']}: {first['summary']}",
                        first_signal="" if first is None else str(first.get("signal") or ""),
-                       findings_total=len(findings), findings_applying=sum(f.applies for f in findings))
+                       findings_total=len(findings), findings_answering=sum(f.answers for f in findings))
 
     def client_health(self) -> pd.DataFrame:
         """Per configuration, repetition and point: how busy the load client was, whether it limited the

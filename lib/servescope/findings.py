@@ -54,6 +54,12 @@ class Finding(BaseModel):
     confidence: Confidence = "none"
     evidence: dict[str, Any] = Field(default_factory=dict)
 
+    @property
+    def answers(self) -> bool:
+        """True when the finding states an answer: an effect or state that applies, or a 'does not apply here'
+        backed by evidence (a confidence); False for 'not measured' and the like."""
+        return self.applies or self.confidence != "none"
+
 
 def write_findings(findings: list[Finding], path: str | Path) -> Path:
     """Write findings as a JSON list (atomically)."""
@@ -82,14 +88,14 @@ class Outcome(BaseModel):
     first_error: str = ""
     first_signal: str = ""  # 'SIGILL' when the first failure was a process dying from a signal
     findings_total: int = 0
-    findings_applying: int = 0  # findings that state an answer (applies=True)
+    findings_answering: int = 0  # findings that state an answer (Finding.answers)
 
     def status(self) -> Status:
         """failed: planned points and none measured; no result: no finding states an answer; partial: an answer,
         but some points failed; ok otherwise."""
         if self.points_planned and not self.points_measured:
             return "failed"
-        if not self.findings_applying:
+        if not self.findings_answering:
             return "no result"
         if self.points_failed:
             return "partial"

@@ -116,8 +116,13 @@ def serve(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None 
     if not adapter.launches:
         adapter.knob_flags(knobs, prep.install)  # raises if knobs were asked of a server we do not control
         assert engine.url is not None
+        resolved = adapter.resolved_config(engine.url)
+        resolved = redact_mapping(resolved) if resolved is not None else None
+        if resolved is not None:
+            atomic_write_json(Path(log_dir) / "resolved_config.json", resolved)
         yield Target(base_url=engine.url.rstrip("/"), model=prep.served_name, engine=engine.name,
-                     install=prep.install, knobs=knobs, api_key=api_key, metrics_url=engine.url.rstrip("/") + "/metrics")
+                     install=prep.install, knobs=knobs, api_key=api_key, resolved_config=resolved,
+                     metrics_url=engine.url.rstrip("/") + "/metrics", log_dir=Path(log_dir))
         return
     for attempt in range(3):
         port = engine.port or free_port(engine.host)

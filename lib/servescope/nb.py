@@ -17,7 +17,7 @@ def show_findings(findings: list[Finding], path: str | Path, res: Results | None
     p = write_findings(findings, path)
     thread = thread or (findings[0].thread if findings else Path(path).name.split(".")[0])
     outcome = res.outcome(thread, findings) if res is not None else Outcome(
-        thread=thread, findings_total=len(findings), findings_applying=sum(f.applies for f in findings))
+        thread=thread, findings_total=len(findings), findings_answering=sum(f.answers for f in findings))
     write_outcome(outcome, path)
     lines = []
     for f in findings:

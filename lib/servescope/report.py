@@ -62,7 +62,7 @@ def notebook_status(raised: bool, outcome: Outcome | None, findings: list[Findin
         return "failed"
     if outcome is not None:
         return outcome.status()
-    return "ok" if any(f.applies for f in findings) else "no result"
+    return "ok" if any(f.answers for f in findings) else "no result"
 
 
 @dataclass

@@ -46,6 +46,9 @@ class TinyModelSpec(_Spec):
     # report AMX without asking Linux for the tile permission, so eager workers die from SIGILL there
     # (lib/servescope/engines/vllm_cpu.md); in float32 no kernel of the engine touches AMX, on any x86 CPU
     dtype: Literal["bfloat16", "float16", "float32"] = "float32"
+    # False: the model and generation configs carry no end-of-sequence token (the tokenizer keeps its own), so an
+    # engine that cannot be told ignore_eos (transformers serve) still answers with the requested length
+    stops_at_eos: bool = False
     seed: int = 0
 
     @model_validator(mode="after")

@@ -20,6 +20,7 @@ from .envs import EngineEnvSpec
 from .flagscan import FlagSet, scan_flags
 from .logs import LogPattern
 from .source import SourceTree
+from .state import FIELDS, ResolvedState, expected_state
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class EngineAdapter(ABC):
     # whether its OpenAI routes take ignore_eos/min_tokens (exact output lengths); transformers serve rejects them
     accepts_ignore_eos: ClassVar[bool] = True
     distributions: ClassVar[tuple[str, ...]] = ()
+    # the CUDA-graph mode both sides of a compile-vs-eager comparison pin, so that only compile differs
+    compile_study_graphs: ClassVar[str] = "off"
 
     @abstractmethod
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
@@ -95,6 +98,29 @@ class EngineAdapter(ABC):
     def resolved_from_command(self, command: list[str]) -> dict[str, Any] | None:
         """For an engine without a config endpoint: the resolved settings its command line implies."""
         return None
+
+    def resolved_state(self, resolved: dict[str, Any] | None, log_text: str = "") -> ResolvedState:
+        """The resolved configuration (as resolved_config or resolved_from_command gave it) and the server log, as
+        one engine-neutral record; fields the engine does not report stay None with the reason."""
+        return ResolvedState(self.name, not_reported={f: f"{self.name}: servescope reads no resolved configuration "
+                                                         "from this engine" for f in (*FIELDS, "device")})
+
+    def expected_state(self, knobs: Knobs) -> dict[str, Any]:
+        """What a request must resolve to on this engine, field by field (see engines.state.expected_state)."""
+        return expected_state(knobs)
+
+    def recommended_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
+        """A recommendation in this engine's own spelling (the flags that express knobs on this version)."""
+        return self.knob_flags(knobs, install)
+
+    def fact_rules(self, state: ResolvedState) -> list[tuple[str, str]]:
+        """Facts of a resolved state, each with the regex of the audit condition it satisfies ('file:<regex>' matches
+        the rule's file instead): how thread 1 names the rule that turned graphs off."""
+        return []
+
+    def graph_metrics(self) -> dict[str, str]:
+        """Prometheus series that count CUDA-graph use (replays, passes by mode), name -> meaning; {} if none."""
+        return {}
 
     def torch_profiler_launch(self, install: EngineInstall, out_dir: str) -> tuple[list[str], dict[str, str]]:
         """Flags and environment that let the running server's PyTorch profiler be started over HTTP."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import SpecError
 from ..spec import Knobs
-from . import register
-from .base import EngineAdapter, EngineInstall, LaunchPlan
+from . import get_engine, register
+from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json
 from .envs import EngineEnvSpec
+from .state import FIELDS, ResolvedState
 
 
 @register
@@ -33,3 +36,27 @@ class ExternalAdapter(EngineAdapter):
     def plan(self, **_: object) -> LaunchPlan:
         """Never called: external servers are not launched."""
         raise SpecError("an external server is not launched by servescope")
+
+    def resolved_config(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+        """What the server says about itself, where it says it: vLLM's `/server_info` (dev mode), SGLang's
+        `/server_info` or `/get_server_info`."""
+        for path in ("/server_info?config_format=json", "/get_server_info"):
+            try:
+                got = get_json(base_url.rstrip("/") + path, timeout_s)
+            except (OSError, ValueError):
+                continue
+            if isinstance(got, dict):
+                return got
+        return None
+
+    def resolved_state(self, resolved: dict[str, Any] | None, log_text: str = "") -> ResolvedState:
+        """Read by the adapter whose format the server's answer has; else nothing is known."""
+        if resolved and isinstance(resolved.get("vllm_config"), dict):
+            st = get_engine("vllm").resolved_state(resolved)
+        elif resolved and ("tp_size" in resolved or "disable_cuda_graph" in resolved):
+            st = get_engine("sglang").resolved_state(resolved)
+        else:
+            why = "the external server answers no /server_info servescope can read (vLLM: VLLM_SERVER_DEV_MODE=1)"
+            return ResolvedState("external", not_reported={f: why for f in (*FIELDS, "device")})
+        st.engine = f"external ({st.engine})"
+        return st

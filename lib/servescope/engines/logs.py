@@ -120,8 +120,9 @@ TRANSFORMERS_PATTERNS = [
                r"Using cuda graphs for \(varlen, decode\) paths: (?:\((?P<varlen>True|False), (?P<decode>True|False)\))?",
                "continuous batching's CUDA-graph decision for its prefill (varlen) and decode paths", "transformers",
                "5.17.0"),
-    LogPattern("cb_cuda_graph_off", "graph_disabled", r"turning off cuda graphs",
-               "CUDA graphs asked for but CUDA is not available", "transformers", "5.17.0"),
+    LogPattern("cb_cuda_graph_off", "graph_disabled", r"turning off (?:cuda|accelerator) graphs",
+               "CUDA graphs asked for but no graph backend (no CUDA) is available (5.17: 'cuda', 5.19: 'accelerator')",
+               "transformers", "5.17.0"),
 ]
 
 

@@ -11,6 +11,7 @@ Graph intents on SGLang (see ../shared/knob-catalogue.md sections 1, 2):
 
 from __future__ import annotations
 
+import re
 import urllib.error
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, installed_
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
 from .logs import LogPattern, patterns_for
+from .state import ResolvedState
 
 # old per-backend switches, before --moe-runner-backend existed
 _OLD_MOE_FLAGS = {"flashinfer_cutlass": "--enable-flashinfer-cutlass-moe",
@@ -70,6 +72,9 @@ class SglangAdapter(EngineAdapter):
     """SGLang, launched as `python -m sglang.launch_server`."""
 
     name = "sglang"
+    # SGLang compiles the model inside its decode CUDA-graph runner: with graphs off, --enable-torch-compile does
+    # nothing, so compile is compared with decode graphs on both sides
+    compile_study_graphs = "decode_only"
     package = "sglang"
     distributions = ("sglang",)
 
@@ -211,6 +216,83 @@ class SglangAdapter(EngineAdapter):
             except OSError:
                 return None
         return None
+
+    def resolved_state(self, resolved: dict[str, Any] | None, log_text: str = "") -> ResolvedState:
+        """From `/server_info` (its server args): per-phase backends on 0.5.2x, disable_cuda_graph and the piecewise
+        switch before; backends 'auto' or unset are taken from the log lines that name them."""
+        from .logs import analyze_log
+
+        r = resolved or {}
+        st = ResolvedState("sglang", source="/server_info" if r else "")
+        if r:
+            cfg = r.get("cuda_graph_config") if isinstance(r.get("cuda_graph_config"), dict) else {}
+            dec = (cfg.get("decode") or {}).get("backend") or r.get("cuda_graph_backend_decode")
+            pre = (cfg.get("prefill") or {}).get("backend") or r.get("cuda_graph_backend_prefill")
+            if dec is not None or pre is not None:  # 0.5.2x per-phase backends
+                dec, pre = dec or "full", pre or "disabled"
+                phase = {"disabled": "off", "full": "full", "breakable": "piecewise", "piecewise": "piecewise"}
+                st.graph_decode, st.graph_prefill = phase.get(dec, dec), phase.get(pre, pre)
+                st.graph_mode = f"decode={dec} prefill={pre}"
+            elif r.get("disable_cuda_graph"):
+                st.graph_decode, st.graph_prefill, st.graph_mode = "off", "off", "disable_cuda_graph=True"
+            elif "disable_cuda_graph" in r:
+                pcg = r.get("enable_piecewise_cuda_graph")
+                if "disable_piecewise_cuda_graph" in r:
+                    pcg = not r["disable_piecewise_cuda_graph"]
+                st.graph_decode, st.graph_prefill = "full", "piecewise" if pcg else "off"
+                st.graph_mode = f"decode graphs, piecewise prefill {'on' if pcg else 'off'}"
+            if "enable_torch_compile" in r:
+                st.compile = "on" if r["enable_torch_compile"] else "off"
+                st.compile_mode = "torch.compile" if r["enable_torch_compile"] else None
+            st.tp, st.dp, st.ep = r.get("tp_size"), r.get("dp_size"), r.get("ep_size")
+            moe = r.get("moe_runner_backend")
+            st.moe_backend = moe if moe not in (None, "auto") else None
+            st.attention_backend = r.get("attention_backend") or None
+            st.device = r.get("device")
+            keys = ("attention_backend", "deepep_mode", "moe_a2a_backend", "enable_torch_compile",
+                    "disaggregation_mode", "enable_two_batch_overlap", "pp_size", "cuda_graph_max_bs",
+                    "max_running_requests", "moe_runner_backend", "version", "enable_dp_attention")
+            st.facts = {k: r[k] for k in keys if k in r}
+        lines = analyze_log(log_text, self.log_patterns()) if log_text else None
+        if lines is not None and len(lines):
+            # 0.5.9 checks compile against piecewise graphs at run time: its args still say piecewise, its log not
+            if (lines["name"] == "piecewise_compile_conflict").any() and st.graph_prefill == "piecewise":
+                st.graph_prefill = "off"
+                st.graph_mode = f"{st.graph_mode}; log: piecewise disabled (conflict with torch compile)"
+            for fld, kind in (("moe_backend", "moe_backend"), ("attention_backend", "attention_backend")):
+                hit = lines[lines["kind"] == kind]
+                if getattr(st, fld) is None and len(hit) and "backend" in hit:
+                    setattr(st, fld, str(hit["backend"].dropna().iloc[0]) if hit["backend"].notna().any() else None)
+        no_info = "no /server_info answer (0.4.x serves /get_server_info; servescope asks both)"
+        return st.complete_missing({
+            "eager": "SGLang has no eager switch: compile and CUDA graphs are set apart",
+            "moe_backend": "moe_runner_backend is 'auto' or absent and the log names none",
+            "attention_backend": "attention_backend unset (chosen at run time) and the log names none",
+            **{f: no_info if not r else "this version's server args do not carry it"
+               for f in ("compile", "graph_decode", "graph_prefill", "tp", "dp", "ep", "device")}})
+
+    def fact_rules(self, state: ResolvedState) -> list[tuple[str, str]]:
+        """Attention backend, DeepEP mode, compile, PD disaggregation, two-batch overlap, pipeline parallelism."""
+        f, out = state.facts, []
+        if f.get("attention_backend") in ("torch_native", "flex_attention"):
+            out.append((f"attention backend is {f['attention_backend']}", re.escape(f"== '{f['attention_backend']}'")))
+        if f.get("deepep_mode") == "normal":
+            out.append(("DeepEP in normal mode", r"deepep_mode == 'normal'"))
+        if f.get("enable_torch_compile"):
+            out.append(("torch.compile is on", r"enable_torch_compile"))
+        if f.get("disaggregation_mode") in ("prefill", "decode"):
+            out.append((f"PD disaggregation, {f['disaggregation_mode']} server",
+                        re.escape(f"disaggregation_mode == '{f['disaggregation_mode']}'")))
+        if f.get("enable_two_batch_overlap"):
+            out.append(("two-batch overlap is on", r"enable_two_batch_overlap"))
+        if (f.get("pp_size") or 1) > 1:
+            out.append(("pipeline parallelism", r"pp_size > 1"))
+        return out
+
+    def graph_metrics(self) -> dict[str, str]:
+        """Forward passes by mode (`mode` label: decode_cuda_graph, decode_none, ...), where the version exports it."""
+        return {"sglang:cuda_graph_passes_total": "forward passes by mode (CUDA graph or not)",
+                "sglang:is_cuda_graph": "whether the last batch ran as a CUDA graph"}
 
     def torch_profiler_launch(self, install: EngineInstall, out_dir: str) -> tuple[list[str], dict[str, str]]:
         """Nothing to add at launch: /start_profile takes output_dir; the env var sets the fallback folder."""

@@ -14,6 +14,7 @@ from . import register
 from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version
 from .envs import EngineEnvSpec
 from .logs import LogPattern, patterns_for
+from .state import ResolvedState
 
 
 @register
@@ -44,8 +45,11 @@ class TransformersAdapter(EngineAdapter):
 
     def knob_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
         """Translate intent; transformers has no parallelism, MoE-backend or scheduler knobs."""
-        fs = self.flag_set(install)
         v = f"transformers {install.version}"
+        if knobs.cuda_graph not in (None, "off", "full"):  # known before reading the source
+            raise KnobError(f"{v} has one CUDA-graph switch for continuous batching (--cb-use-cuda-graph): "
+                            f"cuda_graph can be 'off' or 'full', not {knobs.cuda_graph!r}")
+        fs = self.flag_set(install)
         out: list[str] = []
 
         def add(flag: str, value: Any = None) -> None:
@@ -56,11 +60,8 @@ class TransformersAdapter(EngineAdapter):
         if knobs.cuda_graph is not None:
             if knobs.cuda_graph == "off":
                 add("--no-cb-use-cuda-graph")
-            elif knobs.cuda_graph == "full":
-                add("--cb-use-cuda-graph")
             else:
-                raise KnobError(f"{v} has one CUDA-graph switch for continuous batching (--cb-use-cuda-graph): "
-                                f"cuda_graph can be 'off' or 'full', not {knobs.cuda_graph!r}")
+                add("--cb-use-cuda-graph")
         if knobs.torch_compile is not None:
             add("--compile" if knobs.torch_compile else "--no-compile")
         if knobs.chunked_prefill_size is not None:
@@ -119,6 +120,54 @@ class TransformersAdapter(EngineAdapter):
             i += 1
         out.setdefault("compile", False)
         return {"transformers_serve_args": out}
+
+    def resolved_state(self, resolved: dict[str, Any] | None, log_text: str = "") -> ResolvedState:
+        """From the arguments it was started with (it has no config endpoint) and its log's CUDA-graph decision
+        ('Using cuda graphs for (varlen, decode) paths: (True, False)'), which wins where it is logged."""
+        from .logs import analyze_log
+
+        args = (resolved or {}).get("transformers_serve_args")
+        st = ResolvedState("transformers", source="command line" if isinstance(args, dict) else "")
+        if isinstance(args, dict):
+            st.compile = "on" if args.get("compile") else "off"  # --compile is off unless given
+            st.compile_mode = "torch.compile" if args.get("compile") else None
+            cg = args.get("cb_use_cuda_graph")
+            if cg is not None:
+                st.graph_decode = st.graph_prefill = "full" if cg else "off"
+                st.graph_mode = f"--{'' if cg else 'no-'}cb-use-cuda-graph"
+            st.tp = st.dp = 1  # one process on one device, by construction
+            st.attention_backend = args.get("attn_implementation") or None
+            st.device = args.get("device")
+            st.facts = {k: args.get(k) for k in ("continuous_batching", "device", "dtype", "attn_implementation")
+                        if k in args}
+        lines = analyze_log(log_text, self.log_patterns()) if log_text else None
+        if lines is not None and len(lines):
+            used = lines[lines["name"] == "cb_cuda_graphs_used"]
+            if len(used) and "varlen" in used and used["varlen"].notna().any():
+                varlen, decode = str(used["varlen"].iloc[-1]), str(used["decode"].iloc[-1])
+                st.graph_prefill = "full" if varlen == "True" else "off"
+                st.graph_decode = "full" if decode == "True" else "off"
+                st.graph_mode = f"log: (varlen, decode) = ({varlen}, {decode})"
+                st.source += " + log"
+            if len(lines[lines["name"] == "cb_cuda_graph_off"]):
+                st.graph_decode = st.graph_prefill = "off"
+                st.graph_mode = "log: graphs asked for, turned off (no graph backend: no CUDA)"
+        return st.complete_missing({
+            "graph_decode": "cb_use_cuda_graph not given and the decision was not logged: transformers decides at "
+                            "run time",
+            "graph_prefill": "cb_use_cuda_graph not given and the decision was not logged: transformers decides at "
+                             "run time",
+            "eager": "transformers serve has no eager switch: compile and CUDA graphs are set apart",
+            "ep": "transformers serve has no expert parallelism", "moe_backend": "transformers serve does not report "
+            "its MoE implementation", "attention_backend": "--attn-implementation not given (the model's default)",
+            "compile": "no command line recorded", "tp": "no command line recorded", "dp": "no command line recorded",
+            "device": "--device not given"})
+
+    def fact_rules(self, state: ResolvedState) -> list[tuple[str, str]]:
+        """No CUDA device: continuous batching turns its graphs off."""
+        if state.facts.get("device") != "cuda":
+            return [("no CUDA device", r"^not torch\.cuda\.is_available\(\)$|get_accelerator_graph_name\(\) is None")]
+        return []
 
     def log_patterns(self) -> list[LogPattern]:
         """Uvicorn start, CUDA-graph lines, common errors."""

@@ -12,6 +12,7 @@ from ..spec import Knobs
 from . import register
 from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, installed_version, post
 from .envs import EngineEnvSpec
+from .state import ResolvedState
 
 EMBEDDED_VERSION = "0.32.0"
 
@@ -23,6 +24,18 @@ _GRAPH_MODE = {"off": "NONE", "decode_only": "FULL_DECODE_ONLY", "full": "FULL",
 # is a [decode, mixed] pair
 COMPILE_MODES = {0: "NONE", 1: "STOCK_TORCH_COMPILE", 2: "DYNAMO_TRACE_ONCE", 3: "VLLM_COMPILE"}
 GRAPH_MODES = {0: "NONE", 1: "PIECEWISE", 2: "FULL", (2, 0): "FULL_DECODE_ONLY", (2, 1): "FULL_AND_PIECEWISE"}
+# CUDAGraphMode name -> (decode, mixed/prefill) phases
+_MODE_PHASES = {"NONE": ("off", "off"), "PIECEWISE": ("piecewise", "piecewise"), "FULL": ("full", "full"),
+                "FULL_DECODE_ONLY": ("full", "off"), "FULL_AND_PIECEWISE": ("full", "piecewise")}
+
+
+def mode_name(table: dict[Any, str], value: Any) -> str | None:
+    """A compilation or CUDA-graph mode as vLLM names it, from the number (or [decode, mixed] pair) it serves."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.split(".")[-1]
+    return table.get(tuple(value) if isinstance(value, list) else value, str(value))
 
 @register
 class VllmAdapter(EngineAdapter):
@@ -51,6 +64,9 @@ class VllmAdapter(EngineAdapter):
     def knob_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
         """Translate intent into vLLM flags; anything vLLM has no equivalent for raises KnobError."""
         v = f"vLLM {install.version}"
+        if install.platform == "cpu" and (knobs.cuda_graph not in (None, "off") or knobs.cuda_graph_max_bs is not None):
+            raise KnobError(f"{v} CPU build has no CUDA graphs: its platform has no static graph mode, so every graph "
+                            "mode resolves to NONE (thread 1 names the rule); it can: cuda_graph off")
         flags: list[str] = []
         cc: dict[str, Any] = {}
         eager = knobs.torch_compile is False and knobs.cuda_graph in (None, "off")
@@ -155,6 +171,66 @@ class VllmAdapter(EngineAdapter):
         from .logs import patterns_for
 
         return patterns_for("vllm")
+
+    def resolved_state(self, resolved: dict[str, Any] | None, log_text: str = "") -> ResolvedState:
+        """From `/server_info`'s vllm_config (else the config line of the log); backends chosen 'auto' are read
+        from the log lines that name them."""
+        from .logs import analyze_log, vllm_config_from_log
+
+        source = "/server_info"
+        if not resolved or not isinstance(resolved.get("vllm_config"), dict):
+            resolved, source = vllm_config_from_log(log_text), "log (engine config line)"
+        vc = (resolved or {}).get("vllm_config")
+        st = ResolvedState("vllm", source=source if isinstance(vc, dict) else "")
+        if isinstance(vc, dict):
+            cc, mc = vc.get("compilation_config") or {}, vc.get("model_config") or {}
+            pc, kc = vc.get("parallel_config") or {}, vc.get("kernel_config") or {}
+            comp = mode_name(COMPILE_MODES, cc.get("mode"))
+            st.compile = None if comp is None else ("off" if comp == "NONE" else "on")
+            st.compile_mode = comp
+            st.graph_mode = mode_name(GRAPH_MODES, cc.get("cudagraph_mode"))
+            st.graph_decode, st.graph_prefill = _MODE_PHASES.get(st.graph_mode or "", (None, None))
+            st.eager = mc.get("enforce_eager")
+            st.tp, st.dp = pc.get("tensor_parallel_size"), pc.get("data_parallel_size")
+            if st.tp is not None and st.dp is not None and "enable_expert_parallel" in pc:
+                st.ep = st.tp * st.dp if pc["enable_expert_parallel"] else 1
+            moe = kc.get("moe_backend")
+            st.moe_backend = moe if moe not in (None, "auto") else None
+            att = (vc.get("attention_config") or {}).get("backend")
+            st.attention_backend = att if att not in (None, "auto") else None
+            st.device = (vc.get("device_config") or {}).get("device")
+            st.facts = {"device": st.device, "enforce_eager": st.eager, "compilation_mode": cc.get("mode"),
+                        "cudagraph_capture_sizes": cc.get("cudagraph_capture_sizes"),
+                        "TORCH_COMPILE_DISABLE": (resolved.get("vllm_env") or {}).get("TORCH_COMPILE_DISABLE")}
+        lines = analyze_log(log_text, self.log_patterns()) if log_text else None
+        if lines is not None and len(lines):
+            for fld, name in (("moe_backend", "moe_backend"), ("attention_backend", "attention_backend")):
+                hit = lines[lines["name"] == name]
+                if getattr(st, fld) is None and len(hit) and "backend" in hit:
+                    setattr(st, fld, str(hit["backend"].iloc[0]))
+        return st.complete_missing({
+            "moe_backend": "kernel_config.moe_backend is 'auto' and the log names no MoE backend",
+            "attention_backend": "attention_config.backend is 'auto' and the log names no attention backend",
+            **{f: "no /server_info (VLLM_SERVER_DEV_MODE=1 serves it) and no engine config line in the log"
+               for f in ("compile", "graph_decode", "graph_prefill", "eager", "tp", "dp", "ep", "device")}})
+
+    def fact_rules(self, state: ResolvedState) -> list[tuple[str, str]]:
+        """Device, --enforce-eager and TORCH_COMPILE_DISABLE, against vLLM's config-time rules."""
+        f, out = state.facts, []
+        if f.get("device") not in (None, "cuda"):
+            out.append((f"device is {f.get('device')}: this platform has no static CUDA-graph mode",
+                        r"^not \(current_platform\.support_static_graph_mode\(\)\)$"))
+        if f.get("device") == "cpu":
+            out.append(("device is cpu: vLLM's CPU model runner has no CUDA graphs", "file:cpu_model_runner\\.py$"))
+        if f.get("enforce_eager"):
+            out.append(("--enforce-eager was given", r"model_config\.enforce_eager$"))
+        if f.get("TORCH_COMPILE_DISABLE") in ("1", 1, True):
+            out.append(("TORCH_COMPILE_DISABLE=1 in the environment", r"TORCH_COMPILE_DISABLE"))
+        return out
+
+    def graph_metrics(self) -> dict[str, str]:
+        """vLLM 0.32 exports no CUDA-graph replay counter; its graph use shows in the resolved mode and log."""
+        return {}
 
     def resolved_config(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
         """`/server_info?config_format=json` (needs VLLM_SERVER_DEV_MODE=1, which plan() sets)."""

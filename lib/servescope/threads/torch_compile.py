@@ -1,175 +1,139 @@
-"""Thread 5: does torch.compile help this server, measured as compiled (the engine's default) vs eager?"""
+"""Thread 5: does torch.compile help this server, and does it exclude piecewise CUDA graphs here?
+
+Two arms ask for their state explicitly: compiled (compile on) and eager (compile off), both with the CUDA-graph mode
+the engine compares compile under (off; SGLang: decode graphs, inside which it compiles). The study checks that
+each side resolved to what it asked before it states an effect."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from .. import plots
-from ..analysis.ab import higher_is_better, paired_effects, verdict
-from ..engines.vllm import COMPILE_MODES, GRAPH_MODES
-from ..experiment import Config, Results, measure
-from ..findings import Effect, Finding
-from ..plots import Figure
+from ..engines import get_engine
+from ..engines.audit import find_rules
+from ..findings import Finding
 from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec, parse
-from ..store import Store
+from ..study import Arm, Comparison, Study, run_study
 
 THREAD = "05_torch_compile"
 BASELINE, TREATMENT = "eager", "compiled"
-CONFIGS = (
-    Config(TREATMENT, Knobs()),  # the engine's default: vLLM compiles unless told otherwise
-    Config(BASELINE, Knobs(torch_compile=False, cuda_graph="off")),  # vLLM: --enforce-eager
-)
-METRICS = ("output_tok_s", "ttft_ms_p50", "tpot_ms_p50")
+# 'eager' belongs to the studied change: where an engine has an eager switch (vLLM --enforce-eager), that switch is
+# how it spells compile off
+STUDIED = ("compile", "eager")
+CONTROLS = ("graph_decode", "graph_prefill", "tp", "dp")
 
-VLLM_COMPILE_MODES, VLLM_GRAPH_MODES = COMPILE_MODES, GRAPH_MODES
+
+def arms(engine: dict[str, Any] | EngineSpec) -> list[Arm]:
+    """Compiled and eager, each asking for its compile state, both pinning the same graph mode."""
+    graphs = get_engine(parse(EngineSpec, engine, "engine").name).compile_study_graphs
+    return [Arm(TREATMENT, Knobs(torch_compile=True, cuda_graph=graphs), f"torch.compile on, CUDA graphs {graphs}"),
+            Arm(BASELINE, Knobs(torch_compile=False, cuda_graph=graphs), f"torch.compile off, CUDA graphs {graphs}")]
 
 
 def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
         repetitions: int = 3, store_dir: str = "", offline: bool = False, force: bool = False,
-        progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None) -> Results:
-    """Validate the inputs (before anything launches), then measure both configurations in alternating repetitions."""
-    e = parse(EngineSpec, engine, "engine")
-    m = parse(ModelSpec, model, "model")
+        progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None) -> Study:
+    """Measure both arms in alternating repetitions (inputs are validated before anything launches)."""
+    return run_study(THREAD, engine, model, load, arms(engine), repetitions=repetitions, store_dir=store_dir,
+                     offline=offline, force=force, progress=progress, telemetry=telemetry)
+
+
+def comparison(study: Study) -> Comparison:
+    """Compiled against eager: compile is what differs; graphs and parallelism must not."""
+    return study.compare(BASELINE, TREATMENT, STUDIED, CONTROLS)
+
+
+PROBE = "compiled+piecewise"
+
+
+@dataclass
+class Exclusion:
+    """Whether compile excludes piecewise CUDA graphs on this engine version, and the evidence."""
+
+    verdict: str  # 'excludes', 'coexist', 'not expressible', 'not verified'
+    words: str
+    evidence: pd.DataFrame
+
+
+def piecewise_exclusion(study: Study, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
+                        store_dir: str = "", offline: bool = False, force: bool = False) -> Exclusion:
+    """Ask this engine version for compile and piecewise graphs at once: if it cannot express that, say why; if it
+    can, launch once (one repetition, the lightest load level) and read what it resolved. The audit's rules that turn
+    graphs off when compile is on are listed with it."""
+    rows: list[dict[str, Any]] = []
+    install = study.install
+    try:
+        flags = study.adapter.knob_flags(Knobs(torch_compile=True, cuda_graph="piecewise"), install) \
+            if install is not None else None
+    except Exception as e:  # KnobError: the version cannot ask for both
+        rows.append({"source": "knobs", "where": "", "text": str(e)})
+        return Exclusion("not expressible", f"this engine version cannot ask for piecewise graphs with compile: {e}",
+                         _with_audit(study, rows))
+    if flags is None:
+        return Exclusion("not verified", "nothing was measured, so the engine version is unknown",
+                         _with_audit(study, rows))
+    rows.append({"source": "knobs", "where": "", "text": " ".join(flags)})
     ld = parse(LoadSpec, load, "load")
-    tel = parse(TelemetrySpec, telemetry or {}, "telemetry")
-    return measure(e, m, CONFIGS, ld, repetitions=repetitions, store=Store(store_dir or None), offline=offline,
-                   force=force, progress=progress, telemetry=tel)
-
-
-def _mode_name(table: dict[Any, str], value: Any) -> str:
-    key = tuple(value) if isinstance(value, list) else value
-    return table.get(key, str(value)) if value is not None else "unknown"
-
-
-def resolved_table(res: Results) -> pd.DataFrame:
-    """What each configuration actually ran with, as the server reported it."""
-    rows = []
-    for cfg in CONFIGS:
-        r = res.resolved.get(cfg.name, {})
-        pts = res.points[res.points["config"] == cfg.name] if len(res.points) else pd.DataFrame()
-        rows.append({
-            "config": cfg.name,
-            "flags": pts["flags"].iloc[0] if len(pts) else "",
-            "compilation_mode": _mode_name(VLLM_COMPILE_MODES, r.get("compilation_mode")),
-            "cudagraph_mode": _mode_name(VLLM_GRAPH_MODES, r.get("cudagraph_mode")),
-            "enforce_eager": r.get("enforce_eager"),
-            "device": r.get("device"),
-        })
-    return pd.DataFrame(rows)
-
-
-def table(res: Results) -> pd.DataFrame:
-    """Median over repetitions per configuration and concurrency, with the repetition count."""
-    if res.summary.empty:
-        return pd.DataFrame()
-    g = res.summary.groupby(["config", "concurrency"], sort=True)
-    out = g.agg(reps=("rep", "nunique"), output_tok_s=("output_tok_s", "median"),
-                output_tok_s_min=("output_tok_s", "min"), output_tok_s_max=("output_tok_s", "max"),
-                ttft_ms_p50=("ttft_ms_p50", "median"), tpot_ms_p50=("tpot_ms_p50", "median"),
-                e2e_ms_p50=("e2e_ms_p50", "median"), failed=("failed", "sum")).reset_index()
-    return out
-
-
-def startup_table(res: Results) -> pd.DataFrame:
-    """Seconds from launch to first generated token, per configuration (median and range over launches)."""
-    if res.startup.empty or "first_token_s" not in res.startup:
-        return pd.DataFrame()
-    return res.startup.groupby("config").agg(
-        launches=("rep", "count"), first_token_s=("first_token_s", "median"),
-        first_token_s_min=("first_token_s", "min"), first_token_s_max=("first_token_s", "max")).reset_index()
-
-
-def effects(res: Results) -> pd.DataFrame:
-    """Compiled vs eager, per concurrency, for each headline metric."""
-    if res.summary.empty:
-        return pd.DataFrame()
-    return pd.concat([paired_effects(res.summary, m, BASELINE, TREATMENT) for m in METRICS], ignore_index=True)
-
-
-def plot(res: Results) -> Figure | None:
-    """Throughput vs concurrency and latency vs throughput, both configurations."""
-    return plots.throughput_latency(res.summary, "torch.compile: compiled vs eager") if not res.summary.empty else None
-
-
-def plot_effects(res: Results) -> Figure | None:
-    """Relative change compiled vs eager, per metric and concurrency, with its 90% confidence interval."""
-    e = effects(res)
-    return plots.effect_bars(e, "compiled / eager, with 90% confidence intervals (x1 = no change)") if len(e) else None
-
-
-def _r(x: float, digits: int = 2) -> float | None:
-    return None if x is None or np.isnan(x) else round(float(x), digits)
-
-
-def _ci(r: Any) -> str:
-    if np.isnan(r.ci_low_pct):
-        return f"one run: {r.effect_pct:+.0f}%" if r.n_pairs == 1 else "no CI"
-    return f"{r.ci_low_pct:+.0f}..{r.ci_high_pct:+.0f}%"
-
-
-def findings(res: Results) -> list[Finding]:
-    """The thread's conclusion: the measured effect of compile on peak throughput, its spread, and what to set."""
-    e = effects(res)
-    errors = res.errors.to_dict("records") if len(res.errors) else []
-    if e.empty or e[e["metric"] == "output_tok_s"]["n_pairs"].max() == 0:
-        first = next((x for x in errors if x.get("signal")), errors[0] if errors else None)
-        cause = f" First failure: {first['config']} rep {first['rep']}: {first['summary']}" if first else ""
-        return [Finding(thread=THREAD, title="torch.compile: not measured", applies=False, confidence="none",
-                        claim="No paired measurement of compiled vs eager completed, so no effect can be stated."
-                              + cause,
-                        reason="; ".join(f"{x['config']} rep {x['rep']}: {x['signal'] or x['error_type']}"
-                                         for x in errors) or "no data",
-                        evidence={"errors": [{k: v for k, v in x.items() if k != "traceback"} for x in errors]})]
-    tok = e[(e["metric"] == "output_tok_s") & (e["n_pairs"] > 0)]
-    peak = tok.loc[tok["concurrency"].idxmax()]
-    rt = resolved_table(res)
-    modes = {r.config: r for r in rt.itertuples()}
-    start = startup_table(res)
-    st = {r.config: r.first_token_s for r in start.itertuples()} if len(start) else {}
-    startup_cost_s = st.get(TREATMENT, np.nan) - st.get(BASELINE, np.nan)
-    graphs_differ = modes[TREATMENT].cudagraph_mode != modes[BASELINE].cudagraph_mode
-    effect = Effect(metric="output_tok_s", value_pct=_r(peak.effect_pct), ci_low_pct=_r(peak.ci_low_pct),
-                    ci_high_pct=_r(peak.ci_high_pct), range_low_pct=_r(peak.low_pct), range_high_pct=_r(peak.high_pct),
-                    p_value=_r(peak.p_value, 4), n=int(peak.n_pairs), at=f"c={int(peak.concurrency)}",
-                    baseline=BASELINE, treatment=TREATMENT)
-    conf = peak.confidence  # the effect ranked in the summary is the one at peak load, the throughput operating point
-    install = ""
-    if len(res.points):
-        install = res.points["command"].iloc[0].split(" -m ")[0]
-    direction, verdict_text = verdict(tok)
-    flags: list[str] = ["--enforce-eager"] if direction == "worse" else []
-    per_level = "; ".join(f"c={int(r.concurrency)}: {r.effect_pct:+.0f}% ({_ci(r)}, {r.confidence})"
-                          for r in tok.itertuples())
-    claim = (f"torch.compile {verdict_text}. Output tok/s, compiled vs eager, ratio of medians over {effect.n} "
-             f"paired repetitions (90% CI, confidence): {per_level}. Compiled ran as "
-             f"{modes[TREATMENT].compilation_mode}, eager as {modes[BASELINE].compilation_mode}.")
-    if not np.isnan(startup_cost_s):
-        claim += f" Compile adds {startup_cost_s:+.0f} s to startup (median launch to first token)."
-    if graphs_differ:
-        claim += (f" CUDA graphs also differ ({modes[TREATMENT].cudagraph_mode} vs {modes[BASELINE].cudagraph_mode}),"
-                  " so this effect mixes compile with graphs; thread 2 separates them.")
+    level = min(ld.concurrency) if ld.mode == "closed" else 1
+    probe_load = ld.model_copy(update={"concurrency": (level,), "num_requests": max(4, 2 * level), "duration_s": None})
+    probe = run_study(THREAD, study.engine, model, probe_load, [Arm(PROBE, Knobs(torch_compile=True,
+                      cuda_graph="piecewise"), "compile on, piecewise graphs asked")], repetitions=1,
+                      store_dir=store_dir, offline=offline, force=force, progress=False)
+    st = probe.states.get(PROBE)
+    if st is None:
+        err = probe.results.errors["summary"].iloc[0] if len(probe.results.errors) else "no point"
+        return Exclusion("not verified", f"the probe launch did not measure: {err}", _with_audit(study, rows))
+    rows.append({"source": "resolved", "where": st.source, "text": f"compile {st.shown('compile')}, graphs "
+                 f"{st.graphs or 'not reported'} ({st.graph_mode or st.why_missing('graph_prefill')})"})
+    if st.compile == "on" and st.graph_prefill == "piecewise":
+        verdict, words = "coexist", "compile and piecewise graphs resolved together"
+    elif st.compile == "on" and st.graph_prefill in ("off", "full"):
+        verdict, words = "excludes", (f"with compile on, the piecewise request resolved to prefill graphs "
+                                      f"{st.graph_prefill} ({st.graph_mode})")
     else:
-        claim += f" CUDA graph mode is {modes[TREATMENT].cudagraph_mode} in both, so the effect is compile alone."
-    client, starved = res.client_warnings("limited"), res.client_warnings("starved")
-    if client:
-        claim += f" Caution: the load client limited {len(client)} point(s) (evidence.client_warnings)."
-    if starved:
-        claim += (f" The host was oversubscribed at {len(starved)} of {len(res.client_health())} points, so "
-                  "latencies there include scheduling delay (evidence.client_starved).")
-    other = {f"{r.metric}@c={int(r.concurrency)}": {"effect_pct": r.effect_pct, "ci_low_pct": r.ci_low_pct,
-                                                     "ci_high_pct": r.ci_high_pct, "p_value": r.p_value,
-                                                     "range_low_pct": r.low_pct, "range_high_pct": r.high_pct,
-                                                     "n": r.n_pairs, "confidence": r.confidence,
-                                                     "higher_is_better": higher_is_better(r.metric)}
-             for r in e.itertuples()}
-    return [Finding(
-        thread=THREAD, title="torch.compile vs eager", claim=claim, effect=effect, recommended_flags=flags,
-        confidence=conf,
-        evidence={"effects": other, "resolved": rt.to_dict("records"), "startup_first_token_s": st,
-                  "startup_cost_s": None if np.isnan(startup_cost_s) else round(float(startup_cost_s), 1),
-                  "errors": errors, "engine_python": install, "client_warnings": client, "client_starved": starved,
-                  "noise_pct": {"baseline": peak.baseline_spread_pct, "treatment": peak.treatment_spread_pct}},
-    )]
+        verdict, words = "not verified", (f"the probe resolved compile {st.shown('compile')}, prefill graphs "
+                                          f"{st.shown('graph_prefill')}: {st.why_missing('graph_prefill') or 'no answer'}")
+    return Exclusion(verdict, words, _with_audit(study, rows))
+
+
+def _with_audit(study: Study, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The evidence rows, plus every audit rule of the installed source that turns graphs off when compile is on."""
+    if study.install is not None:
+        from ..engines.audit import graph_disable_audit
+
+        try:
+            audit = find_rules(graph_disable_audit(study.adapter.source_tree(study.install)),
+                               condition=r"torch_compile|enable_compile")
+        except Exception:  # noqa: BLE001 - the engine's source is not readable here: no rows to add
+            audit = pd.DataFrame()
+        for r in audit.itertuples():
+            rows.append({"source": "audit", "where": f"{r.file}:{r.line} {r.function}",
+                         "text": f"{r.condition} -> {r.effect}"})
+    return pd.DataFrame(rows, columns=["source", "where", "text"])
+
+
+def findings(study: Study, exclusion: Exclusion | None = None) -> list[Finding]:
+    """The thread's conclusion: compile's measured effect on throughput, what each side resolved to, the startup
+    cost, and what to set, in the engine's spelling; then whether compile excludes piecewise graphs here."""
+    cmp = comparison(study)
+    start = study.startup()
+    st = dict(zip(start["config"], start["first_token_s"], strict=True)) if len(start) else {}
+    extra = ""
+    if TREATMENT in st and BASELINE in st:
+        extra = f" Compile adds {st[TREATMENT] - st[BASELINE]:+.0f} s to startup (median launch to first token)."
+    f = cmp.finding("torch.compile", "torch.compile", better=Knobs(torch_compile=True),
+                    worse=Knobs(torch_compile=False), extra=extra)
+    if f.applies and TREATMENT in st and BASELINE in st:
+        f.evidence["startup_cost_s"] = round(float(st[TREATMENT] - st[BASELINE]), 1)
+    if exclusion is None:
+        return [f]
+    known = exclusion.verdict in ("excludes", "coexist")
+    title = {"excludes": "torch.compile excludes piecewise CUDA graphs here",
+             "coexist": "torch.compile and piecewise CUDA graphs run together here"}.get(
+        exclusion.verdict, f"torch.compile with piecewise CUDA graphs: {exclusion.verdict}")
+    x = Finding(thread=THREAD, title=title, claim=exclusion.words[0].upper() + exclusion.words[1:] + ".",
+                applies=known, reason="" if known else exclusion.words, confidence="high" if known else "none",
+                evidence={"rows": exclusion.evidence.to_dict("records")})
+    return [f, x]

@@ -1,0 +1,397 @@
+"""Studies: a question answered by measuring named configurations (arms) of one engine, checking that each resolved to
+what it asked for, and comparing arms in pairs.
+
+A thread holds its question, its arms and the words of its finding; everything else is here. `Study` is built once
+over the measured arms and its methods return DataFrames (HolisticTraceAnalysis' TraceAnalysis is the model);
+`Study.compare(baseline, treatment)` returns a `Comparison` (its TraceDiff.compare_traces), whose `finding()` states
+the measured effect with its confidence, lowered where a state could not be verified or where the arms differed in
+more than the studied knob.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import plots
+from .analysis.ab import higher_is_better, paired_effects, verdict
+from .engines import get_engine
+from .engines.base import EngineAdapter, EngineInstall
+from .engines.state import FIELDS, ResolvedState, differences, verify
+from .experiment import Config, Results, measure
+from .findings import Confidence, Effect, Finding, Outcome
+from .plots import Figure
+from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec, parse
+from .store import Store
+
+METRICS = ("output_tok_s", "ttft_ms_p50", "tpot_ms_p50")
+_LEVELS: tuple[Confidence, ...] = ("none", "low", "medium", "high")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration of a study: a name, the knobs it asks for (intent), and what it is, in words."""
+
+    name: str
+    knobs: Knobs
+    note: str = ""
+
+
+def run_study(thread: str, engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec,
+              load: dict[str, Any] | LoadSpec, arms: Sequence[Arm], repetitions: int = 3, store_dir: str = "",
+              offline: bool = False, force: bool = False, progress: bool = True,
+              telemetry: dict[str, Any] | TelemetrySpec | None = None) -> Study:
+    """Validate every input (before anything launches), measure the arms in alternating repetitions through the
+    store, and return the Study over them."""
+    e = parse(EngineSpec, engine, "engine")
+    m = parse(ModelSpec, model, "model")
+    ld = parse(LoadSpec, load, "load")
+    tel = parse(TelemetrySpec, telemetry or {}, "telemetry")
+    res = measure(e, m, [Config(a.name, a.knobs) for a in arms], ld, repetitions=repetitions,
+                  store=Store(store_dir or None), offline=offline, force=force, progress=progress, telemetry=tel)
+    return Study(thread, e, list(arms), res)
+
+
+@dataclass
+class Study:
+    """Measured arms of one engine; every method returns a DataFrame (or a Figure, or a Comparison)."""
+
+    thread: str
+    engine: EngineSpec
+    arms: list[Arm]
+    results: Results
+
+    @property
+    def adapter(self) -> EngineAdapter:
+        """The engine's adapter: everything engine-specific goes through it."""
+        return get_engine(self.engine.name)
+
+    def arm(self, name: str) -> Arm:
+        """An arm by name."""
+        return next(a for a in self.arms if a.name == name)
+
+    def _points(self, name: str) -> pd.DataFrame:
+        p = self.results.points
+        return p[p["config"] == name] if len(p) else p
+
+    # -- what each arm resolved to ---------------------------------------------------------------------------
+    @cached_property
+    def states(self) -> dict[str, ResolvedState]:
+        """Each measured arm's resolved state, read by the adapter from its first point's stored evidence
+        (resolved configuration and server log); arms with no measured point are absent."""
+        out = {}
+        for a in self.arms:
+            pts = self._points(a.name)
+            if len(pts):
+                out[a.name] = self.adapter.resolved_state(*_evidence(Path(pts["path"].iloc[0])))
+        return out
+
+    def resolved(self) -> pd.DataFrame:
+        """One row per arm: the flags it launched with and what the server resolved ('not reported' where it did
+        not say)."""
+        rows = []
+        for a in self.arms:
+            pts = self._points(a.name)
+            st = self.states.get(a.name)
+            row = {"config": a.name, "requested": a.knobs.label(), "flags": pts["flags"].iloc[0] if len(pts) else ""}
+            rows.append(row | (st.row() if st else {"source": "not measured"}))
+        return _drop_empty(pd.DataFrame(rows))
+
+    def verification(self) -> pd.DataFrame:
+        """Per arm and pinned field: requested, resolved, and whether it is as requested, differs, or not verified."""
+        frames = []
+        for a in self.arms:
+            st = self.states.get(a.name)
+            if st is None:
+                continue
+            v = verify(self.adapter.expected_state(a.knobs), st)
+            frames.append(v.assign(config=a.name))
+        if not frames:
+            return pd.DataFrame(columns=["config", "field", "requested", "resolved", "status", "why"])
+        out = pd.concat(frames, ignore_index=True)
+        return out[["config", "field", "requested", "resolved", "status", "why"]]
+
+    # -- what was measured -----------------------------------------------------------------------------------
+    def table(self) -> pd.DataFrame:
+        """Median over repetitions per arm and concurrency (min..max of throughput), with output-length checks."""
+        s = self.results.summary
+        if s.empty:
+            return pd.DataFrame()
+        if "short_outputs" not in s:
+            s = s.assign(short_outputs=np.nan)
+        g = s.groupby(["config", "concurrency"], sort=False)
+        out = g.agg(reps=("rep", "nunique"), output_tok_s=("output_tok_s", "median"),
+                    output_tok_s_min=("output_tok_s", "min"), output_tok_s_max=("output_tok_s", "max"),
+                    ttft_ms_p50=("ttft_ms_p50", "median"), tpot_ms_p50=("tpot_ms_p50", "median"),
+                    e2e_ms_p50=("e2e_ms_p50", "median"), mean_output_tokens=("mean_output_tokens", "median"),
+                    short_outputs=("short_outputs", "sum"), failed=("failed", "sum")).reset_index()
+        return _drop_empty(out)
+
+    def short_outputs(self) -> list[str]:
+        """Points whose requests came back shorter than asked (their throughput is mostly prefill)."""
+        s = self.results.summary
+        if s.empty or "short_outputs" not in s:
+            return []
+        bad = s[s["short_outputs"].fillna(0) > 0]
+        return [f"{r.config} rep {r.rep} c={int(r.concurrency)}: {int(r.short_outputs)} of {int(r.completed)} requests "
+                f"ended early (mean {r.mean_output_tokens:.0f} output tokens)" for r in bad.itertuples()]
+
+    def startup(self) -> pd.DataFrame:
+        """Seconds from launch to the first generated token, per arm (median and range over launches)."""
+        st = self.results.startup
+        if st.empty or "first_token_s" not in st:
+            return pd.DataFrame()
+        return st.groupby("config", sort=False).agg(
+            launches=("rep", "count"), first_token_s=("first_token_s", "median"),
+            first_token_s_min=("first_token_s", "min"), first_token_s_max=("first_token_s", "max")).reset_index()
+
+    def graph_metrics(self) -> pd.DataFrame:
+        """The engine's own CUDA-graph counters per arm and point (rates of counters, medians of gauges), where it
+        exports them."""
+        from .telemetry.tables import metric_points
+
+        names = set(self.adapter.graph_metrics())
+        m = metric_points(self.results.telemetry)
+        if m.empty or not names:
+            return pd.DataFrame()
+        m = m[m["metric"].str.replace("_total$", "", regex=True).isin({n.removesuffix("_total") for n in names})]
+        return m.reset_index(drop=True)
+
+    def plot(self, title: str = "") -> Figure | None:
+        """Throughput vs concurrency and latency vs throughput, every arm."""
+        s = self.results.summary
+        return plots.throughput_latency(s, title) if not s.empty else None
+
+    def outcome(self, findings: list[Finding]) -> Outcome:
+        """What the study measured, for the index."""
+        return self.results.outcome(self.thread, findings)
+
+    # -- comparisons -----------------------------------------------------------------------------------------
+    def compare(self, baseline: str, treatment: str, studied: tuple[str, ...], controls: tuple[str, ...] = ()) -> Comparison:
+        """Treatment against baseline; studied: the state fields the comparison is about; controls: the fields that
+        must be equal on both sides for the effect to be the studied knob's alone."""
+        return Comparison(self, baseline, treatment, studied, controls)
+
+    @cached_property
+    def install(self) -> EngineInstall | None:
+        """The engine install the points ran on, as their manifests recorded it (None if nothing was measured)."""
+        pts = self.results.points
+        if pts.empty:
+            return None
+        try:
+            manifest = json.loads((Path(pts["path"].iloc[0]) / "manifest.json").read_text())
+            return EngineInstall(**manifest["target"]["install"])
+        except (OSError, KeyError, TypeError, ValueError):
+            return None
+
+    def spell(self, knobs: Knobs) -> tuple[list[str], str]:
+        """Flags for knobs in this engine version's own spelling, and '' or why they could not be spelled here."""
+        if self.install is None:
+            return [], "nothing was measured"
+        try:
+            return self.adapter.recommended_flags(knobs, self.install), ""
+        except Exception as e:  # offline on another machine: the engine's source may not be here
+            return [], f"could not spell {knobs.label()} for this engine here ({type(e).__name__}: {e})"
+
+
+@dataclass
+class Comparison:
+    """Treatment vs baseline of one study: paired effects, state checks, and the finding they support."""
+
+    study: Study
+    baseline: str
+    treatment: str
+    studied: tuple[str, ...]
+    controls: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = METRICS
+    _effects: pd.DataFrame | None = field(default=None, init=False, repr=False)
+
+    def effects(self) -> pd.DataFrame:
+        """Per metric and concurrency: medians, ratio of medians, its 90% CI and p-value over paired repetitions."""
+        if self._effects is None:
+            s = self.study.results.summary
+            self._effects = pd.DataFrame() if s.empty else pd.concat(
+                [paired_effects(s, m, self.baseline, self.treatment) for m in self.metrics], ignore_index=True)
+        return self._effects
+
+    def plot_effects(self, title: str = "") -> Figure | None:
+        """treatment / baseline per metric and concurrency, with 90% confidence intervals."""
+        e = self.effects()
+        return plots.effect_bars(e, title or f"{self.treatment} / {self.baseline}, 90% confidence intervals") \
+            if len(e) else None
+
+    def checks(self) -> pd.DataFrame:
+        """Every state check behind the comparison: the studied and control fields as each side resolved them, and
+        any other reported field in which the sides differ."""
+        v = self.study.verification()
+        v = v[v["config"].isin([self.baseline, self.treatment]) & v["field"].isin(self.studied + self.controls)]
+        rows = v.assign(role=np.where(v["field"].isin(self.studied), "studied", "control")).to_dict("records")
+        a, b = self.study.states.get(self.baseline), self.study.states.get(self.treatment)
+        if a is not None and b is not None:
+            d = differences(a, b, tuple(f for f in FIELDS if f not in self.studied))
+            for r in d.itertuples():
+                if r.status == "differs" or r.field in self.controls:
+                    rows.append({"config": "both", "field": r.field, "requested": "", "resolved":
+                                 f"{self.baseline}: {r.a}; {self.treatment}: {r.b}", "status":
+                                 "sides differ" if r.status == "differs" else "not comparable", "why": r.why,
+                                 "role": "control" if r.field in self.controls else "other"})
+        cols = ["role", "config", "field", "requested", "resolved", "status", "why"]
+        return pd.DataFrame(rows, columns=cols).drop_duplicates(subset=["config", "field", "status"])
+
+    def caveats(self) -> tuple[list[str], Confidence | None, bool]:
+        """(sentences on what could not be verified or also differed, the confidence cap they imply, whether the
+        studied knob was varied as asked at all)."""
+        c = self.checks()
+        says, cap, varied = [], None, True
+        for r in c[c["role"] == "studied"].itertuples():
+            if r.status == "differs":
+                says.append(f"{r.field} on {r.config}: {r.why}")
+                varied = False
+            elif r.status == "not verified":
+                says.append(f"{r.field} on {r.config} not verified ({r.why})")
+                cap = "low"
+        said: set[str] = set()
+        for r in c[c["role"] != "studied"].itertuples():
+            if r.field in said:
+                continue
+            if r.status == "differs":  # a control pinned on this side resolved otherwise
+                says.append(f"{r.field} on {r.config}: {r.why}")
+            elif r.status == "sides differ":
+                says.append(f"{r.field} also differed ({r.resolved})")
+            elif r.status in ("not verified", "not comparable") and r.role == "control":
+                says.append(f"{r.field} could not be compared ({r.why})")
+                cap = cap or "medium"
+                said.add(r.field)
+                continue
+            else:
+                continue
+            cap = "low"
+            said.add(r.field)
+        return says, cap, varied
+
+    def peak(self, metric: str = "output_tok_s") -> pd.Series | None:
+        """The paired effect at the highest concurrency with pairs (the throughput operating point)."""
+        e = self.effects()
+        if e.empty:
+            return None
+        e = e[(e["metric"] == metric) & (e["n_pairs"] > 0)]
+        return None if e.empty else e.loc[e["concurrency"].idxmax()]
+
+    def finding(self, title: str, subject: str, better: Knobs | None = None, worse: Knobs | None = None,
+                extra: str = "") -> Finding:
+        """The headline: subject's measured effect on throughput per level (verdict, CI, confidence), what each
+        side resolved to, the caveats; recommended flags (spelled by the engine) for better if the treatment helps,
+        for worse if it hurts."""
+        thread = self.study.thread
+        errors = self.study.results.errors
+        errs = [{k: v for k, v in x.items() if k != "traceback"} for x in errors.to_dict("records")] if len(errors) else []
+        peak = self.peak()
+        states = {n: self.study.states[n] for n in (self.baseline, self.treatment) if n in self.study.states}
+        if peak is None:
+            first = next((x for x in errs if x.get("signal")), errs[0] if errs else None)
+            cause = f" First failure: {first['config']} rep {first['rep']}: {first['summary']}" if first else ""
+            return Finding(thread=thread, title=f"{subject}: not measured", applies=False, confidence="none",
+                           claim=f"No paired measurement of {self.treatment} vs {self.baseline} completed, so no effect "
+                                 f"can be stated.{cause}",
+                           reason="; ".join(f"{x['config']} rep {x['rep']}: {x['signal'] or x['error_type']}"
+                                            for x in errs) or "no data",
+                           evidence={"errors": errs, "resolved": {k: v.to_dict() for k, v in states.items()}})
+        says, cap, varied = self.caveats()
+        e = self.effects()
+        tok = e[(e["metric"] == "output_tok_s") & (e["n_pairs"] > 0)]
+        direction, words = verdict(tok)
+        levels = "; ".join(f"c={int(r.concurrency)}: {r.effect_pct:+.0f}% ({_ci(r)}, {r.confidence})"
+                           for r in tok.itertuples())
+        sides = "; ".join(f"{n} ran as {_state_words(st)}" for n, st in states.items())
+        effect = Effect(metric="output_tok_s", value_pct=_r(peak.effect_pct), ci_low_pct=_r(peak.ci_low_pct),
+                        ci_high_pct=_r(peak.ci_high_pct), range_low_pct=_r(peak.low_pct),
+                        range_high_pct=_r(peak.high_pct), p_value=_r(peak.p_value, 4), n=int(peak.n_pairs),
+                        at=f"c={int(peak.concurrency)}", baseline=self.baseline, treatment=self.treatment)
+        conf: Confidence = peak.confidence
+        if not varied:
+            return Finding(thread=thread, title=f"{subject}: not compared", applies=False, confidence="none",
+                           claim=f"The arms did not resolve to what was asked, so this is not a measurement of "
+                                 f"{subject}: {'; '.join(says)}. {sides}.", reason="; ".join(says), effect=effect,
+                           evidence=self._evidence(states, errs))
+        if cap is not None and _LEVELS.index(conf) > _LEVELS.index(cap):
+            conf = cap
+        claim = (f"{subject} {words}. Output tok/s, {self.treatment} vs {self.baseline}, ratio of medians over "
+                 f"{effect.n} paired repetitions (90% CI, confidence): {levels}. {sides}.")
+        if says:
+            claim += " Not verified or also different: " + "; ".join(says) + "."
+        else:
+            claim += f" Both sides resolved as asked in {', '.join(self.studied)}" + \
+                (f" and equal in {', '.join(self.controls)}" if self.controls else "") + f", so the effect is {subject}'s."
+        claim += extra
+        short = self.study.short_outputs()
+        if short:
+            claim += f" Caution: {len(short)} point(s) returned shorter answers than asked (evidence.short_outputs)."
+        client = self.study.results.client_warnings("limited")
+        if client:
+            claim += f" Caution: the load client limited {len(client)} point(s) (evidence.client_warnings)."
+        starved = self.study.results.client_warnings("starved")
+        if starved:
+            claim += (f" The host was oversubscribed at {len(starved)} of {len(self.study.results.client_health())} "
+                      "points, so latencies there include scheduling delay (evidence.client_starved).")
+        rec_knobs = better if direction == "better" else worse if direction == "worse" else None
+        flags, why = self.study.spell(rec_knobs) if rec_knobs is not None else ([], "")
+        if why:
+            claim += f" ({why})"
+        ev = self._evidence(states, errs) | {"short_outputs": short, "client_warnings": client,
+                                            "client_starved": starved, "direction": direction,
+                                            "noise_pct": {"baseline": _r(peak.baseline_spread_pct),
+                                                          "treatment": _r(peak.treatment_spread_pct)}}
+        return Finding(thread=thread, title=f"{subject}: {self.treatment} vs {self.baseline}", claim=claim,
+                       effect=effect, recommended_flags=flags, confidence=conf, evidence=ev)
+
+    def _evidence(self, states: dict[str, ResolvedState], errs: list[dict[str, Any]]) -> dict[str, Any]:
+        e = self.effects()
+        effects = {f"{r.metric}@c={int(r.concurrency)}": {
+            "effect_pct": _r(r.effect_pct), "ci_low_pct": _r(r.ci_low_pct), "ci_high_pct": _r(r.ci_high_pct),
+            "p_value": _r(r.p_value, 4), "range_low_pct": _r(r.low_pct), "range_high_pct": _r(r.high_pct),
+            "n": int(r.n_pairs), "confidence": r.confidence, "higher_is_better": higher_is_better(r.metric)}
+            for r in e.itertuples()} if len(e) else {}
+        start = self.study.startup()
+        return {"effects": effects, "resolved": {k: v.to_dict() for k, v in states.items()},
+                "checks": self.checks().to_dict("records"), "errors": errs,
+                "startup_first_token_s": dict(zip(start["config"], start["first_token_s"], strict=True))
+                if len(start) else {}}
+
+
+def _evidence(folder: Path) -> tuple[dict[str, Any] | None, str]:
+    """The resolved configuration and server log a point kept."""
+    rc = folder / "resolved_config.json"
+    resolved = json.loads(rc.read_text()) if rc.is_file() else None
+    logs = [p for p in (folder / "server.stdout.log", folder / "server.stderr.log") if p.is_file()]
+    return resolved, "\n".join(p.read_text(errors="replace") for p in logs)
+
+
+def _state_words(st: ResolvedState) -> str:
+    comp = st.shown("compile") + (f" ({st.compile_mode})" if st.compile_mode and st.compile == "on" else "")
+    graphs = st.graphs or "not reported"
+    return f"compile {comp}, CUDA graphs {graphs}" + (f" ({st.graph_mode})" if st.graph_mode else "")
+
+
+def _drop_empty(df: pd.DataFrame) -> pd.DataFrame:
+    """Tables show the columns that matter: all-empty columns go."""
+    if df.empty:
+        return df
+    keep = [c for c in df.columns if not (df[c].isna() | (df[c].astype(str) == "")).all()]
+    return df[keep]
+
+
+def _r(x: Any, digits: int = 2) -> float | None:
+    return None if x is None or (isinstance(x, float) and np.isnan(x)) else round(float(x), digits)
+
+
+def _ci(r: Any) -> str:
+    if np.isnan(r.ci_low_pct):
+        return f"one run: {r.effect_pct:+.0f}%" if r.n_pairs == 1 else "no CI"
+    return f"{r.ci_low_pct:+.0f}..{r.ci_high_pct:+.0f}%"

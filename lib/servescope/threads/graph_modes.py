@@ -1,0 +1,183 @@
+"""Thread 2: do piecewise / breakable CUDA graphs (attention graphed, MoE eager) help, and which graph mode to use?
+
+The arms are the graph modes this engine version can express (off, decode only, full, piecewise = decode full graphs
+and prefill piecewise/breakable graphs), each verified by its resolved state, over the suite's concurrency sweep;
+each mode is compared with graphs off. Where the engine has no CUDA-graph mode at all (the CPU engine), the thread
+says so with the adapter's reason, the resolved configuration and the audit's rule, and launches nothing beyond the
+engine-defaults point that thread 1 measures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from .. import plots
+from ..engines import get_engine
+from ..engines.base import EngineInstall
+from ..errors import KnobError, ServescopeError, SpecError
+from ..experiment import point_parts
+from ..findings import Finding
+from ..launch import find_install
+from ..plots import Figure
+from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec, parse
+from ..store import Store
+from ..study import Arm, Comparison, Study, run_study
+from .graph_disable import audit_for, explain_state, server_log
+
+THREAD = "02_piecewise_cuda_graphs"
+MODES = ("off", "decode_only", "full", "piecewise")
+BASELINE = "off"
+DEFAULTS = "engine default"
+STUDIED = ("graph_decode", "graph_prefill")
+CONTROLS = ("compile", "tp", "dp")
+
+
+def modes(engine: dict[str, Any] | EngineSpec, install: EngineInstall | None = None) -> pd.DataFrame:
+    """Each graph mode: whether this engine version can express it, with its flags or the reason it cannot."""
+    e = parse(EngineSpec, engine, "engine")
+    adapter = get_engine(e.name)
+    if install is None and adapter.launches:
+        install = find_install(e, create=True, say=lambda m: None)
+    rows = []
+    for mode in MODES:
+        try:
+            if install is None:
+                raise SpecError("an external server runs as it was started: graph modes cannot be chosen from here")
+            flags = adapter.knob_flags(Knobs(cuda_graph=mode), install)
+            rows.append({"mode": mode, "expressible": True, "flags": " ".join(flags) or "(none: the default)",
+                         "reason": ""})
+        except (KnobError, SpecError) as ex:
+            rows.append({"mode": mode, "expressible": False, "flags": "", "reason": str(ex)})
+    return pd.DataFrame(rows)
+
+
+def stored_modes(engine: EngineSpec, model: ModelSpec, load: LoadSpec, store_dir: str, why: str) -> pd.DataFrame:
+    """Offline, without the engine installed here: the modes whose first repetition the store holds."""
+    store = Store(store_dir or None)
+    rows = []
+    for mode in MODES:
+        have = store.has(store.key(point_parts(engine, model, Knobs(cuda_graph=mode), load, 0)))
+        rows.append({"mode": mode, "expressible": have, "flags": "(read from the store)" if have else "",
+                     "reason": "" if have else f"not in the store, and the engine is not here to ask ({why})"})
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class GraphStudy:
+    """The graph modes of one engine, measured (or why not), and the comparisons with graphs off."""
+
+    modes: pd.DataFrame
+    study: Study
+
+    @property
+    def compared(self) -> list[str]:
+        """The graph modes measured against graphs off."""
+        return [a.name for a in self.study.arms if a.name not in (BASELINE, DEFAULTS)]
+
+    def comparisons(self) -> dict[str, Comparison]:
+        """Each measured mode against graphs off."""
+        return {m: self.study.compare(BASELINE, m, STUDIED, CONTROLS) for m in self.compared}
+
+    def effects(self) -> pd.DataFrame:
+        """Paired effects of every mode against graphs off, one table ('point' names mode and level)."""
+        frames = [c.effects() for c in self.comparisons().values()]
+        frames = [f for f in frames if len(f)]
+        if not frames:
+            return pd.DataFrame()
+        out = pd.concat(frames, ignore_index=True)
+        out["point"] = out["treatment"] + " c=" + out["concurrency"].astype(int).astype(str)
+        return out
+
+    def plot_effects(self) -> Figure | None:
+        """Each mode / graphs off, per metric and concurrency, with 90% confidence intervals."""
+        e = self.effects()
+        return plots.effect_bars(e, "graph mode / graphs off, 90% confidence intervals (x1 = no change)") \
+            if len(e) else None
+
+
+def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
+        repetitions: int = 3, store_dir: str = "", offline: bool = False, force: bool = False,
+        progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None) -> GraphStudy:
+    """Measure every expressible graph mode in alternating repetitions; with fewer than two modes, only the
+    engine-defaults point (thread 1's) is read or measured, for its resolved configuration."""
+    e = parse(EngineSpec, engine, "engine")
+    m = parse(ModelSpec, model, "model")
+    ld = parse(LoadSpec, load, "load")
+    try:
+        table = modes(e)
+    except ServescopeError as ex:
+        if not offline:
+            raise
+        table = stored_modes(e, m, ld, store_dir, str(ex))
+    can = list(table[table["expressible"]]["mode"])
+    if BASELINE in can and len(can) >= 2:
+        arms = [Arm(m, Knobs(cuda_graph=m), f"CUDA graphs: {m}") for m in can]
+        return GraphStudy(table, run_study(THREAD, e, model, load, arms, repetitions=repetitions, store_dir=store_dir,
+                                           offline=offline, force=force, progress=progress, telemetry=telemetry))
+    # the same store key as thread 1's launch (engine defaults, this load, repetition 0): nothing new is launched
+    # when thread 1 ran first
+    study = run_study(THREAD, e, model, load, [Arm(DEFAULTS, Knobs(), "the engine's defaults")], repetitions=1,
+                      store_dir=store_dir, offline=offline, force=force, progress=progress, telemetry=telemetry)
+    return GraphStudy(table, study)
+
+
+def findings(gs: GraphStudy) -> list[Finding]:
+    """The graph mode to use (the verified mode with the best throughput gain over graphs off), then each mode's
+    effect; or, where the engine has no graph mode to choose, why, with its evidence."""
+    if not gs.compared:
+        return [_no_modes(gs)]
+    per_mode = []
+    for mode, cmp in gs.comparisons().items():
+        per_mode.append(cmp.finding(f"CUDA graphs {mode}", f"CUDA graphs {mode}", better=Knobs(cuda_graph=mode),
+                                    worse=Knobs(cuda_graph=BASELINE)))
+    best = [f for f in per_mode if f.applies and f.effect is not None and f.evidence.get("direction") == "better"
+            and f.confidence in ("high", "medium")]
+    if best:
+        top = max(best, key=lambda f: f.effect.value_pct)
+        mode = top.effect.treatment
+        others = "; ".join(f"{f.effect.treatment}: {f.effect.value_pct:+.0f}% ({f.confidence})" for f in per_mode
+                           if f.effect is not None and f is not top)
+        head = Finding(thread=THREAD, title=f"Use CUDA graphs: {mode}", confidence=top.confidence,
+                       claim=f"{mode} gave the largest verified throughput gain over graphs off: {top.effect.text()}."
+                             + (f" Other modes against off: {others}." if others else ""),
+                       effect=top.effect, recommended_flags=top.recommended_flags,
+                       evidence={"per_mode": [f.model_dump(mode="json") for f in per_mode]})
+    else:
+        compared = any(f.applies for f in per_mode)
+        head = Finding(thread=THREAD, title="No graph mode shown to help" if compared else "Graph modes: not compared",
+                       confidence="low" if compared else "none", applies=compared,
+                       claim="No graph mode gave a throughput gain over graphs off that this measurement resolves "
+                             "(medium or high confidence): " + "; ".join(
+                                 f"{f.title}: {f.claim.split('.')[0]}" for f in per_mode) + ".",
+                       evidence={"per_mode": [f.model_dump(mode="json") for f in per_mode]})
+    return [head, *per_mode]
+
+
+def _no_modes(gs: GraphStudy) -> Finding:
+    """No graph mode to choose: the adapter's reason, what the server resolved, and the audit rule behind it."""
+    reasons = sorted(set(gs.modes[~gs.modes["expressible"]]["reason"]))
+    st = gs.study.states.get(DEFAULTS)
+    if st is None:
+        errs = gs.study.results.errors
+        first = errs["summary"].iloc[0] if len(errs) else "no point"
+        return Finding(thread=THREAD, title="CUDA graph modes: not measured", applies=False, confidence="none",
+                       claim=f"This engine cannot express graph modes to compare ({'; '.join(reasons)[:300]}), and "
+                             f"the engine-defaults point that would show what it resolved was not measured: {first}.",
+                       reason="; ".join(reasons))
+    audit = audit_for(gs.study.engine, gs.study.install)
+    log, _ = server_log(gs.study)
+    why = explain_state(gs.study.adapter.fact_rules(st), audit, log)
+    rules = why[why["source"] == "audit"]
+    where = ", ".join(dict.fromkeys(rules["where"]))[:300] if len(rules) else ""
+    resolved = f"the server resolved CUDA graphs {st.graphs or 'not reported'}" + \
+        (f" ({st.graph_mode}, from {st.source})" if st.graph_mode else "")
+    claim = (f"Graph modes cannot be compared here: {reasons[0]}. With its defaults, {resolved}"
+             + (f"; the rule: {where}." if where else "."))
+    known = st.graphs == "off"
+    return Finding(thread=THREAD, title="No CUDA graph modes to compare here", applies=False,
+                   confidence="high" if known and where else "medium" if known else "none",
+                   reason=reasons[0], claim=claim,
+                   evidence={"modes": gs.modes.to_dict("records"), "resolved": st.to_dict(),
+                             "rules": rules.head(10).to_dict("records")})
