@@ -55,23 +55,27 @@ def test_report_end_to_end_on_vllm(tmp_path):
              "load": {"concurrency": [1, 2], "num_requests": 6, "input_len": 16, "output_len": 16},
              "telemetry": {"host_hz": 20, "metrics_hz": 10},
              "notebooks": [{"id": "00_environment"}, {"id": "01_cuda_graph_disable_reason"},
+                           {"id": "02_piecewise_cuda_graphs"},
                            {"id": "05_torch_compile", "parameters": {"repetitions": 1}}]}
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump(suite))
     out = run_suite(path, reports_dir=tmp_path / "reports", store_dir=tmp_path / "store").out_dir
     index = (out / "index.html").read_text()
-    assert index.count('class="ok">ok') == 3, index
+    assert index.count('class="ok">ok') == 4, index
     (why,) = json.loads((out / "01_cuda_graph_disable_reason.findings.json").read_text())
     # the real server resolved no CUDA graphs, and the audit of the installed vLLM names the CPU platform rule
     assert why["evidence"]["resolved_mode"] == "NONE" and "vllm/config/vllm.py:" in why["claim"], why
     (env,) = json.loads((out / "00_environment.findings.json").read_text())
     assert env["claim"].startswith("vllm 0.32.0 (cpu)")
-    (finding,) = json.loads((out / "05_torch_compile.findings.json").read_text())
+    finding, excl = json.loads((out / "05_torch_compile.findings.json").read_text())
     assert finding["applies"] and finding["effect"]["n"] == 1 and finding["evidence"]["errors"] == []
-    modes = {r["config"]: r["compilation_mode"] for r in finding["evidence"]["resolved"]}
+    modes = {k: v["compile_mode"] for k, v in finding["evidence"]["resolved"].items()}
     assert modes == {"compiled": "DYNAMO_TRACE_ONCE", "eager": "NONE"}
+    assert excl["title"].endswith("not expressible")  # the CPU build refuses graph modes before launching
+    (graphs,) = json.loads((out / "02_piecewise_cuda_graphs.findings.json").read_text())
+    assert graphs["title"] == "No CUDA graph modes to compare here" and graphs["confidence"] == "high"
     points = [p for p in (tmp_path / "store").iterdir() if not p.name.startswith((".", "_"))]
-    assert len(points) == 2  # thread 1's launch is thread 5's first compiled point
+    assert len(points) == 3  # thread 1's defaults (also read by thread 2), thread 5's compiled and eager
     import pandas as pd
 
     for p in points:  # telemetry of the real server: its process tree and its own Prometheus metrics, per point

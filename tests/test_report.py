@@ -213,3 +213,31 @@ def test_threads_02_05_on_real_transformers_serve_cpu_offline(tmp_path):
 
     short = sum(int(pd.read_parquet(p)["short_outputs"].sum()) for p in store.glob("*/summary.parquet"))
     assert short == 0  # no end token in the model's configs: transformers answered with the full length
+
+
+H200 = ROOT / "data" / "reference" / "h200"
+
+
+def test_h200_threads_02_and_05_render_offline_as_measured(tmp_path):
+    """The H200 run of transformers serve 5.17 (data/reference/h200), rendered here from its store alone: thread 02
+    finds CUDA graphs help at every level, both sides verified; thread 05 finds compile alone unresolved. The
+    offline findings are the ones the H200 run wrote."""
+    store = tmp_path / "store"
+    shutil.copytree(H200 / "store", store)
+    done = run_suite(ROOT / "data" / "suites" / "h200-transformers.yaml", offline=True, reports_dir=tmp_path / "r",
+                     store_dir=store, run_id="h", progress=False)
+    assert {r.id: r.status for r in done.runs} == {"02_piecewise_cuda_graphs": "ok", "05_torch_compile": "ok"}
+    head, full = json.loads((done.out_dir / "02_piecewise_cuda_graphs.findings.json").read_text())
+    assert head["title"] == "Use CUDA graphs: full" and head["recommended_flags"] == ["--cb-use-cuda-graph"]
+    levels = {k: v for k, v in full["evidence"]["effects"].items() if k.startswith("output_tok_s@")}
+    assert len(levels) == 3 and all(v["effect_pct"] > 30 for v in levels.values())
+    assert "Both sides resolved as asked in graph_decode, graph_prefill" in full["claim"]
+    f, excl = json.loads((done.out_dir / "05_torch_compile.findings.json").read_text())
+    assert f["claim"].startswith("torch.compile makes no difference that this measurement can resolve")
+    assert "compiled ran as compile on (torch.compile), CUDA graphs off" in f["claim"]
+    assert excl["title"].endswith("not expressible")
+    for nb in ("02_piecewise_cuda_graphs", "05_torch_compile"):
+        recorded = json.loads((H200 / "report" / f"{nb}.findings.json").read_text())
+        offline = json.loads((done.out_dir / f"{nb}.findings.json").read_text())
+        assert [(x["title"], x["claim"], x["confidence"]) for x in offline] == \
+            [(x["title"], x["claim"], x["confidence"]) for x in recorded]

@@ -10,6 +10,7 @@ REPS=${REPS:-2}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/wheels/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD/lib
 export SERVESCOPE_CACHE=/tmp/sscache
+export JUPYTER_PATH=/tmp/site/share/jupyter  # nbconvert's templates, installed with --target
 python3 -c "import papermill, nbconvert, scipy, servescope.report, servescope.study" || exit 1
 suite=$PWD/data/suites/h200-transformers.yaml
 entries=""
@@ -21,7 +22,7 @@ sed -i "s#^  python: .*#  python: $(command -v python3)#" /tmp/h200.yaml
 cat /tmp/h200.yaml
 mkdir -p /tmp/store && [ -f .device/store.tgz ] && tar xzf .device/store.tgz -C /tmp
 timeout ${BUDGET_S:-540} python3 -m servescope.cli run /tmp/h200.yaml --reports-dir /tmp/reports --store-dir /tmp/store \
-  --run-id h200 2>&1 | tee $OUT/run.log | grep -v "IPKernelApp" | tail -60
+  --run-id "h200-$(date +%H%M%S)" 2>&1 | tee $OUT/run.log | grep -v "IPKernelApp" | tail -60
 tar czf $OUT/store.tgz -C /tmp store
 tar czf $OUT/reports.tgz -C /tmp reports
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv > $OUT/gpu.txt 2>&1

@@ -18,6 +18,7 @@ from .findings import Finding, Outcome
 from .launch import Prepared, prepare, serve
 from .load import load_tokenizer, run_sweep
 from .load.metrics import rejudge
+from .models import model_info
 from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec
 from .store import Store
 from .telemetry import Telemetry
@@ -195,7 +196,9 @@ def _telemetry_for(spec: TelemetrySpec, target: Any) -> Telemetry | None:
 def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config, load: LoadSpec,
                progress: bool, tag: str, say: Callable[[str], None], telemetry: TelemetrySpec) -> None:
     tokenizer = load_tokenizer(prep.model_path) if prep.model_path.startswith("/") else None
-    load = get_engine(prep.engine.name).effective_load(load, say)
+    stops = model_info(prep.model_path).get("spec", {}).get("stops_at_eos", True) if prep.model_path.startswith("/") \
+        else True
+    load = get_engine(prep.engine.name).effective_load(load, say, model_stops=stops)
     with store.writing(key, parts) as w:
         say(f"{tag}: launching {prep.engine.name} {prep.install.version} ({cfg.knobs.label()})")
         t0 = time.monotonic()
@@ -203,7 +206,10 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
             points = ", ".join(p.label for p in load.points())
             say(f"{tag}: ready in {time.monotonic() - t0:.0f} s; load {points}")
             w.manifest["target"] = target.describe()
-            w.manifest["resolved"] = _resolved_summary(target.resolved_config)
+            # the engine-neutral record, for people reading the store (studies re-read the evidence files)
+            log = "\n".join(p.read_text(errors="replace") for p in (w.dir / "server.stdout.log", w.dir /
+                                                                      "server.stderr.log") if p.is_file())
+            w.manifest["resolved"] = get_engine(prep.engine.name).resolved_state(target.resolved_config, log).to_dict()
             tel = _telemetry_for(telemetry, target)
             if tel is not None:
                 tel.start()
@@ -230,22 +236,6 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
                 say(f"{tag}: WARNING at {r.point}: the load client limited this measurement: {r.client_warning}")
             elif getattr(r, "client_starved", False):
                 say(f"{tag}: note at {r.point}: {r.client_warning}")
-
-
-def _resolved_summary(cfg: dict[str, Any] | None) -> dict[str, Any]:
-    """The few resolved settings the threads read, pulled out of an engine's full resolved config."""
-    if not cfg:
-        return {}
-    out: dict[str, Any] = {}
-    vc = cfg.get("vllm_config")
-    if isinstance(vc, dict):
-        cc = vc.get("compilation_config") or {}
-        mc = vc.get("model_config") or {}
-        out |= {"compilation_mode": cc.get("mode"), "cudagraph_mode": cc.get("cudagraph_mode"),
-                "compile_backend": cc.get("backend"), "cudagraph_capture_sizes": cc.get("cudagraph_capture_sizes"),
-                "enforce_eager": mc.get("enforce_eager"), "optimization_level": vc.get("optimization_level"),
-                "device": (vc.get("device_config") or {}).get("device")}
-    return out
 
 
 def python_version() -> str:

@@ -198,6 +198,10 @@ class Study:
         try:
             return self.adapter.recommended_flags(knobs, self.install), ""
         except Exception as e:  # offline on another machine: the engine's source may not be here
+            for a in self.arms:  # an arm that asked for exactly these knobs recorded their spelling at launch
+                pts = self._points(a.name)
+                if a.knobs == knobs and len(pts):
+                    return str(pts["flags"].iloc[0]).split(), ""
             return [], f"could not spell {knobs.label()} for this engine here ({type(e).__name__}: {e})"
 
 

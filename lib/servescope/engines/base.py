@@ -78,12 +78,16 @@ class EngineAdapter(ABC):
              knobs: Knobs, extra_env: dict[str, str]) -> LaunchPlan:
         """The full launch plan for one configuration."""
 
-    def effective_load(self, load: Any, say: Any = None) -> Any:
+    def effective_load(self, load: Any, say: Any = None, model_stops: bool = True) -> Any:
         """The load as this engine can take it: without ignore_eos where it rejects the field (the records keep the
-        real output lengths from usage, so nothing is made up; only exactness is lost)."""
+        real output lengths from usage, and points with short answers are flagged, so nothing is made up).
+        model_stops: False for a generated model with no end token, which answers with the full length anyway."""
         if load.ignore_eos and not self.accepts_ignore_eos and load.endpoint != "generate":
             if say:
-                say(f"{self.name} rejects ignore_eos/min_tokens: output lengths are up to {load.output_len}, as generated")
+                say(f"{self.name} rejects ignore_eos/min_tokens: " + (
+                    f"output lengths are up to {load.output_len}, as generated" if model_stops else
+                    f"the generated model has no end token, so answers run to {load.output_len} tokens (checked per "
+                    "request)"))
             return load.model_copy(update={"ignore_eos": False})
         return load
 
