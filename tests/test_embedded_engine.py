@@ -129,23 +129,23 @@ def test_tiny_model_is_deterministic_and_sized_by_its_spec(tmp_path, monkeypatch
     assert model_info(ensure_tiny_model(other, python))["sha256"]["model.safetensors"] != a["sha256"]["model.safetensors"]
 
 
-def test_torch_profiler_through_vllm_endpoints(tmp_path):
-    """--profiler-config, /start_profile, /stop_profile on the real engine; the trace parsed (streamed) into the
-    kernel table shows the CPU MoE path by name."""
+def test_torch_profile_of_a_vllm_point_is_stored_with_it(tmp_path):
+    """--profiler-config, /start_profile, /stop_profile on the real engine, one window after the point's load; the
+    trace parsed (streamed) into the kernel table stored with the point shows the CPU MoE path by name."""
     from servescope.analysis import kernels as ak
-    from servescope.profile.session import torch_profile
+    from servescope.study import Arm, run_study
 
-    prep = prepare(EngineSpec(), ModelSpec(tiny=TinyModelSpec()))
-    p = torch_profile(prep, Knobs(torch_compile=False, cuda_graph="off"),
-                      LoadSpec(concurrency=(2,), num_requests=4, input_len=32, output_len=16), tmp_path,
-                      say=lambda m: None)
-    assert any(f.name.endswith(".pt.trace.json.gz") for f in p.files)
-    k = ak.with_categories(p.kernels)
+    study = run_study("t", {"name": "vllm"}, {"tiny": {}}, {"concurrency": [2], "num_requests": 4, "input_len": 32,
+                      "output_len": 16}, [Arm("eager", Knobs(torch_compile=False, cuda_graph="off"))], repetitions=1,
+                      store_dir=str(tmp_path), progress=False, profile={"kind": "torch", "num_requests": 4})
+    k = study.kernels()
     moe = ak.moe_path(k).set_index("moe_path")
     assert "cpu_experts" in moe.index and moe.loc["cpu_experts", "share"] > 0.01
-    cats = set(ak.categories(k)["category"])
-    assert {"dense_gemm", "attention", "moe_grouped_gemm"} <= cats
-    assert (p.load_summary["completed"] == 4).all()
+    assert {"dense_gemm", "attention", "moe_grouped_gemm"} <= set(ak.categories(k)["category"])
+    (w,) = study.results.profiles.to_dict("records")
+    assert w["completed"] == 4 and any(n.endswith(".pt.trace.json.gz") for n in w["traces"])
+    assert (study.results.summary["completed"] == 4).all()  # the measured load, apart from the profiled window
+    assert "--profiler-config" in study.results.points["flags"].iloc[0]
 
 
 @pytest.mark.slow

@@ -241,3 +241,21 @@ def test_h200_threads_02_and_05_render_offline_as_measured(tmp_path):
         offline = json.loads((done.out_dir / f"{nb}.findings.json").read_text())
         assert [(x["title"], x["claim"], x["confidence"]) for x in offline] == \
             [(x["title"], x["claim"], x["confidence"]) for x in recorded]
+
+
+def test_h200_profiled_graph_modes_render_kernel_rates_offline(tmp_path):
+    """The nsys-profiled H200 run of thread 02 (data/suites/h200-transformers-profiled.yaml): each point's window
+    kernel table came back through the store; kernels per second and graph share per mode, and the caveat that the
+    whole run was traced."""
+    store = tmp_path / "store"
+    shutil.copytree(H200 / "store", store)
+    done = run_suite(ROOT / "data" / "suites" / "h200-transformers-profiled.yaml", offline=True,
+                     reports_dir=tmp_path / "r", store_dir=store, run_id="p", progress=False)
+    assert [r.status for r in done.runs] == ["ok"]
+    _, full = json.loads((done.out_dir / "02_piecewise_cuda_graphs.findings.json").read_text())
+    rates = {r["config"]: r for r in full["evidence"]["kernel_rates"]}
+    assert rates["full"]["graph_kernel_fraction"] > 0.9 and rates["off"]["graph_kernel_fraction"] == 0
+    assert rates["full"]["kernels_per_s"] > 1.5 * rates["off"]["kernels_per_s"]
+    assert rates["full"]["busy_fraction"] > 3 * rates["off"]["busy_fraction"]
+    assert "Profiled windows: off 36,377 kernels/s" in full["claim"]
+    assert "ran their measured load under Nsight Systems tracing of the whole run" in full["claim"]

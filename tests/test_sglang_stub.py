@@ -14,7 +14,6 @@ from servescope.engines import get_engine
 from servescope.engines.logs import analyze_log_file
 from servescope.launch import prepare, serve
 from servescope.load import run_sweep
-from servescope.profile.session import torch_profile
 from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
 
 STUB = Path(__file__).with_name("sglang_stub.py")
@@ -77,14 +76,31 @@ def test_get_server_info_on_04x(tmp_path, wheel_install):
         assert target.resolved_config["disable_cuda_graph"] is True  # read from /get_server_info (no /server_info)
 
 
-def test_torch_profile_through_start_and_stop_profile(sglang_059, tmp_path):
-    load = LoadSpec(concurrency=(1,), num_requests=2, input_len=8, output_len=4, warmup_requests=1)
-    p = torch_profile(sglang_059, Knobs(), load, tmp_path / "prof", say=lambda _: None)
-    assert [f.name.endswith(".trace.json.gz") for f in p.files] == [True]
-    assert set(p.kernels["name"].astype(str)) == {"fused_moe_kernel", "nvjet_sm90_tst_64x8"}
+def test_torch_profile_is_stored_with_the_point(sglang_059, tmp_path):
+    """A study point with a torch profile: /start_profile and /stop_profile around one window after the point's load,
+    the trace parsed into the kernel table stored with the point (the raw trace removed), read back offline."""
+    from servescope.study import Arm, run_study
+
+    engine = {"name": "sglang", "python": sglang_059.install.python, "startup_timeout_s": 60}
+    model = {"path": "org/moe", "served_name": "moe"}
+    load = {"concurrency": [1], "num_requests": 2, "input_len": 8, "output_len": 4, "endpoint": "generate"}
+    prof = {"kind": "torch", "num_requests": 2}
+    study = run_study("t", engine, model, load, [Arm("default", Knobs())], repetitions=1, store_dir=str(tmp_path),
+                      progress=False, telemetry={"enabled": False}, profile=prof)
+    k = study.kernels()
+    assert set(k["name"].astype(str)) == {"fused_moe_kernel", "nvjet_sm90_tst_64x8"}
     from servescope.analysis import kernels as ak
-    moe = ak.moe_path(ak.with_categories(p.kernels))
+    moe = ak.moe_path(k)
     assert list(moe["moe_path"]) == ["triton_fused_moe"] and moe["share"].iloc[0] == pytest.approx(30 / 40)
+    (w,) = study.results.profiles.to_dict("records")
+    assert w["kind"] == "torch" and w["concurrency"] == 1 and w["completed"] == 2 and w["kernels"] == len(k)
+    assert list(w["traces"]) == [n for n in w["traces"] if n.endswith(".trace.json.gz")] and len(w["traces"]) == 1
+    point = Path(study.results.points["path"].iloc[0])
+    assert not (point / "profile").exists() and (point / "kernels.parquet").is_file()
+    # the profile is part of the point's identity; offline, the same study reads it from the store
+    again = run_study("t", engine, model, load, [Arm("default", Knobs())], repetitions=1, store_dir=str(tmp_path),
+                      offline=True, profile=prof)
+    assert len(again.kernels()) == len(k) and len(again.kernel_summary()) == 1
 
 
 def test_cuda_profiler_activity_for_nsys(sglang_059, tmp_path, monkeypatch):

@@ -14,8 +14,7 @@ import pandas as pd
 import pynvml
 import pytest
 
-from servescope.telemetry import Telemetry, decode_reasons
-from servescope.telemetry.derive import (
+from servescope.analysis.telemetry import (
     StallThresholds,
     energy_per_token,
     gpu_by_point,
@@ -23,6 +22,7 @@ from servescope.telemetry.derive import (
     metrics_by_point,
     stall_verdict,
 )
+from servescope.telemetry import Telemetry, decode_reasons
 from servescope.telemetry.host import HostSampler
 from servescope.telemetry.nvml import Nvml, NvmlSampler, NvmlUnavailable, visible_nvml_indices
 from servescope.telemetry.prom import parse_metrics

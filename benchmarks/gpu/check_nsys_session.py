@@ -2,9 +2,9 @@
 
 1. capture range cudaProfilerApi: a torch program that runs kernels, then calls cudaProfilerStart/Stop around
    100 more; only those must be in the report (what an engine's /start_profile does with nsys).
-2. servescope.profile.session.nsys_profile(): a real server (transformers serve, through a small adapter defined
-   here: the real one is issue 6's) launched by serve(prefix=nsys ...), loaded, torn down, its report found,
-   stats and SQLite read back.
+2. a study point with an nsys profile (servescope.profile.window through the store): a real transformers serve
+   (no profiler hook, so nsys records the whole run and the window's kernels are kept), loaded, torn down, its
+   report exported and the window's kernel table stored with the point.
 Usage: python3 check_nsys_session.py OUT
 """
 
@@ -18,10 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "lib"))
 
 from servescope.analysis import kernels as ak  # noqa: E402
-from servescope.engines import register  # noqa: E402
-from servescope.engines.base import EngineAdapter, EngineInstall, LaunchPlan  # noqa: E402
 from servescope.profile import nsys  # noqa: E402
-from servescope.server import ReadyCheck  # noqa: E402
 
 TOY = """
 import torch
@@ -40,31 +37,6 @@ torch.cuda.synchronize()
 """
 
 
-@register
-class TransformersServeForCheck(EngineAdapter):
-    """Just enough of `transformers serve` to launch it (no profiler hook: nsys records the whole run)."""
-
-    name = "transformers-check"
-
-    def managed_env(self, version):
-        return None
-
-    def probe(self, python):
-        import transformers
-
-        return EngineInstall(python=python, version=transformers.__version__, distribution="transformers",
-                             platform="cuda")
-
-    def knob_flags(self, knobs, install):
-        return list(knobs.extra_args)
-
-    def plan(self, *, install, model_path, served_name, host, port, knobs, extra_env):
-        cmd = [install.python, "-m", "transformers.cli.transformers", "serve", model_path, "--host", host,
-               "--port", str(port), "--continuous-batching", "--device", "cuda", "--dtype", "bfloat16"]
-        return LaunchPlan(command=cmd, env=dict(extra_env),
-                          ready=ReadyCheck(health_path="/health", models_path=None, generate_path=None), flags=[])
-
-
 def main(out: Path) -> None:
     exe = nsys.locate_nsys()
     out.mkdir(parents=True, exist_ok=True)
@@ -78,26 +50,20 @@ def main(out: Path) -> None:
     print(f"capture range cudaProfilerApi: {len(k)} kernels, mul {names.str.contains('Mul').sum()}, "
           f"add {names.str.contains('add').sum()}", flush=True)
 
-    from servescope.launch import prepare
-    from servescope.profile.session import nsys_profile
-    from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TinyModelSpec
+    from servescope.spec import Knobs
+    from servescope.study import Arm, run_study
 
-    spec = TinyModelSpec(hidden_size=512, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-                         intermediate_size=1024, moe_intermediate_size=256, num_experts=64, top_k=8)
-    prep = prepare(EngineSpec(name="transformers-check", python=sys.executable, startup_timeout_s=300),
-                   ModelSpec(tiny=spec), say=print)
-    prep.served_name = prep.model_path  # transformers serve is pinned to the path it was given
-    load = LoadSpec(concurrency=(4,), num_requests=16, input_len=32, output_len=32, endpoint="chat",
-                    warmup_requests=2, ignore_eos=False)
-    p = nsys_profile(prep, Knobs(), load, out / "server", say=print)
-    kk = ak.with_categories(p.kernels)
-    print(f"nsys_profile: {p.notes}; files {[f.name for f in p.files]}; {len(kk)} kernels; "
-          f"stats kernels {p.stats['cuda_gpu_kern_sum']['Instances'].sum()}; NVTX {sorted(set(p.nvtx['text']))[:6]}")
-    print(p.load_summary[["point", "completed", "output_tok_s"]].to_string())
-    print("load phases on the nsys timeline:\n" + p.phases.to_string())
-    print(ak.busy_by_range(kk, p.phases)[["range", "kernels", "busy_fraction", "kernel_us_p50",
-                                          "idle_gap_us_p50"]].round(4).to_string())
-    print(ak.moe_path(kk).round(4).to_string())
+    tiny = {"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
+            "intermediate_size": 1024, "moe_intermediate_size": 256, "num_experts": 64, "top_k": 8, "dtype": "bfloat16"}
+    study = run_study("nsys-check", {"name": "transformers", "python": sys.executable, "startup_timeout_s": 300},
+                      {"tiny": tiny}, {"concurrency": [4], "num_requests": 16, "input_len": 32, "output_len": 32},
+                      [Arm("default", Knobs())], repetitions=1, store_dir=str(out / "store"),
+                      profile={"kind": "nsys", "concurrency": 4, "num_requests": 8})
+    print(study.results.profiles.drop(columns=["traces"], errors="ignore").to_string())
+    print(study.kernel_summary().round(4).to_string())
+    k = study.kernels()
+    print(ak.categories(k).round(4).to_string())
+    print(ak.moe_path(k).round(4).to_string())
 
 
 if __name__ == "__main__":

@@ -2,21 +2,28 @@
 # Threads 02 and/or 05 for real on the H200 machine: `servescope run` with the transformers adapter on a random-weight
 # MoE large enough to keep the GPU busy for milliseconds per step. Run through the device tool from the repository
 # root with .device carried (wheels from ../shared/tools/gpu-wheels.sh .device/wheels scipy ijson).
-# Usage: NOTEBOOKS="02_piecewise_cuda_graphs" REPS=2 bash benchmarks/gpu/run_study_h200.sh
+# Usage: NOTEBOOKS="02_piecewise_cuda_graphs" REPS=2 [PROFILE='{kind: nsys}'] bash benchmarks/gpu/run_study_h200.sh
 # Writes $OUT/store.tgz (the result store), $OUT/reports.tgz (HTML, findings, executed notebooks), $OUT/run.log.
 set -u
 NOTEBOOKS=${NOTEBOOKS:-"02_piecewise_cuda_graphs 05_torch_compile"}
 REPS=${REPS:-2}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/wheels/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD/lib
+# Nsight Systems and its missing library (../shared/tools/gpu-nsys-libs.sh .device/nsys-lib), for PROFILE runs
+export LD_LIBRARY_PATH=$PWD/.device/nsys-lib:${LD_LIBRARY_PATH:-}
+H=/opt/nvidia/nsight-compute/2025.3.1/host
+export PATH=$H/target-linux-x64:$H/linux-desktop-glibc_2_11_3-x64:$PATH
 export SERVESCOPE_CACHE=/tmp/sscache
 export JUPYTER_PATH=/tmp/site/share/jupyter  # nbconvert's templates, installed with --target
 python3 -c "import papermill, nbconvert, scipy, servescope.report, servescope.study" || exit 1
-suite=$PWD/data/suites/h200-transformers.yaml
+suite=$PWD/${SUITE:-data/suites/h200-transformers.yaml}
 entries=""
 for nb in $NOTEBOOKS; do entries+="  - {id: $nb, parameters: {repetitions: $REPS}}"$'\n'; done
 # the reference suite with the notebooks asked for (same engine, model and load, so the store keys match)
-sed '/^notebooks:/q' "$suite" > /tmp/h200.yaml
+sed '/^notebooks:/Q' "$suite" > /tmp/h200.yaml
+# PROFILE='{kind: nsys, concurrency: 8, num_requests: 16}' profiles one window after each point (other store keys)
+[ -n "${PROFILE:-}" ] && echo "profile: $PROFILE" >> /tmp/h200.yaml
+echo "notebooks:" >> /tmp/h200.yaml
 printf '%s' "$entries" >> /tmp/h200.yaml
 sed -i "s#^  python: .*#  python: $(command -v python3)#" /tmp/h200.yaml
 cat /tmp/h200.yaml

@@ -19,7 +19,8 @@ from .launch import Prepared, prepare, serve
 from .load import load_tokenizer, run_sweep
 from .load.metrics import rejudge
 from .models import model_info
-from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec
+from .profile import window as profiling
+from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec
 from .store import Store
 from .telemetry import Telemetry
 
@@ -47,6 +48,8 @@ class Results:
     telemetry: dict[str, pd.DataFrame] = field(default_factory=dict)  # table name -> rows of every point
     telemetry_status: pd.DataFrame = field(default_factory=pd.DataFrame)
     planned: int = 0  # points asked for: configurations x repetitions
+    kernels: pd.DataFrame = field(default_factory=pd.DataFrame)  # kernel tables of profiled points (config, rep)
+    profiles: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per profiled window: level, seconds, ...
 
     def outcome(self, thread: str, findings: list[Finding]) -> Outcome:
         """Points planned, measured and failed, the first error (and signal), and how many findings answer."""
@@ -93,21 +96,26 @@ def engine_identity(engine: EngineSpec) -> str:
     return f"{engine.name}:managed:{env.key if env else ''}"
 
 
-def point_parts(engine: EngineSpec, model: ModelSpec, knobs: Knobs, load: LoadSpec, rep: int) -> dict[str, Any]:
-    """Key material of one point: engine identity, model, knobs, load, repetition index.
+def point_parts(engine: EngineSpec, model: ModelSpec, knobs: Knobs, load: LoadSpec, rep: int,
+                profile: ProfileSpec | None = None) -> dict[str, Any]:
+    """Key material of one point: engine identity, model, knobs, load, repetition index, and the profile when one is
+    taken (a launch with its profiler armed is another launch).
 
     Fields left at their defaults are left out, so adding a field keeps old keys valid; changing a default
     would silently change what old points mean, which tests/test_experiment.py guards against."""
-    return {"engine": engine_identity(engine), "engine_env": dict(sorted(engine.env.items())),
-            "model": model.model_dump(mode="json", exclude_none=True),  # a tiny model in full: it is the model
-            "knobs": knobs.model_dump(mode="json", exclude_defaults=True),
-            "load": load.model_dump(mode="json", exclude_defaults=True), "rep": rep}
+    parts = {"engine": engine_identity(engine), "engine_env": dict(sorted(engine.env.items())),
+             "model": model.model_dump(mode="json", exclude_none=True),  # a tiny model in full: it is the model
+             "knobs": knobs.model_dump(mode="json", exclude_defaults=True),
+             "load": load.model_dump(mode="json", exclude_defaults=True), "rep": rep}
+    if profile is not None and profile.kind != "none":
+        parts["profile"] = profile.model_dump(mode="json", exclude_defaults=True)
+    return parts
 
 
 def measure(
     engine: EngineSpec, model: ModelSpec, configs: Sequence[Config], load: LoadSpec, repetitions: int = 3,
     store: Store | None = None, offline: bool = False, force: bool = False, progress: bool = False,
-    say: Callable[[str], None] = _say, telemetry: TelemetrySpec | None = None,
+    say: Callable[[str], None] = _say, telemetry: TelemetrySpec | None = None, profile: ProfileSpec | None = None,
 ) -> Results:
     """Each repetition launches every configuration once, alternating their order (ABBA...) so drift cancels.
 
@@ -120,13 +128,15 @@ def measure(
     prep: Prepared | None = None
     telemetry = telemetry or TelemetrySpec()
     summaries, requests, startups, points, errors = [], [], [], [], []
+    kernels: list[pd.DataFrame] = []
+    windows: list[dict[str, Any]] = []
     tele: dict[str, list[pd.DataFrame]] = {name: [] for name in TELEMETRY_TABLES}
     tele_status: list[dict[str, Any]] = []
     resolved: dict[str, dict[str, Any]] = {}
     for rep in range(repetitions):
         order = list(configs) if rep % 2 == 0 else list(reversed(configs))
         for cfg in order:
-            parts = point_parts(engine, model, cfg.knobs, load, rep)
+            parts = point_parts(engine, model, cfg.knobs, load, rep, profile)
             key = store.key(parts)
             tag = f"rep {rep + 1}/{repetitions} {cfg.name}"
             try:
@@ -137,7 +147,7 @@ def measure(
                         raise NotMeasuredError(f"{tag}: not in the store ({key}) and offline=True")
                     if prep is None:
                         prep = prepare(engine, model, say)
-                    _run_point(store, key, parts, prep, cfg, load, progress, tag, say, telemetry)
+                    _run_point(store, key, parts, prep, cfg, load, progress, tag, say, telemetry, profile)
                 pt = store.get(key)
             except Exception as e:  # a failed point must not lose the others
                 errors.append(error_row(cfg.name, rep, key, e))
@@ -155,6 +165,10 @@ def measure(
                            "ended_unix": m.get("ended_unix")})
             if m.get("resolved") and cfg.name not in resolved:
                 resolved[cfg.name] = m["resolved"]
+            k = pt.table("kernels")
+            if not k.empty:
+                kernels.append(k.assign(**ids))
+                windows.append({**ids, **(m.get("profile") or {})})
             for name in TELEMETRY_TABLES:
                 t = pt.table(f"telemetry_{name}")
                 if not t.empty:
@@ -166,7 +180,8 @@ def measure(
     return Results(summary=cat(summaries), requests=cat(requests), startup=pd.DataFrame(startups),
                    points=pd.DataFrame(points), errors=pd.DataFrame(errors, columns=list(ERROR_COLUMNS)),
                    resolved=resolved, telemetry={k: cat(v) for k, v in tele.items()},
-                   telemetry_status=pd.DataFrame(tele_status), planned=repetitions * len(configs))
+                   telemetry_status=pd.DataFrame(tele_status), planned=repetitions * len(configs),
+                   kernels=cat(kernels), profiles=pd.DataFrame(windows))
 
 
 ERROR_COLUMNS = ("config", "rep", "key", "error_type", "summary", "signal", "death", "error", "traceback")
@@ -194,15 +209,24 @@ def _telemetry_for(spec: TelemetrySpec, target: Any) -> Telemetry | None:
 
 
 def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config, load: LoadSpec,
-               progress: bool, tag: str, say: Callable[[str], None], telemetry: TelemetrySpec) -> None:
+               progress: bool, tag: str, say: Callable[[str], None], telemetry: TelemetrySpec,
+               profile: ProfileSpec | None = None) -> None:
     tokenizer = load_tokenizer(prep.model_path) if prep.model_path.startswith("/") else None
     stops = model_info(prep.model_path).get("spec", {}).get("stops_at_eos", True) if prep.model_path.startswith("/") \
         else True
-    load = get_engine(prep.engine.name).effective_load(load, say, model_stops=stops)
+    adapter = get_engine(prep.engine.name)
+    load = adapter.effective_load(load, say, model_stops=stops)
     with store.writing(key, parts) as w:
-        say(f"{tag}: launching {prep.engine.name} {prep.install.version} ({cfg.knobs.label()})")
+        armed, window = None, None
+        knobs = cfg.knobs
+        if profile is not None and profile.kind != "none":
+            armed = profiling.arm(profile, adapter, prep.install, w.dir / "profile")
+            knobs = knobs.model_copy(update={"extra_args": (*knobs.extra_args, *armed.flags)})
+        say(f"{tag}: launching {prep.engine.name} {prep.install.version} ({cfg.knobs.label()})"
+            + (f", {profile.kind} profile armed" if armed else ""))
         t0 = time.monotonic()
-        with serve(prep, cfg.knobs, w.dir) as target:
+        with serve(prep, knobs, w.dir, prefix=armed.prefix if armed else None, extra_env=armed.env if armed else None,
+                   term_grace_s=armed.term_grace_s if armed else 15.0) as target:
             points = ", ".join(p.label for p in load.points())
             say(f"{tag}: ready in {time.monotonic() - t0:.0f} s; load {points}")
             w.manifest["target"] = target.describe()
@@ -216,6 +240,9 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
             try:
                 result = run_sweep(target.base_url, target.model, load, tokenizer, target.api_key, progress,
                                    f"{cfg.name} ", on_phase=tel.set_phase if tel else None)
+                if armed is not None:  # after the measured load, on the same server: the figures stay unprofiled
+                    window = profiling.take(armed, adapter, target, load, tokenizer, tel.set_phase if tel else
+                                            (lambda _: None))
             finally:
                 if tel is not None:
                     tel.stop()
@@ -227,6 +254,13 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
             w.put_table("health", result.health)
             summ = result.summary(load.slo_ms)
             w.put_table("summary", summ)
+        if armed is not None and window is not None:  # nsys writes its report once the server has exited
+            kernels, runtime, info = profiling.read(armed, window)
+            w.put_table("kernels", kernels)
+            w.put_table("kernel_runtime", runtime)
+            w.manifest["profile"] = info
+            say(f"{tag}: profile: {info['kernels']} kernels in a {info['window_s']:.1f} s window at "
+                f"c={info['concurrency']}")
         say(f"{tag}: done; output tok/s: " + ", ".join(f"{r.point}: {r.output_tok_s:.0f}" for r in summ.itertuples()))
         bad = int(summ["failed"].sum()) if len(summ) else 0
         if bad:

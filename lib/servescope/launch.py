@@ -146,7 +146,7 @@ def serve(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None 
         if resolved is not None:
             atomic_write_json(Path(log_dir) / "resolved_config.json", resolved)
         target = Target(base_url=server.base_url, model=prep.served_name, engine=engine.name, install=prep.install,
-                        knobs=knobs, flags=plan.flags, command=(Path(log_dir) / "command.txt").read_text().strip(),
+                        knobs=knobs, flags=plan.flags, command=server.shown_command,
                         resolved_config=resolved, startup=server.timings.as_dict(), log_dir=Path(log_dir),
                         api_key=api_key, pid=server.proc.pid if server.proc else None,
                         metrics_url=server.base_url + "/metrics")

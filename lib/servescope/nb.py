@@ -9,6 +9,7 @@ from IPython.display import Markdown
 
 from .experiment import Results
 from .findings import Finding, Outcome, write_findings, write_outcome
+from .study import Study
 
 
 def show_findings(findings: list[Finding], path: str | Path, res: Results | None = None, thread: str = "") -> Markdown:
@@ -104,13 +105,11 @@ def telemetry_status(res: Results) -> Markdown:
     return Markdown("\n".join(lines))
 
 
-def telemetry_gpu(res: Results) -> Markdown | pd.DataFrame:
+def telemetry_gpu(study: Study) -> Markdown | pd.DataFrame:
     """Per configuration, repetition, point and GPU: power, clocks, utilization, energy per token, stall verdict."""
-    from .telemetry.tables import gpu_points
-
-    t = gpu_points(res.telemetry, res.summary)
+    t = study.gpu_points()
     if t.empty:
-        st = res.telemetry_status
+        st = study.results.telemetry_status
         why = "; ".join(sorted(set(st["gpu"]))) if "gpu" in st else "no telemetry recorded"
         return Markdown(f"No GPU readings: {why}. Nothing is shown in their place.")
     cols = ["config", "rep", "phase", "gpu", "verdict", "gpu_util_pct_p50", "power_w_p50", "power_pct_of_limit_p50",
@@ -118,11 +117,9 @@ def telemetry_gpu(res: Results) -> Markdown | pd.DataFrame:
     return t[[c for c in cols if c in t]]
 
 
-def telemetry_host(res: Results) -> Markdown | pd.DataFrame:
+def telemetry_host(study: Study) -> Markdown | pd.DataFrame:
     """The server process tree's CPU per point (median over repetitions), and its busiest thread."""
-    from .telemetry.tables import host_points
-
-    h = host_points(res.telemetry)
+    h = study.host_points()
     if h.empty:
         return Markdown("No host readings of the server process tree (an external server has none here).")
     agg = {"server_cpu_pct_p50": ("server_cpu_pct_p50", "median"), "server_cpu_pct_max": ("server_cpu_pct_max", "max"),
@@ -133,11 +130,9 @@ def telemetry_host(res: Results) -> Markdown | pd.DataFrame:
     return h.groupby(["config", "phase"], sort=False).agg(**agg).reset_index()
 
 
-def telemetry_metrics(res: Results) -> Markdown | pd.DataFrame:
+def telemetry_metrics(study: Study) -> Markdown | pd.DataFrame:
     """The engine's own Prometheus metrics per point (median over repetitions): gauges as medians, counters as rates."""
-    from .telemetry.tables import metric_points
-
-    m = metric_points(res.telemetry)
+    m = study.metric_points()
     if m.empty:
         return Markdown("No engine metrics were scraped.")
     m["series"] = m["metric"] + " (" + m["stat"] + ")"

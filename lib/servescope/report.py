@@ -84,6 +84,7 @@ def plan_parameters(suite: Suite, path: Path, nb_id: str, overrides: dict[str, A
     declared = pm.inspect_notebook(str(path))
     params: dict[str, Any] = {}
     suite_wide = {"engine": suite.engine, "model": suite.model, "load": suite.load, "telemetry": suite.telemetry,
+                  "profile": suite.profile,
                   "store_dir": str(store_dir), "offline": offline,
                   "findings_path": str(out_dir / f"{nb_id}.findings.json"), "report_dir": str(out_dir)}
     for k, v in suite_wide.items():

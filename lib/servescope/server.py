@@ -173,6 +173,11 @@ class ManagedServer:
         return f"http://{self.host}:{self.port}"
 
     @property
+    def shown_command(self) -> str:
+        """The command as logs and reports show it (one shell-quoted line, secrets hidden)."""
+        return redact_command(self.command)
+
+    @property
     def stdout_path(self) -> Path:
         """Where the server's stdout goes."""
         return Path(self.log_dir) / "server.stdout.log"
@@ -227,7 +232,7 @@ class ManagedServer:
             raise PortInUseError(f"port {self.host}:{self.port} is already in use; nothing was launched")
         log_dir = Path(self.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
-        shown = redact_command(self.command)
+        shown = self.shown_command
         (log_dir / "command.txt").write_text(shown + "\n")
         log.info("launching: %s", shown)
         out = open(self.stdout_path, "ab")

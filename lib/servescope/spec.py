@@ -122,15 +122,6 @@ class EngineSpec(_Spec):
     env: dict[str, str] = Field(default_factory=dict)
     api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
 
-    @field_validator("name")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        from .engines import engine_names
-
-        if v not in engine_names():
-            raise ValueError(f"no engine named {v!r}; known engines: {', '.join(engine_names())}")
-        return v
-
 
 class TelemetrySpec(_Spec):
     """What to sample while load runs (not part of a point's identity: it observes, it does not change it)."""
@@ -143,6 +134,17 @@ class TelemetrySpec(_Spec):
     metrics_hz: float = Field(1.0, gt=0, le=20)
     server_metrics: bool = Field(True, description="scrape the engine's Prometheus /metrics")
     dcgm_url: str | None = Field(None, description="a DCGM exporter's /metrics, for GPUs on another machine")
+
+
+class ProfileSpec(_Spec):
+    """A kernel profile taken with each measured point: after the point's load, on the same server, one more short
+    closed-loop window is profiled and its kernel table stored with the point. Part of a point's identity when on
+    (a server launched with its profiler armed is not the same launch)."""
+
+    kind: Literal["none", "torch", "nsys"] = Field(
+        "none", description="torch: the engine's PyTorch profiler over HTTP; nsys: the server under Nsight Systems")
+    concurrency: int | None = Field(None, ge=1, description="level of the profiled window; default: the load's highest")
+    num_requests: int | None = Field(None, ge=1, description="requests in the window; default: two per slot")
 
 
 SLO_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")

@@ -21,6 +21,8 @@ import numpy as np
 import pandas as pd
 
 from . import plots
+from .analysis import kernels as ak
+from .analysis import telemetry as at
 from .analysis.ab import higher_is_better, paired_effects, verdict
 from .engines import get_engine
 from .engines.base import EngineAdapter, EngineInstall
@@ -28,7 +30,7 @@ from .engines.state import FIELDS, ResolvedState, differences, verify
 from .experiment import Config, Results, measure
 from .findings import Confidence, Effect, Finding, Outcome
 from .plots import Figure
-from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec, parse
+from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
 from .store import Store
 
 METRICS = ("output_tok_s", "ttft_ms_p50", "tpot_ms_p50")
@@ -47,15 +49,18 @@ class Arm:
 def run_study(thread: str, engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec,
               load: dict[str, Any] | LoadSpec, arms: Sequence[Arm], repetitions: int = 3, store_dir: str = "",
               offline: bool = False, force: bool = False, progress: bool = True,
-              telemetry: dict[str, Any] | TelemetrySpec | None = None) -> Study:
+              telemetry: dict[str, Any] | TelemetrySpec | None = None,
+              profile: dict[str, Any] | ProfileSpec | None = None) -> Study:
     """Validate every input (before anything launches), measure the arms in alternating repetitions through the
-    store, and return the Study over them."""
+    store (each point with a kernel profile if profile asks for one), and return the Study over them."""
     e = parse(EngineSpec, engine, "engine")
     m = parse(ModelSpec, model, "model")
     ld = parse(LoadSpec, load, "load")
     tel = parse(TelemetrySpec, telemetry or {}, "telemetry")
+    prof = parse(ProfileSpec, profile or {}, "profile")
     res = measure(e, m, [Config(a.name, a.knobs) for a in arms], ld, repetitions=repetitions,
-                  store=Store(store_dir or None), offline=offline, force=force, progress=progress, telemetry=tel)
+                  store=Store(store_dir or None), offline=offline, force=force, progress=progress, telemetry=tel,
+                  profile=prof)
     return Study(thread, e, list(arms), res)
 
 
@@ -155,14 +160,52 @@ class Study:
     def graph_metrics(self) -> pd.DataFrame:
         """The engine's own CUDA-graph counters per arm and point (rates of counters, medians of gauges), where it
         exports them."""
-        from .telemetry.tables import metric_points
-
         names = set(self.adapter.graph_metrics())
-        m = metric_points(self.results.telemetry)
+        m = at.metric_points(self.results.telemetry)
         if m.empty or not names:
             return pd.DataFrame()
         m = m[m["metric"].str.replace("_total$", "", regex=True).isin({n.removesuffix("_total") for n in names})]
         return m.reset_index(drop=True)
+
+    def gpu_points(self) -> pd.DataFrame:
+        """Per arm, repetition, point and GPU: NVML medians, power and clock headroom, energy per token, verdict."""
+        return at.gpu_points(self.results.telemetry, self.results.summary)
+
+    def host_points(self) -> pd.DataFrame:
+        """Per arm, repetition and point: the server process tree's CPU and memory, and its busiest thread."""
+        return at.host_points(self.results.telemetry)
+
+    def metric_points(self) -> pd.DataFrame:
+        """Per arm, repetition and point: the engine's own Prometheus metrics (gauges' medians, counters' rates)."""
+        return at.metric_points(self.results.telemetry)
+
+    def kernels(self) -> pd.DataFrame:
+        """The stored kernel tables of profiled points (config, rep), each kernel with its category and MoE path."""
+        k = self.results.kernels
+        return ak.with_categories(k) if len(k) else k
+
+    def kernel_summary(self) -> pd.DataFrame:
+        """Per profiled point: the window (level, seconds), kernels, kernels per second, the busy fraction, the
+        median kernel, and the share of kernels run inside CUDA graphs."""
+        k, w = self.results.kernels, self.results.profiles
+        if k.empty:
+            return pd.DataFrame()
+        rows = []
+        for (cfg, rep), g in k.groupby(["config", "rep"], sort=False):
+            win = w[(w["config"] == cfg) & (w["rep"] == rep)]
+            for r in ak.busy(g).itertuples():
+                rows.append({"config": cfg, "rep": rep, "level": f"c={int(win['concurrency'].iloc[0])}" if len(win)
+                             else "", "device": r.device, "window_ms": r.window_ms, "kernels": r.kernels,
+                             "kernels_per_s": r.kernels_per_s, "busy_fraction": r.busy_fraction,
+                             "kernel_us_p50": r.kernel_us_p50, "graph_kernel_fraction": r.graph_kernel_fraction})
+        return pd.DataFrame(rows)
+
+    def traced_whole_run(self) -> int:
+        """How many points ran their measured load under a whole-run nsys capture (no engine profiler hook)."""
+        w = self.results.profiles
+        if w.empty or "notes" not in w:
+            return 0
+        return int(w["notes"].apply(lambda n: any("whole run" in x for x in (n if isinstance(n, list) else []))).sum())
 
     def plot(self, title: str = "") -> Figure | None:
         """Throughput vs concurrency and latency vs throughput, every arm."""
@@ -337,6 +380,10 @@ class Comparison:
         short = self.study.short_outputs()
         if short:
             claim += f" Caution: {len(short)} point(s) returned shorter answers than asked (evidence.short_outputs)."
+        traced = self.study.traced_whole_run()
+        if traced:
+            claim += (f" Caution: {traced} point(s) ran their measured load under Nsight Systems tracing of the whole "
+                      "run (the engine has no profiler hook), so their figures include tracing overhead.")
         client = self.study.results.client_warnings("limited")
         if client:
             claim += f" Caution: the load client limited {len(client)} point(s) (evidence.client_warnings)."

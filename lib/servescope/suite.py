@@ -8,9 +8,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from .engines import get_engine
 from .errors import SpecError
 from .paths import project_root
-from .spec import EngineSpec, LoadSpec, ModelSpec, TelemetrySpec, parse
+from .spec import EngineSpec, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
 
 # What each notebook answers, for the index and the README.
 QUESTIONS = {
@@ -44,6 +45,7 @@ class Suite(BaseModel):
     model: dict[str, Any] = Field(default_factory=lambda: {"tiny": {}})
     load: dict[str, Any] = Field(default_factory=dict)
     telemetry: dict[str, Any] = Field(default_factory=dict)
+    profile: dict[str, Any] = Field(default_factory=dict, description="ProfileSpec: a kernel profile with each point")
     notebooks: list[NotebookEntry]
 
 
@@ -66,10 +68,11 @@ def load_suite(path: str | Path) -> Suite:
     suite = parse(Suite, raw, f"suite {p}") if isinstance(raw, dict) else None
     if suite is None:
         raise SpecError(f"suite file {p} must be a mapping with at least 'name' and 'notebooks'")
-    parse(EngineSpec, suite.engine, f"{p}: engine")
+    get_engine(parse(EngineSpec, suite.engine, f"{p}: engine").name)  # an unknown engine is named here, not at launch
     parse(ModelSpec, suite.model, f"{p}: model")
     parse(LoadSpec, suite.load, f"{p}: load")
     parse(TelemetrySpec, suite.telemetry, f"{p}: telemetry")
+    parse(ProfileSpec, suite.profile, f"{p}: profile")
     for nb in suite.notebooks:
         if not notebook_file(p, nb).is_file():
             raise SpecError(f"suite {p} names notebook {nb.id!r}, but {notebook_file(p, nb)} does not exist")

@@ -6,13 +6,12 @@ from typing import Any
 
 from ..errors import SpecError
 from ..spec import Knobs
-from . import get_engine, register
+from . import get_engine
 from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json
 from .envs import EngineEnvSpec
 from .state import FIELDS, ResolvedState
 
 
-@register
 class ExternalAdapter(EngineAdapter):
     """A server someone else runs; knobs cannot be changed from here."""
 

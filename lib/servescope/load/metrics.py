@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .health import judge_health
+
 PCTS = (50, 90, 95, 99)
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 POINT_COLS = ["point_index", "point", "mode", "concurrency", "request_rate"]
@@ -77,8 +79,6 @@ def summarize(requests: pd.DataFrame, health: pd.DataFrame | None = None,
         rows.append(row)
     out = pd.DataFrame(rows)
     if health is not None and not health.empty and "point_index" in out:
-        from .runner import judge_health
-
         raw = health[[c for c in health.columns if c not in ("point", "client_limited", "client_starved",
                                                               "client_warning")]]
         judged = pd.DataFrame([r | judge_health(r) for r in raw.to_dict("records")])
@@ -91,7 +91,5 @@ def rejudge(summary: pd.DataFrame) -> pd.DataFrame:
     """Apply the current client-health rules to a stored summary's raw client readings."""
     if summary.empty or "client_cpu_pct" not in summary:
         return summary
-    from .runner import judge_health
-
     judged = pd.DataFrame([judge_health(r) for r in summary.to_dict("records")], index=summary.index)
     return summary.assign(**{c: judged[c] for c in judged.columns})

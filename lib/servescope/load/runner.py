@@ -25,13 +25,11 @@ from tqdm import tqdm
 from ..spec import LoadPoint, LoadSpec
 from .client import PATHS, RequestRecord, build_body, send_request
 from .datasets import Prompt, jsonl_prompts, random_prompts, sharegpt_prompts
+from .health import judge_health
+from .metrics import summarize
 
 T = TypeVar("T")
 
-# When the client, not the server, may have limited a measurement (named so reports can quote them).
-CLIENT_CPU_LIMIT_PCT = 90.0  # of one core
-LOOP_LAG_LIMIT_MS = 10.0  # p99 event-loop lag
-RATE_SHORTFALL = 0.95  # achieved / requested arrival rate, open loop without a cap
 
 
 try:  # NVTX ranges cost nothing unless a profiler (nsys) is attached to this process
@@ -209,29 +207,6 @@ def _health(point: LoadPoint, load: LoadSpec, wall_s: float, cpu_s: float, lags_
     return h | judge_health(h)
 
 
-def judge_health(h: dict[str, Any]) -> dict[str, Any]:
-    """Say from a point's raw client readings whether the client limited it, or was starved by the host.
-
-    limited: the client itself was the bottleneck (it used most of a core, or could not keep an open-loop
-    rate); starved: its event loop woke up late while it had little to do, so the host was oversubscribed and
-    its timestamps (TTFT, ITL) include scheduling delay. Kept apart from the readings so stored points are
-    judged by the current rules."""
-    limited, starved = [], []
-    cpu, lag = h.get("client_cpu_pct", float("nan")), h.get("loop_lag_ms_p99", float("nan"))
-    if cpu >= CLIENT_CPU_LIMIT_PCT:
-        limited.append(f"client used {cpu:.0f}% of a core")
-    rate, achieved = h.get("requested_rate", float("nan")), h.get("achieved_rate", float("nan"))
-    if not h.get("capped", True) and math.isfinite(rate) and achieved < RATE_SHORTFALL * rate:
-        limited.append(f"client sent {achieved:.2f} req/s of the {rate:g} asked for")
-    if lag >= LOOP_LAG_LIMIT_MS:
-        (limited if cpu >= CLIENT_CPU_LIMIT_PCT else starved).append(
-            f"client event loop woke {lag:.0f} ms late (p99, max {h.get('loop_lag_ms_max', float('nan')):.0f} ms)"
-            + ("" if cpu >= CLIENT_CPU_LIMIT_PCT else f" while using {cpu:.0f}% of a core: the host was "
-               "oversubscribed, so latencies include scheduling delay"))
-    return {"client_limited": bool(limited), "client_starved": bool(starved),
-            "client_warning": "; ".join(limited + starved)}
-
-
 @dataclass
 class LoadResult:
     """A sweep's per-request records and per-point client health, as tidy DataFrames."""
@@ -241,8 +216,6 @@ class LoadResult:
 
     def summary(self, slo_ms: dict[str, float] | None = None) -> pd.DataFrame:
         """One row per point (see metrics.summarize)."""
-        from .metrics import summarize
-
         return summarize(self.requests, self.health, slo_ms)
 
 

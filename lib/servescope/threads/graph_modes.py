@@ -21,7 +21,7 @@ from ..experiment import point_parts
 from ..findings import Finding
 from ..launch import find_install
 from ..plots import Figure
-from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec, parse
+from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
 from ..store import Store
 from ..study import Arm, Comparison, Study, run_study
 from .graph_disable import audit_for, explain_state, server_log
@@ -53,12 +53,13 @@ def modes(engine: dict[str, Any] | EngineSpec, install: EngineInstall | None = N
     return pd.DataFrame(rows)
 
 
-def stored_modes(engine: EngineSpec, model: ModelSpec, load: LoadSpec, store_dir: str, why: str) -> pd.DataFrame:
+def stored_modes(engine: EngineSpec, model: ModelSpec, load: LoadSpec, store_dir: str, why: str,
+                 profile: ProfileSpec | None = None) -> pd.DataFrame:
     """Offline, without the engine installed here: the modes whose first repetition the store holds."""
     store = Store(store_dir or None)
     rows = []
     for mode in MODES:
-        have = store.has(store.key(point_parts(engine, model, Knobs(cuda_graph=mode), load, 0)))
+        have = store.has(store.key(point_parts(engine, model, Knobs(cuda_graph=mode), load, 0, profile)))
         rows.append({"mode": mode, "expressible": have, "flags": "(read from the store)" if have else "",
                      "reason": "" if have else f"not in the store, and the engine is not here to ask ({why})"})
     return pd.DataFrame(rows)
@@ -90,6 +91,17 @@ class GraphStudy:
         out["point"] = out["treatment"] + " c=" + out["concurrency"].astype(int).astype(str)
         return out
 
+    def kernel_rates(self) -> pd.DataFrame:
+        """Per mode, from its profiled windows (medians over repetitions): kernels per second, the share of the
+        window the device was busy, and the share of kernels that ran inside CUDA graphs."""
+        ks = self.study.kernel_summary()
+        if ks.empty:
+            return ks
+        return ks.groupby("config", sort=False).agg(
+            windows=("rep", "count"), level=("level", "first"), kernels_per_s=("kernels_per_s", "median"),
+            busy_fraction=("busy_fraction", "median"), kernel_us_p50=("kernel_us_p50", "median"),
+            graph_kernel_fraction=("graph_kernel_fraction", "median")).reset_index()
+
     def plot_effects(self) -> Figure | None:
         """Each mode / graphs off, per metric and concurrency, with 90% confidence intervals."""
         e = self.effects()
@@ -99,26 +111,29 @@ class GraphStudy:
 
 def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
         repetitions: int = 3, store_dir: str = "", offline: bool = False, force: bool = False,
-        progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None) -> GraphStudy:
+        progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None,
+        profile: dict[str, Any] | ProfileSpec | None = None) -> GraphStudy:
     """Measure every expressible graph mode in alternating repetitions; with fewer than two modes, only the
     engine-defaults point (thread 1's) is read or measured, for its resolved configuration."""
     e = parse(EngineSpec, engine, "engine")
     m = parse(ModelSpec, model, "model")
     ld = parse(LoadSpec, load, "load")
+    prof = parse(ProfileSpec, profile or {}, "profile")
     try:
         table = modes(e)
     except ServescopeError as ex:
         if not offline:
             raise
-        table = stored_modes(e, m, ld, store_dir, str(ex))
+        table = stored_modes(e, m, ld, store_dir, str(ex), prof)
     can = list(table[table["expressible"]]["mode"])
     if BASELINE in can and len(can) >= 2:
-        arms = [Arm(m, Knobs(cuda_graph=m), f"CUDA graphs: {m}") for m in can]
-        return GraphStudy(table, run_study(THREAD, e, model, load, arms, repetitions=repetitions, store_dir=store_dir,
-                                           offline=offline, force=force, progress=progress, telemetry=telemetry))
-    # the same store key as thread 1's launch (engine defaults, this load, repetition 0): nothing new is launched
-    # when thread 1 ran first
-    study = run_study(THREAD, e, model, load, [Arm(DEFAULTS, Knobs(), "the engine's defaults")], repetitions=1,
+        arms = [Arm(mode, Knobs(cuda_graph=mode), f"CUDA graphs: {mode}") for mode in can]
+        return GraphStudy(table, run_study(THREAD, e, m, ld, arms, repetitions=repetitions, store_dir=store_dir,
+                                           offline=offline, force=force, progress=progress, telemetry=telemetry,
+                                           profile=prof))
+    # the same store key as thread 1's launch (engine defaults, this load, repetition 0, no profile): nothing new is
+    # launched when thread 1 ran first
+    study = run_study(THREAD, e, m, ld, [Arm(DEFAULTS, Knobs(), "the engine's defaults")], repetitions=1,
                       store_dir=store_dir, offline=offline, force=force, progress=progress, telemetry=telemetry)
     return GraphStudy(table, study)
 
@@ -128,10 +143,18 @@ def findings(gs: GraphStudy) -> list[Finding]:
     effect; or, where the engine has no graph mode to choose, why, with its evidence."""
     if not gs.compared:
         return [_no_modes(gs)]
+    rates = gs.kernel_rates()
     per_mode = []
     for mode, cmp in gs.comparisons().items():
-        per_mode.append(cmp.finding(f"CUDA graphs {mode}", f"CUDA graphs {mode}", better=Knobs(cuda_graph=mode),
-                                    worse=Knobs(cuda_graph=BASELINE)))
+        f = cmp.finding(f"CUDA graphs {mode}", f"CUDA graphs {mode}", better=Knobs(cuda_graph=mode),
+                        worse=Knobs(cuda_graph=BASELINE))
+        seen = rates[rates["config"].isin([BASELINE, mode])] if len(rates) else rates
+        if len(seen) == 2:
+            f.claim += " Profiled windows: " + "; ".join(
+                f"{r.config} {r.kernels_per_s:,.0f} kernels/s, device busy {r.busy_fraction:.0%}, "
+                f"{r.graph_kernel_fraction:.0%} of kernels in graphs ({r.level})" for r in seen.itertuples()) + "."
+            f.evidence["kernel_rates"] = seen.to_dict("records")
+        per_mode.append(f)
     best = [f for f in per_mode if f.applies and f.effect is not None and f.evidence.get("direction") == "better"
             and f.confidence in ("high", "medium")]
     if best:

@@ -14,7 +14,7 @@ import pandas as pd
 from ..engines import get_engine
 from ..engines.audit import find_rules
 from ..findings import Finding
-from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec, parse
+from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
 from ..study import Arm, Comparison, Study, run_study
 
 THREAD = "05_torch_compile"
@@ -34,10 +34,12 @@ def arms(engine: dict[str, Any] | EngineSpec) -> list[Arm]:
 
 def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
         repetitions: int = 3, store_dir: str = "", offline: bool = False, force: bool = False,
-        progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None) -> Study:
+        progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None,
+        profile: dict[str, Any] | ProfileSpec | None = None) -> Study:
     """Measure both arms in alternating repetitions (inputs are validated before anything launches)."""
     return run_study(THREAD, engine, model, load, arms(engine), repetitions=repetitions, store_dir=store_dir,
-                     offline=offline, force=force, progress=progress, telemetry=telemetry)
+                     offline=offline, force=force, progress=progress, telemetry=telemetry,
+                     profile=profile)
 
 
 def comparison(study: Study) -> Comparison:

@@ -1,0 +1,36 @@
+"""Whether the load client, not the server, set a point's figures: its own CPU, its event-loop lag, and the arrival
+rate it achieved, judged by named thresholds (kept apart from the readings, so stored points are judged by the
+current rules)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# When the client, not the server, may have limited a measurement (named so reports can quote them).
+CLIENT_CPU_LIMIT_PCT = 90.0  # of one core
+LOOP_LAG_LIMIT_MS = 10.0  # p99 event-loop lag
+RATE_SHORTFALL = 0.95  # achieved / requested arrival rate, open loop without a cap
+
+
+def judge_health(h: dict[str, Any]) -> dict[str, Any]:
+    """Say from a point's raw client readings whether the client limited it, or was starved by the host.
+
+    limited: the client itself was the bottleneck (it used most of a core, or could not keep an open-loop
+    rate); starved: its event loop woke up late while it had little to do, so the host was oversubscribed and
+    its timestamps (TTFT, ITL) include scheduling delay. Kept apart from the readings so stored points are
+    judged by the current rules."""
+    limited, starved = [], []
+    cpu, lag = h.get("client_cpu_pct", float("nan")), h.get("loop_lag_ms_p99", float("nan"))
+    if cpu >= CLIENT_CPU_LIMIT_PCT:
+        limited.append(f"client used {cpu:.0f}% of a core")
+    rate, achieved = h.get("requested_rate", float("nan")), h.get("achieved_rate", float("nan"))
+    if not h.get("capped", True) and math.isfinite(rate) and achieved < RATE_SHORTFALL * rate:
+        limited.append(f"client sent {achieved:.2f} req/s of the {rate:g} asked for")
+    if lag >= LOOP_LAG_LIMIT_MS:
+        (limited if cpu >= CLIENT_CPU_LIMIT_PCT else starved).append(
+            f"client event loop woke {lag:.0f} ms late (p99, max {h.get('loop_lag_ms_max', float('nan')):.0f} ms)"
+            + ("" if cpu >= CLIENT_CPU_LIMIT_PCT else f" while using {cpu:.0f}% of a core: the host was "
+               "oversubscribed, so latencies include scheduling delay"))
+    return {"client_limited": bool(limited), "client_starved": bool(starved),
+            "client_warning": "; ".join(limited + starved)}
