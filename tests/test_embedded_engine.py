@@ -189,3 +189,22 @@ def test_doctor_on_the_embedded_engine():
     quick = {c.check: c for c in doctor.run_doctor(quick=True)}
     assert quick["token: eager"].cached and quick["token: eager"].status == "ok"
     assert _vllm_processes() == []
+
+
+def test_vllm_graph_counts_parse_the_table_vllm_itself_logs():
+    """vLLM's own CUDAGraphLogging (imported from the installed engine) formats two log intervals' stats; the
+    adapter sums batches per runtime mode from that text."""
+    import subprocess
+
+    from servescope.engines.envs import ensure_engine_env
+
+    python = ensure_engine_env(get_engine("vllm").managed_env(None))
+    code = ("from vllm.compilation.cuda_graph import CUDAGraphLogging, CUDAGraphStat as S\n"
+            "g = CUDAGraphLogging('FULL_AND_PIECEWISE', [1, 2, 4, 8])\n"
+            "for s in [S(8, 8, 0, 'FULL')] * 5 + [S(100, 104, 4, 'PIECEWISE')] * 2: g.observe(s)\n"
+            "print('INFO [loggers.py:345] ' + g.generate_metric_table()); g.reset()\n"
+            "for s in [S(3, 4, 1, 'FULL')] * 4 + [S(5000, 5000, 0, 'NONE')]: g.observe(s)\n"
+            "print('INFO [loggers.py:345] ' + g.generate_metric_table())\n")
+    text = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout
+    counts = get_engine("vllm").graph_counts(text).set_index("mode")["batches"].to_dict()
+    assert counts == {"FULL": 9, "PIECEWISE": 2, "NONE": 1}

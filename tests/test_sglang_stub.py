@@ -133,3 +133,21 @@ def test_thread05_on_sglang_compares_under_decode_graphs_and_finds_the_piecewise
     f, x = t05.findings(study, excl)
     assert x.title == "torch.compile excludes piecewise CUDA graphs here" and x.applies and x.confidence == "high"
     assert "eager ran as compile off, CUDA graphs decode_only" in f.claim
+
+
+def test_thread02_on_sglang_059_expresses_its_modes_and_reads_its_graph_counters(sglang_059, tmp_path):
+    """SGLang 0.5.9 can ask for off, decode-only and piecewise graphs (not full prefill graphs, which came with the
+    per-phase backends); each arm resolves as asked; its cuda_graph_passes counter comes back per point."""
+    from servescope.threads import graph_modes as t02
+
+    engine = {"name": "sglang", "python": sglang_059.install.python, "startup_timeout_s": 60}
+    load = {"concurrency": [2], "num_requests": 16, "input_len": 8, "output_len": 32, "endpoint": "generate"}
+    gs = t02.run(engine, {"path": "org/moe", "served_name": "moe"}, load, repetitions=1, store_dir=str(tmp_path),
+                 progress=False, telemetry={"metrics_hz": 20})
+    modes = dict(zip(gs.modes["mode"], gs.modes["expressible"], strict=True))
+    assert modes == {"off": True, "decode_only": True, "full": False, "piecewise": True}
+    assert "0.5.9" in gs.modes.set_index("mode").loc["full", "reason"]
+    assert set(gs.study.verification()["status"]) == {"as requested"}
+    counters = gs.study.graph_metrics()
+    assert set(counters["metric"]) == {"sglang:cuda_graph_passes_total"}
+    assert set(counters["config"]) == {"off", "decode_only", "piecewise"}

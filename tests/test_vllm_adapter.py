@@ -86,3 +86,23 @@ def test_plan_refuses_flags_the_version_lacks(wheel_install, monkeypatch):
     with pytest.raises(KnobError, match="vllm 0.32.0 does not define --no-such-flag"):
         vllm.plan(install=cpu, model_path="/m", served_name="tiny", host="127.0.0.1", port=8123, knobs=Knobs(),
                   extra_env={})
+
+
+def test_cuda_launches_log_graph_counts_cpu_launches_do_not(wheel_install):
+    """--cudagraph-metrics (defined by 0.32) on CUDA, where thread 2 reads batches per graph mode from the log; the
+    CPU build has no graphs to count, and refuses graph modes before launch."""
+    import pytest
+
+    from servescope.errors import KnobError
+    from servescope.spec import Knobs
+
+    ad = get_engine("vllm")
+    cuda = wheel_install("vllm-0.32.0")
+    plan = ad.plan(install=cuda, model_path="/m", served_name="m", host="h", port=1, knobs=Knobs(cuda_graph="piecewise"),
+                   extra_env={})
+    assert "--cudagraph-metrics" in plan.command
+    cpu = EngineInstall(**{**cuda.as_dict(), "platform": "cpu", "source": cuda.source})
+    plan = ad.plan(install=cpu, model_path="/m", served_name="m", host="h", port=1, knobs=Knobs(), extra_env={})
+    assert "--cudagraph-metrics" not in plan.command
+    with pytest.raises(KnobError, match="CPU build has no CUDA graphs"):
+        ad.knob_flags(Knobs(cuda_graph="full"), cpu)

@@ -167,6 +167,21 @@ class Study:
         m = m[m["metric"].str.replace("_total$", "", regex=True).isin({n.removesuffix("_total") for n in names})]
         return m.reset_index(drop=True)
 
+    def graph_counts(self) -> pd.DataFrame:
+        """Batches per CUDA-graph runtime mode, per arm and repetition, where the engine's log counts them (vLLM
+        --cudagraph-metrics); empty where it does not."""
+        frames = []
+        for r in self.results.points.itertuples() if len(self.results.points) else []:
+            _, log = _evidence(Path(r.path))
+            c = self.adapter.graph_counts(log)
+            if len(c):
+                frames.append(c.assign(config=r.config, rep=r.rep))
+        if not frames:
+            return pd.DataFrame(columns=["config", "rep", "mode", "batches"])
+        out = pd.concat(frames, ignore_index=True)
+        out["share"] = out["batches"] / out.groupby(["config", "rep"])["batches"].transform("sum")
+        return out[["config", "rep", "mode", "batches", "share"]]
+
     def gpu_points(self) -> pd.DataFrame:
         """Per arm, repetition, point and GPU: NVML medians, power and clock headroom, energy per token, verdict."""
         return at.gpu_points(self.results.telemetry, self.results.summary)

@@ -126,6 +126,11 @@ class EngineAdapter(ABC):
         """Prometheus series that count CUDA-graph use (replays, passes by mode), name -> meaning; {} if none."""
         return {}
 
+    def graph_counts(self, log_text: str) -> pd.DataFrame:
+        """Batches per CUDA-graph runtime mode as the server's log counts them (mode, batches); empty where the
+        engine logs no such counts."""
+        return pd.DataFrame(columns=["mode", "batches"])
+
     def torch_profiler_launch(self, install: EngineInstall, out_dir: str) -> tuple[list[str], dict[str, str]]:
         """Flags and environment that let the running server's PyTorch profiler be started over HTTP."""
         raise ProfilingUnavailable(f"engine {self.name!r} has no PyTorch profiler hook in servescope")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from ..errors import KnobError
 from ..server import ReadyCheck
@@ -26,6 +29,11 @@ GRAPH_MODES = {0: "NONE", 1: "PIECEWISE", 2: "FULL", (2, 0): "FULL_DECODE_ONLY",
 # CUDAGraphMode name -> (decode, mixed/prefill) phases
 _MODE_PHASES = {"NONE": ("off", "off"), "PIECEWISE": ("piecewise", "piecewise"), "FULL": ("full", "full"),
                 "FULL_DECODE_ONLY": ("full", "off"), "FULL_AND_PIECEWISE": ("full", "piecewise")}
+
+
+# a data row of CUDAGraphLogging's table: | unpadded | padded | paddings | runtime mode | count |
+_GRAPH_ROW = re.compile(r"^\|\s*\d+\s*\|\s*\d+\s*\|\s*\d+\s*\|\s*(?P<mode>[A-Za-z_.]+)\s*\|\s*(?P<count>\d+)\s*\|\s*$",
+                        re.MULTILINE)
 
 
 def mode_name(table: dict[Any, str], value: Any) -> str | None:
@@ -121,6 +129,8 @@ class VllmAdapter(EngineAdapter):
         flags = self.knob_flags(knobs, install)
         base = ["--model", model_path, "--served-model-name", served_name, "--host", host, "--port", str(port),
                 "--disable-uvicorn-access-log"]
+        if install.platform == "cuda" and self.flag_set(install).has("--cudagraph-metrics"):
+            base.append("--cudagraph-metrics")  # batches per graph mode in its log: thread 2's graph counters
         self.check_flags(base + flags[:len(flags) - len(knobs.extra_args)], install)
         cmd = [install.python, "-m", "vllm.entrypoints.openai.api_server", *base, *flags]
         env = {
@@ -227,8 +237,18 @@ class VllmAdapter(EngineAdapter):
         return out
 
     def graph_metrics(self) -> dict[str, str]:
-        """vLLM 0.32 exports no CUDA-graph replay counter; its graph use shows in the resolved mode and log."""
+        """vLLM 0.32 exports no CUDA-graph counter to Prometheus: with --cudagraph-metrics (which plan() sets on
+        CUDA) its stat logger logs batches per runtime mode instead (see graph_counts)."""
         return {}
+
+    def graph_counts(self, log_text: str) -> pd.DataFrame:
+        """Batches per runtime mode (FULL, PIECEWISE, NONE) summed over every '**CUDAGraph Stats:**' table the stat
+        logger wrote (vllm/compilation/cuda_graph.py CUDAGraphLogging, one table per log interval)."""
+        rows = [(m.group("mode").strip(), int(m.group("count"))) for m in _GRAPH_ROW.finditer(log_text)]
+        if not rows:
+            return pd.DataFrame(columns=["mode", "batches"])
+        df = pd.DataFrame(rows, columns=["mode", "batches"])
+        return df.groupby("mode", sort=False, as_index=False)["batches"].sum()
 
     def resolved_config(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
         """`/server_info?config_format=json` (needs VLLM_SERVER_DEV_MODE=1, which plan() sets)."""
