@@ -7,14 +7,7 @@
 set -u
 NOTEBOOKS=${NOTEBOOKS:-"02_piecewise_cuda_graphs 05_torch_compile"}
 REPS=${REPS:-2}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/wheels/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD/lib
-# Nsight Systems and its missing library (../shared/tools/gpu-nsys-libs.sh .device/nsys-lib), for PROFILE runs
-export LD_LIBRARY_PATH=$PWD/.device/nsys-lib:${LD_LIBRARY_PATH:-}
-H=/opt/nvidia/nsight-compute/2025.3.1/host
-export PATH=$H/target-linux-x64:$H/linux-desktop-glibc_2_11_3-x64:$PATH
-export SERVESCOPE_CACHE=/tmp/sscache
-export JUPYTER_PATH=/tmp/site/share/jupyter  # nbconvert's templates, installed with --target
+source benchmarks/gpu/setup_h200.sh
 python3 -c "import papermill, nbconvert, scipy, servescope.report, servescope.study" || exit 1
 suite=$PWD/${SUITE:-data/suites/h200-transformers.yaml}
 entries=""

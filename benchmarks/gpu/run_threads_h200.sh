@@ -3,12 +3,7 @@
 # NVML, real resolved arguments and log), then the nsys session check (load phases on the timeline). Run through the
 # device tool from the repository root with .device carried; writes under $OUT.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/wheels/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$PWD/lib
-export LD_LIBRARY_PATH=$PWD/.device/nsys-lib:${LD_LIBRARY_PATH:-}
-H=/opt/nvidia/nsight-compute/2025.3.1/host
-export PATH=$H/target-linux-x64:$H/linux-desktop-glibc_2_11_3-x64:$PATH
-export SERVESCOPE_CACHE=/tmp/sscache
+source benchmarks/gpu/setup_h200.sh
 python3 -c "import papermill, nbconvert, servescope.report, servescope.threads.graph_disable" || exit 1
 cat > /tmp/h200.yaml <<YAML
 name: h200-transformers
