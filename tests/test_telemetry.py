@@ -4,6 +4,7 @@ real processes, Prometheus scraping, and the stall verdict on data recorded on t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -241,3 +242,17 @@ def test_experiment_stores_telemetry_per_point(tmp_path, stub_engine):
                     LoadSpec(concurrency=(1, 4), num_requests=30, output_len=40, warmup_requests=0),
                     repetitions=1, store=Store(tmp_path), say=lambda m: None, offline=True)
     assert len(again.telemetry["server_metrics"]) == len(t["server_metrics"])  # re-rendered from the store
+
+
+def test_a_phase_shorter_than_the_sampling_period_still_gets_its_own_reading():
+    """A load level over in 0.15 s (seen in CI: 6 requests at 40 req/s) must not vanish from the host tables:
+    the samplers read the ending phase at every switch."""
+    h = HostSampler(rate_hz=0.5, server_pid=os.getpid()).start()
+    time.sleep(0.2)
+    for label in ("warmup:c=1", "c=1", "warmup:c=2", "c=2", "idle"):
+        h.phase.set(label)
+        time.sleep(0.05)
+    h.stop()
+    phases = set(pd.DataFrame(h.proc_rows)["phase"])
+    assert {"c=1", "c=2", "warmup:c=2"} <= phases
+    assert h.ticks <= 2  # the regular schedule kept its period: closing readings come on top of it

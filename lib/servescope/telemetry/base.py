@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -18,9 +19,27 @@ class Phase:
     def __init__(self, label: str = "idle") -> None:
         self._label = label
         self._lock = threading.Lock()
+        self._closers: list[Callable[[str], None]] = []
+
+    def subscribe(self, close: Callable[[str], None]) -> None:
+        """Have close(old_label) called before every switch, so a sampler can read the phase that is ending."""
+        with self._lock:
+            self._closers.append(close)
+
+    def unsubscribe(self, close: Callable[[str], None]) -> None:
+        """Stop calling close."""
+        with self._lock:
+            if close in self._closers:
+                self._closers.remove(close)
 
     def set(self, label: str) -> None:
-        """Switch phase; samples taken from now on carry this label."""
+        """Switch phase; samples taken from now on carry this label. Subscribed samplers first take one reading
+        of the phase that ends, so even a phase shorter than a sampling period has a reading of its own."""
+        with self._lock:
+            old, closers = self._label, list(self._closers)
+        if old != label:
+            for close in closers:
+                close(old)
         with self._lock:
             self._label = label
 
@@ -34,6 +53,8 @@ class Sampler:
     """Calls `sample()` rate_hz times a second on its own thread until stopped; rows carry time and phase."""
 
     name = "sampler"
+    closes_phases = False  # take a reading when a phase ends (cheap local reads only: it holds up the switch)
+    close_timeout_s = 1.0
 
     def __init__(self, rate_hz: float, phase: Phase | None = None) -> None:
         if not 0 < rate_hz <= 1000:
@@ -45,6 +66,9 @@ class Sampler:
         self.cpu_s = 0.0  # CPU time this sampler's thread spent sampling, while it ran (its steady overhead)
         self.setup_cpu_s = 0.0  # CPU time of setup and teardown (e.g. nvmlInit and static reads), once per run
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._closing: list[tuple[str, threading.Event]] = []
+        self._closing_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
         self._t1 = 0.0
@@ -72,18 +96,21 @@ class Sampler:
         c1 = time.thread_time()
         self._t0 = start = time.perf_counter()
         k = 0
-        while not self._stop.is_set():
-            try:
-                self.rows.extend(self.sample(time.time(), self.phase.get()))
-            except Exception as e:  # keep sampling: one bad read must not end the series
-                self.errors.setdefault("sample", f"{type(e).__name__}: {e}")
-            self.ticks += 1
-            k += 1
-            delay = start + k * period - time.perf_counter()
-            if delay < 0:  # fell behind: skip the missed ticks rather than bursting
-                k += int(-delay // period) + 1
-                delay = start + k * period - time.perf_counter()
-            self._stop.wait(max(0.0, delay))
+        next_t = start
+        while True:
+            self._serve_closing()
+            if self._stop.is_set():
+                break
+            if time.perf_counter() >= next_t:
+                self._tick(time.time(), self.phase.get())
+                self.ticks += 1
+                k += 1
+                next_t = start + k * period
+                if next_t < time.perf_counter():  # fell behind: skip the missed ticks rather than bursting
+                    k += int((time.perf_counter() - next_t) // period) + 1
+                    next_t = start + k * period
+            self._wake.wait(max(0.0, next_t - time.perf_counter()))
+            self._wake.clear()
         self._t1 = time.perf_counter()
         c2 = time.thread_time()
         self.cpu_s = c2 - c1
@@ -92,15 +119,42 @@ class Sampler:
         finally:
             self.setup_cpu_s = (c1 - c0) + (time.thread_time() - c2)
 
+    def _tick(self, now_unix: float, phase: str) -> None:
+        try:
+            self.rows.extend(self.sample(now_unix, phase))
+        except Exception as e:  # keep sampling: one bad read must not end the series
+            self.errors.setdefault("sample", f"{type(e).__name__}: {e}")
+
+    def _serve_closing(self) -> None:
+        with self._closing_lock:
+            pending, self._closing = self._closing, []
+        for label, done in pending:
+            self._tick(time.time(), label)
+            done.set()
+
+    def close_phase(self, label: str) -> None:
+        """Take one reading tagged with the ending phase, on the sampler's own thread, and wait for it."""
+        if self._thread is None or not self._thread.is_alive() or self._stop.is_set():
+            return
+        done = threading.Event()
+        with self._closing_lock:
+            self._closing.append((label, done))
+        self._wake.set()
+        done.wait(self.close_timeout_s)
+
     def start(self) -> Sampler:
         """Start the thread."""
+        if self.closes_phases:
+            self.phase.subscribe(self.close_phase)
         self._thread = threading.Thread(target=self._run, name=f"servescope-{self.name}", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
         """Stop the thread and wait for it."""
+        self.phase.unsubscribe(self.close_phase)
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
 

@@ -18,6 +18,7 @@ class HostSampler(Sampler):
     """Per-core CPU %, and for each process of the server tree its CPU %, RSS, and threads above thread_min_pct."""
 
     name = "host"
+    closes_phases = True
 
     def __init__(self, rate_hz: float = 2.0, server_pid: int | None = None, phase: Phase | None = None,
                  thread_min_pct: float = 5.0) -> None:

@@ -192,6 +192,7 @@ class NvmlSampler(Sampler):
     energy is the counter's difference between its boundaries), and PCIe at pcie_hz."""
 
     name = "nvml"
+    closes_phases = True
 
     def __init__(self, rate_hz: float = 10.0, indices: list[int] | None = None, phase: Phase | None = None,
                  pcie_hz: float = 0.2, energy_hz: float = 0.1) -> None:
