@@ -56,12 +56,13 @@ def test_report_end_to_end_on_vllm(tmp_path):
              "telemetry": {"host_hz": 20, "metrics_hz": 10},
              "notebooks": [{"id": "00_environment"}, {"id": "01_cuda_graph_disable_reason"},
                            {"id": "02_piecewise_cuda_graphs"},
-                           {"id": "05_torch_compile", "parameters": {"repetitions": 1}}]}
+                           {"id": "05_torch_compile", "parameters": {"repetitions": 1}},
+                           {"id": "03_clocks_power"}]}
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump(suite))
     out = run_suite(path, reports_dir=tmp_path / "reports", store_dir=tmp_path / "store").out_dir
     index = (out / "index.html").read_text()
-    assert index.count('class="ok">ok') == 4, index
+    assert index.count('class="ok">ok') == 5, index
     (why,) = json.loads((out / "01_cuda_graph_disable_reason.findings.json").read_text())
     # the real server resolved no CUDA graphs, and the audit of the installed vLLM names the CPU platform rule
     assert why["evidence"]["resolved_mode"] == "NONE" and "vllm/config/vllm.py:" in why["claim"], why
@@ -75,7 +76,10 @@ def test_report_end_to_end_on_vllm(tmp_path):
     (graphs,) = json.loads((out / "02_piecewise_cuda_graphs.findings.json").read_text())
     assert graphs["title"] == "No CUDA graph modes to compare here" and graphs["confidence"] == "high"
     points = [p for p in (tmp_path / "store").iterdir() if not p.name.startswith((".", "_"))]
-    assert len(points) == 3  # thread 1's defaults (also read by thread 2), thread 5's compiled and eager
+    assert len(points) == 3  # thread 1's defaults (also read by threads 2 and 3), thread 5's compiled and eager
+    (nogpu,) = json.loads((out / "03_clocks_power.findings.json").read_text())
+    assert nogpu["title"].startswith("No GPU here") and nogpu["confidence"] == "high"
+    assert "3 points other threads measured" in (out / "03_clocks_power.html").read_text()
     import pandas as pd
 
     for p in points:  # telemetry of the real server: its process tree and its own Prometheus metrics, per point

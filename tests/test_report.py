@@ -52,7 +52,7 @@ def test_cli_reports_bad_suite_as_error(tmp_path, capsys):
 def test_default_suite_is_valid():
     suite = load_suite(ROOT / "data" / "suites" / "default.yaml")
     assert [n.id for n in suite.notebooks] == ["00_environment", "01_cuda_graph_disable_reason",
-                                               "02_piecewise_cuda_graphs", "05_torch_compile"]
+                                               "02_piecewise_cuda_graphs", "05_torch_compile", "03_clocks_power"]
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +226,8 @@ def test_h200_threads_02_and_05_render_offline_as_measured(tmp_path):
     shutil.copytree(H200 / "store", store)
     done = run_suite(ROOT / "data" / "suites" / "h200-transformers.yaml", offline=True, reports_dir=tmp_path / "r",
                      store_dir=store, run_id="h", progress=False)
-    assert {r.id: r.status for r in done.runs} == {"02_piecewise_cuda_graphs": "ok", "05_torch_compile": "ok"}
+    assert {r.id: r.status for r in done.runs} == {"02_piecewise_cuda_graphs": "ok", "05_torch_compile": "ok",
+                                                   "03_clocks_power": "ok"}
     head, full = json.loads((done.out_dir / "02_piecewise_cuda_graphs.findings.json").read_text())
     assert head["title"] == "Use CUDA graphs: full" and head["recommended_flags"] == ["--cb-use-cuda-graph"]
     levels = {k: v for k, v in full["evidence"]["effects"].items() if k.startswith("output_tok_s@")}

@@ -15,14 +15,8 @@ import pandas as pd
 import pynvml
 import pytest
 
-from servescope.analysis.telemetry import (
-    StallThresholds,
-    energy_per_token,
-    gpu_by_point,
-    host_by_point,
-    metrics_by_point,
-    stall_verdict,
-)
+from servescope.analysis import regime as rg
+from servescope.analysis.telemetry import energy_per_token, gpu_by_point, host_by_point, metrics_by_point
 from servescope.telemetry import Telemetry, decode_reasons
 from servescope.telemetry.host import HostSampler
 from servescope.telemetry.nvml import Nvml, NvmlSampler, NvmlUnavailable, visible_nvml_indices
@@ -39,14 +33,24 @@ def _recording(name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 # --- recorded on the H200 machine ---------------------------------------------------------------------------
 
-def test_stall_verdict_on_recorded_h200_loads():
+def _regime(gpu_row, host_row=None, completed=10, trace=None):
+    return rg.decide(rg.point_evidence(gpu_row, host_row, pd.Series({"completed": completed, "failed": 0}), trace))
+
+
+def test_regimes_on_the_recorded_two_gpu_h200_loads():
+    """NVML alone (no GPM in this recording, no threads): what it can tell, and what it says it cannot."""
     gpu, static = _recording("synthetic_2gpu")
     pts = gpu_by_point(gpu, static).set_index(["phase", "gpu"])
     for g in (0, 1):
-        assert pts.loc[("stalled", g), "verdict"] == "stalled"  # busy, full clocks, little power
-        assert pts.loc[("compute_bound", g), "verdict"] == "power-capped"  # not stalled
-        assert pts.loc[("launch_bound", g), "verdict"] == "host-bound"
-        assert pts.loc[("idle", g), "verdict"] == "idle"
+        assert _regime(pts.loc[("compute_bound", g)]).regime == "power-capped"
+        # a CUDA graph of tiny kernels: "busy" 99% at full clocks, 18% of the power, memory controller idle
+        r = _regime(pts.loc[("stalled", g)])
+        assert (r.regime, r.confidence) == ("launch-bound", "medium") and r.missing
+        # a Python loop of tiny kernels, nothing read the threads: the two it could be, and what was missing
+        r = _regime(pts.loc[("launch_bound", g)])
+        assert r.regime == "undecided" and set(r.candidates) == {"host-bound", "launch-bound"}
+        assert "threads" in r.missing[0]
+        assert _regime(pts.loc[("idle", g)], completed=0).regime == "idle"
         assert pts.loc[("compute_bound", g), "reason_sw_power_cap_share"] > 0.9
         assert pts.loc[("stalled", g), "reason_sw_power_cap_share"] == 0
 
@@ -72,12 +76,16 @@ def test_recorded_real_server_is_host_bound():
     summary = pd.read_parquet(H200 / "transformers_serve_summary.parquet")
     pts = gpu_by_point(gpu[gpu["gpu"] == 0], static)
     measured = pts[pts["phase"].isin(["c=1", "c=8", "c=32"])]
-    assert set(measured["verdict"]) == {"host-bound"}
     ept = energy_per_token(measured, summary).set_index("point")["energy_per_output_token_j"]
     assert ept["c=1"] > ept["c=8"] > ept["c=32"] > 0
     procs, threads = (pd.read_csv(H200 / f"transformers_serve_{n}.csv") for n in ("procs", "threads"))
     host = host_by_point(procs, threads).set_index("phase")
     assert (host.loc[["c=1", "c=8", "c=32"], "busiest_thread_cpu_pct_p50"] > 80).all()
+    pts = pts.set_index("phase")
+    verdicts = {p: _regime(pts.loc[p], host.loc[p]) for p in ("c=1", "c=8", "c=32")}
+    hot = {p for p in verdicts if host.loc[p, "busiest_thread_cpu_pct_p50"] >= 85}
+    assert hot and all(verdicts[p].regime == "host-bound" for p in hot)
+    assert all(v.regime in ("host-bound", "undecided") for v in verdicts.values())
 
 
 def test_replayed_recording_runs_through_the_pipeline():
@@ -91,7 +99,7 @@ def test_replayed_recording_runs_through_the_pipeline():
     f = tel.frames()
     assert (f["gpu"]["phase"] == "c=8").sum() > 20
     pts = gpu_by_point(f["gpu"], f["gpu_static"]).set_index(["phase", "gpu"])
-    assert pts.loc[("c=8", 0), "verdict"] == "stalled"
+    assert _regime(pts.loc[("c=8", 0)]).regime == "launch-bound"
     assert tel.status["gpu"].startswith("replayed")
 
 
@@ -113,9 +121,8 @@ def test_sampler_tags_phases_and_keeps_sampling_through_unsupported_reads():
     assert "NotSupported" in s.errors["nvml:temperature"]
     assert 25 < s.achieved_hz <= 55
     pts = gpu_by_point(df, pd.DataFrame(s.static)).set_index(["phase", "gpu"])
-    assert pts.loc[("idle", 0), "verdict"] == "stalled"
-    assert pts.loc[("compute", 0), "verdict"] == "power-capped"
-    assert pts.loc[("idle", 1), "verdict"] == "idle"
+    assert _regime(pts.loc[("compute", 0)]).regime == "power-capped"
+    assert _regime(pts.loc[("idle", 1)], completed=0).regime == "idle"
 
 
 def test_energy_counter_read_sparsely_but_at_every_phase_start():
@@ -157,19 +164,6 @@ def test_cuda_visible_devices_selects_and_orders():
 def test_decode_reasons():
     assert decode_reasons(0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
     assert decode_reasons(0) == [] and decode_reasons(float("nan")) == []
-
-
-@pytest.mark.parametrize("util,power,clock,shares,want", [
-    (99, 18, 100, {}, "stalled"),
-    (99, 98, 75, {"sw_power_cap": 0.97}, "power-capped"),
-    (99, 70, 100, {}, "compute-bound"),
-    (30, 20, 100, {}, "host-bound"),
-    (2, 17, 100, {}, "idle"),
-    (99, 60, 70, {"hw_thermal_slowdown": 0.5}, "thermal-throttled"),
-    (float("nan"), 20, 100, {}, "unknown"),
-])
-def test_stall_verdict_rules(util, power, clock, shares, want):
-    assert stall_verdict(util, power, clock, shares, StallThresholds()) == want
 
 
 # --- host and metrics ---------------------------------------------------------------------------------------
@@ -256,3 +250,22 @@ def test_a_phase_shorter_than_the_sampling_period_still_gets_its_own_reading():
     phases = set(pd.DataFrame(h.proc_rows)["phase"])
     assert {"c=1", "c=2", "warmup:c=2"} <= phases
     assert h.ticks <= 2  # the regular schedule kept its period: closing readings come on top of it
+
+
+def test_gpm_metrics_are_deltas_between_samples_and_missing_with_a_reason_where_unsupported():
+    """Patched pynvml (backed by the real GPM reads on the H200: tests/fixtures/h200/regimes, bench_telemetry
+    with GPM on): Hopper-style GPUs give SM activity, DRAM bandwidth and tensor activity from the second reading
+    on; a GPU without GPM gives NaN and says why."""
+    gpus = [FakeGpu(sm_active_pct=42.0, dram_bw_util_pct=77.0, tensor_active_pct=5.0), FakeGpu(gpm=False)]
+    with fake_nvml(gpus):
+        s = NvmlSampler(rate_hz=50).start()
+        time.sleep(0.3)
+        s.stop()
+    df = s.frame()
+    g0 = df[df["gpu"] == 0]
+    assert np.isnan(g0["sm_active_pct"].iloc[0]) and (g0["sm_active_pct"].iloc[1:] == 42.0).all()
+    assert (g0["dram_bw_util_pct"].iloc[1:] == 77.0).all()
+    assert df[df["gpu"] == 1]["sm_active_pct"].isna().all()
+    assert "Hopper" in s.errors["nvml:gpm"]
+    pts = gpu_by_point(df, pd.DataFrame(s.static)).set_index("gpu")
+    assert pts.loc[0, "sm_active_pct_p50"] == 42.0 and np.isnan(pts.loc[1, "sm_active_pct_p50"])

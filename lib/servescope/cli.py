@@ -134,11 +134,12 @@ def _cmd_kernels(a: argparse.Namespace) -> int:
     import pandas as pd
 
     from .analysis import kernels as ak
+    from .analysis.regime import trace_regime
     from .profile.session import open_trace
 
     p = open_trace(a.trace)
     k = ak.with_categories(p.kernels)
-    start = end = None
+    start, end = p.window_ns if p.window_ns else (None, None)
     if a.range:
         hit = p.nvtx[p.nvtx["text"].astype(str) == a.range] if len(p.nvtx) else p.nvtx
         if hit.empty:
@@ -147,8 +148,12 @@ def _cmd_kernels(a: argparse.Namespace) -> int:
         start, end = int(hit["start_ns"].iloc[0]), int(hit["end_ns"].iloc[-1])
         k = ak.clip(k, start, end)
     with pd.option_context("display.width", 160, "display.max_colwidth", 70):
-        print(f"{a.trace}: {len(k)} kernels ({p.source})" + (f", NVTX range {a.range!r}" if a.range else ""))
-        print("\n# busy\n" + ak.busy(k, start, end).round(4).to_string(index=False))
+        print(f"{a.trace}: {len(k)} kernels ({p.source})" + (f", NVTX range {a.range!r}" if a.range else
+                                                              ", the whole capture" if p.window_ns else ""))
+        verdict = trace_regime(k, p.runtime, (start, end) if start is not None and end is not None else None)
+        print(f"\n# regime\n{verdict.words()}\nwhat to try: {verdict.action}")
+        print("\n# busy (lead_in_ms / tail_ms: idle before the first kernel and after the last)\n"
+              + ak.busy(k, start, end).round(4).to_string(index=False))
         if len(p.runtime):
             lo = ak.launch_overhead(p.runtime, k, start, end)
             print("\n# launch API vs kernels\n" + "\n".join(f"{key}: {v:.4g}" for key, v in lo.items()))

@@ -50,6 +50,7 @@ class Results:
     planned: int = 0  # points asked for: configurations x repetitions
     kernels: pd.DataFrame = field(default_factory=pd.DataFrame)  # kernel tables of profiled points (config, rep)
     profiles: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per profiled window: level, seconds, ...
+    runtime: pd.DataFrame = field(default_factory=pd.DataFrame)  # launch/runtime API calls of profiled points
 
     def outcome(self, thread: str, findings: list[Finding]) -> Outcome:
         """Points planned, measured and failed, the first error (and signal), and how many findings answer."""
@@ -80,6 +81,83 @@ class Results:
         h = self.client_health()
         bad = h[h[f"client_{kind}"].fillna(False).astype(bool)]
         return [f"{r.config} rep {r.rep} {r.point}: {r.client_warning}" for r in bad.itertuples()]
+
+
+class _Tables:
+    """The tables of stored points, gathered point by point and turned into Results."""
+
+    def __init__(self) -> None:
+        self.summaries: list[pd.DataFrame] = []
+        self.requests: list[pd.DataFrame] = []
+        self.startups: list[dict[str, Any]] = []
+        self.points: list[dict[str, Any]] = []
+        self.errors: list[dict[str, Any]] = []
+        self.kernels: list[pd.DataFrame] = []
+        self.windows: list[dict[str, Any]] = []
+        self.runtimes: list[pd.DataFrame] = []
+        self.tele: dict[str, list[pd.DataFrame]] = {name: [] for name in TELEMETRY_TABLES}
+        self.tele_status: list[dict[str, Any]] = []
+        self.resolved: dict[str, dict[str, Any]] = {}
+
+    def add(self, pt: Any, key: str, ids: dict[str, Any]) -> None:
+        """Every table of one stored point, tagged with ids (config, rep)."""
+        self.summaries.append(rejudge(pt.table("summary")).assign(**ids))
+        self.requests.append(pt.table("requests").assign(**ids))
+        m = pt.manifest
+        self.startups.append({**ids, **(m.get("target", {}).get("startup") or {})})
+        self.points.append({**ids, "key": key, "path": str(pt.path),
+                            "flags": " ".join(m.get("target", {}).get("flags", [])),
+                            "command": m.get("target", {}).get("command", ""),
+                            "started_unix": m.get("started_unix"), "ended_unix": m.get("ended_unix")})
+        if m.get("resolved") and ids["config"] not in self.resolved:
+            self.resolved[ids["config"]] = m["resolved"]
+        k = pt.table("kernels")
+        if not k.empty:
+            self.kernels.append(k.assign(**ids))
+            rt = pt.table("kernel_runtime")
+            if not rt.empty:
+                self.runtimes.append(rt.assign(**ids))
+            self.windows.append({**ids, **(m.get("profile") or {})})
+        for name in TELEMETRY_TABLES:
+            t = pt.table(f"telemetry_{name}")
+            if not t.empty:
+                self.tele[name].append(t.assign(**ids))
+        if "telemetry" in m:
+            self.tele_status.append({**ids, **{k: v if not isinstance(v, dict) else str(v)
+                                               for k, v in m["telemetry"].items()}})
+
+    def results(self, planned: int) -> Results:
+        """The gathered tables as Results."""
+        cat = lambda xs: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame()  # noqa: E731
+        return Results(summary=cat(self.summaries), requests=cat(self.requests), startup=pd.DataFrame(self.startups),
+                       points=pd.DataFrame(self.points),
+                       errors=pd.DataFrame(self.errors, columns=list(ERROR_COLUMNS)), resolved=self.resolved,
+                       telemetry={k: cat(v) for k, v in self.tele.items()},
+                       telemetry_status=pd.DataFrame(self.tele_status), planned=planned, kernels=cat(self.kernels),
+                       profiles=pd.DataFrame(self.windows), runtime=cat(self.runtimes))
+
+
+def point_label(parts: dict[str, Any]) -> str:
+    """A readable name for a stored point's configuration: its knobs (or 'engine defaults'), and its profile."""
+    knobs = parts.get("knobs") or {}
+    label = ", ".join(f"{k}={v}" for k, v in sorted(knobs.items())) or "engine defaults"
+    prof = (parts.get("profile") or {}).get("kind")
+    return f"{label} (+{prof} profile)" if prof else label
+
+
+def read_store(store: Store, engine: str | None = None, model: dict[str, Any] | None = None) -> Results:
+    """Every complete point in a store (optionally only one engine identity and model) as Results, each named by
+    its knobs: what other threads measured, read without launching anything."""
+    acc = _Tables()
+    for key in store.keys():
+        pt = store.get(key)
+        parts = pt.manifest.get("parts") or {}
+        if engine is not None and parts.get("engine") != engine:
+            continue
+        if model is not None and parts.get("model") != model:
+            continue
+        acc.add(pt, key, {"config": point_label(parts), "rep": int(parts.get("rep", 0))})
+    return acc.results(planned=len(acc.points))
 
 
 def _say(msg: str) -> None:
@@ -127,12 +205,7 @@ def measure(
     store = store or Store()
     prep: Prepared | None = None
     telemetry = telemetry or TelemetrySpec()
-    summaries, requests, startups, points, errors = [], [], [], [], []
-    kernels: list[pd.DataFrame] = []
-    windows: list[dict[str, Any]] = []
-    tele: dict[str, list[pd.DataFrame]] = {name: [] for name in TELEMETRY_TABLES}
-    tele_status: list[dict[str, Any]] = []
-    resolved: dict[str, dict[str, Any]] = {}
+    acc = _Tables()
     for rep in range(repetitions):
         order = list(configs) if rep % 2 == 0 else list(reversed(configs))
         for cfg in order:
@@ -150,39 +223,13 @@ def measure(
                     _run_point(store, key, parts, prep, cfg, load, progress, tag, say, telemetry, profile)
                 pt = store.get(key)
             except Exception as e:  # a failed point must not lose the others
-                errors.append(error_row(cfg.name, rep, key, e))
-                say(f"{tag}: FAILED: {errors[-1]['summary']}")
-                if errors[-1]["death"]:
-                    say("  " + errors[-1]["death"].replace("\n", "\n  "))
+                acc.errors.append(error_row(cfg.name, rep, key, e))
+                say(f"{tag}: FAILED: {acc.errors[-1]['summary']}")
+                if acc.errors[-1]["death"]:
+                    say("  " + acc.errors[-1]["death"].replace("\n", "\n  "))
                 continue
-            ids = {"config": cfg.name, "rep": rep}
-            summaries.append(rejudge(pt.table("summary")).assign(**ids))
-            requests.append(pt.table("requests").assign(**ids))
-            m = pt.manifest
-            startups.append({**ids, **(m.get("target", {}).get("startup") or {})})
-            points.append({**ids, "key": key, "path": str(pt.path), "flags": " ".join(m.get("target", {}).get("flags", [])),
-                           "command": m.get("target", {}).get("command", ""), "started_unix": m.get("started_unix"),
-                           "ended_unix": m.get("ended_unix")})
-            if m.get("resolved") and cfg.name not in resolved:
-                resolved[cfg.name] = m["resolved"]
-            k = pt.table("kernels")
-            if not k.empty:
-                kernels.append(k.assign(**ids))
-                windows.append({**ids, **(m.get("profile") or {})})
-            for name in TELEMETRY_TABLES:
-                t = pt.table(f"telemetry_{name}")
-                if not t.empty:
-                    tele[name].append(t.assign(**ids))
-            if "telemetry" in m:
-                tele_status.append({**ids, **{k: v if not isinstance(v, dict) else str(v)
-                                              for k, v in m["telemetry"].items()}})
-    cat = lambda xs: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame()  # noqa: E731
-    return Results(summary=cat(summaries), requests=cat(requests), startup=pd.DataFrame(startups),
-                   points=pd.DataFrame(points), errors=pd.DataFrame(errors, columns=list(ERROR_COLUMNS)),
-                   resolved=resolved, telemetry={k: cat(v) for k, v in tele.items()},
-                   telemetry_status=pd.DataFrame(tele_status), planned=repetitions * len(configs),
-                   kernels=cat(kernels), profiles=pd.DataFrame(windows))
-
+            acc.add(pt, key, {"config": cfg.name, "rep": rep})
+    return acc.results(planned=repetitions * len(configs))
 
 ERROR_COLUMNS = ("config", "rep", "key", "error_type", "summary", "signal", "death", "error", "traceback")
 

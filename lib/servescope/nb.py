@@ -106,15 +106,25 @@ def telemetry_status(res: Results) -> Markdown:
 
 
 def telemetry_gpu(study: Study) -> Markdown | pd.DataFrame:
-    """Per configuration, repetition, point and GPU: power, clocks, utilization, energy per token, stall verdict."""
+    """Per configuration, repetition, point and GPU: utilization, SM and DRAM activity (GPM), power, clocks,
+    energy per token (the regime of each point is in regimes())."""
     t = study.gpu_points()
     if t.empty:
         st = study.results.telemetry_status
         why = "; ".join(sorted(set(st["gpu"]))) if "gpu" in st else "no telemetry recorded"
         return Markdown(f"No GPU readings: {why}. Nothing is shown in their place.")
-    cols = ["config", "rep", "phase", "gpu", "verdict", "gpu_util_pct_p50", "power_w_p50", "power_pct_of_limit_p50",
+    cols = ["config", "rep", "phase", "gpu", "gpu_util_pct_p50", "sm_active_pct_p50", "dram_bw_util_pct_p50",
+            "tensor_active_pct_p50", "mem_util_pct_p50", "power_w_p50", "power_pct_of_limit_p50",
             "sm_clock_pct_of_max_p50", "energy_per_output_token_j", "reason_sw_power_cap_share", "temp_c_max"]
-    return t[[c for c in cols if c in t]]
+    return t[[c for c in cols if c in t]].dropna(axis=1, how="all")
+
+
+def regimes(study: Study) -> Markdown | pd.DataFrame:
+    """The regime of every measured point: what limited it, how sure, and what to try."""
+    t = study.regimes()
+    if t.empty:
+        return Markdown("No measured point to judge.")
+    return t
 
 
 def telemetry_host(study: Study) -> Markdown | pd.DataFrame:

@@ -76,6 +76,13 @@ class Store:
             return False
         return json.loads(m.read_text()).get("status") == "complete"
 
+    def keys(self) -> list[str]:
+        """Keys of every completed point, oldest first."""
+        if not self.root.is_dir():
+            return []
+        done = [p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")) and self.has(p.name)]
+        return [p.name for p in sorted(done, key=lambda p: (p / MANIFEST).stat().st_mtime)]
+
     def get(self, key: str) -> Point:
         """Read a completed point."""
         p = self.path(key)

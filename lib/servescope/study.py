@@ -24,6 +24,7 @@ from . import plots
 from .analysis import kernels as ak
 from .analysis import telemetry as at
 from .analysis.ab import higher_is_better, paired_effects, verdict
+from .analysis.regime import Regime, point_regimes, regime_table
 from .engines import get_engine
 from .engines.base import EngineAdapter, EngineInstall
 from .engines.state import FIELDS, ResolvedState, differences, verify
@@ -189,6 +190,24 @@ class Study:
     def host_points(self) -> pd.DataFrame:
         """Per arm, repetition and point: the server process tree's CPU and memory, and its busiest thread."""
         return at.host_points(self.results.telemetry)
+
+    def regime_verdicts(self) -> list[tuple[dict[str, Any], Regime]]:
+        """Per arm, repetition and point (and GPU): the regime, from the load records, GPU counters, the server's
+        threads and a stored profile of the same level, each with its numbers, thresholds and action."""
+        r = self.results
+        summary = r.client_health().merge(r.summary[[c for c in ("config", "rep", "point", "completed", "failed",
+                                                                  "output_tok_s") if c in r.summary]],
+                                          on=["config", "rep", "point"], how="left") if len(r.summary) else r.summary
+        status = {}
+        if len(r.telemetry_status) and "gpu" in r.telemetry_status:
+            status = {(row["config"], row["rep"]): ("" if row["gpu"] in ("ok", None) or str(row["gpu"]).startswith(
+                "replayed") else str(row["gpu"])) for _, row in r.telemetry_status.iterrows()}
+        return point_regimes(summary, self.gpu_points(), self.host_points(), r.kernels, r.runtime, r.profiles,
+                             status)
+
+    def regimes(self) -> pd.DataFrame:
+        """The regime verdicts as a table: arm, rep, point, GPU, regime, confidence, why, what was missing, action."""
+        return _drop_empty(regime_table(self.regime_verdicts()))
 
     def metric_points(self) -> pd.DataFrame:
         """Per arm, repetition and point: the engine's own Prometheus metrics (gauges' medians, counters' rates)."""

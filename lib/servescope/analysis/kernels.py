@@ -39,29 +39,36 @@ def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[float, np.ndarray]:
     prev = np.concatenate([[s[0]], reach[:-1]])
     new = s > prev  # a kernel that starts after everything before it ended opens a new busy stretch
     gaps = (s - prev)[new]
-    first = np.concatenate([[0], np.flatnonzero(new)])
-    last = np.concatenate([np.flatnonzero(new) - 1, [len(s) - 1]])
-    busy = float(np.sum(reach[last] - s[first]))
+    # covered time: from the first start to the last end, less the gaps between busy stretches
+    busy = float(reach[-1] - s[0]) - float(gaps.sum())
     return busy, gaps
 
 
 def busy(k: pd.DataFrame, start_ns: int | None = None, end_ns: int | None = None) -> pd.DataFrame:
     """Per device over a window (default: first kernel start to last kernel end): busy fraction (time any kernel
-    ran), idle-gap distribution, kernel count, kernels per second, median kernel duration."""
+    ran), idle at the window's edges (lead-in, tail) and between kernels, the between-kernel gap distribution,
+    kernel count, kernels per second, median kernel duration."""
     k = clip(k, start_ns, end_ns)
     rows = []
-    for dev, g in k.groupby("device", sort=True):
+    devices = pd.unique(k["device"])
+    # one device (the usual capture): use the table itself, not a per-group copy of ten million rows
+    groups = [(devices[0], k)] if len(devices) == 1 else list(k.groupby("device", sort=True))
+    for dev, g in sorted(groups, key=lambda x: x[0]):
         s, e = g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64)
         w0 = start_ns if start_ns is not None else int(s.min())
         w1 = end_ns if end_ns is not None else int(e.max())
         span = max(w1 - w0, 1)
         covered, gaps = _union(s, e)
+        g50, g90 = np.percentile(gaps, [50, 90]) if gaps.size else (0.0, 0.0)
         rows.append({
             "device": dev, "window_ms": span / 1e6, "kernels": len(g), "kernels_per_s": len(g) / (span / 1e9),
-            "busy_fraction": covered / span, "kernel_time_ms": float(g["dur_ns"].sum()) / 1e6,
-            "kernel_us_p50": float(np.median(g["dur_ns"])) / 1e3,
-            "idle_gap_us_p50": float(np.median(gaps)) / 1e3 if gaps.size else 0.0,
-            "idle_gap_us_p90": float(np.percentile(gaps, 90)) / 1e3 if gaps.size else 0.0,
+            "busy_fraction": covered / span,
+            # idle at the window's edges: before the first kernel and after the last, apart from the gaps between
+            "lead_in_ms": max(int(s.min()) - w0, 0) / 1e6, "tail_ms": max(w1 - int(e.max()), 0) / 1e6,
+            "idle_between_ms": float(gaps.sum()) / 1e6,
+            "kernel_time_ms": float(g["dur_ns"].sum()) / 1e6,
+            "kernel_us_p50": float(np.median(g["dur_ns"].to_numpy())) / 1e3,
+            "idle_gap_us_p50": float(g50) / 1e3, "idle_gap_us_p90": float(g90) / 1e3,
             "idle_gap_us_max": float(gaps.max()) / 1e3 if gaps.size else 0.0,
             "idle_gaps": int(gaps.size),
             "graph_kernel_fraction": float(g["graph_node"].notna().mean()),
@@ -119,7 +126,9 @@ def launch_overhead(runtime: pd.DataFrame, k: pd.DataFrame, start_ns: int | None
 
 
 def with_categories(k: pd.DataFrame) -> pd.DataFrame:
-    """The kernel table with 'category' and 'moe_path' columns."""
+    """The kernel table with 'category' and 'moe_path' columns (as is, where it has them)."""
+    if "category" in k and "moe_path" in k:
+        return k
     has_op = "op" in k and k["op"].notna().any()
     cats = categorize(k["name"], k["op"] if has_op else None)
     return k.assign(category=cats["category"].values, moe_path=cats["moe_path"].values)

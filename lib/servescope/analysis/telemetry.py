@@ -1,68 +1,46 @@
-"""Per load point: medians of the GPU readings, energy per output token, clock and power headroom, throttle
-reason shares, and the stall verdict; plus the server tree's CPU and the engine's own metrics."""
+"""Per load point: medians of the GPU readings (NVML, GPM where the GPU has it, or the DCGM exporter's fields),
+energy per output token, clock and power headroom, throttle reason shares; the server tree's CPU and the engine's
+own metrics. The regime of each point is decided from these in analysis.regime."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ..telemetry.nvml import REASONS
+from ..telemetry.nvml import GPM_METRICS, REASONS
 
-THERMAL = ("sw_thermal_slowdown", "hw_thermal_slowdown")
-HW = ("hw_slowdown", "hw_power_brake_slowdown")
-
-
-@dataclass(frozen=True)
-class StallThresholds:
-    """The numbers behind the stall verdict, named so a report can quote them."""
-
-    busy_util_pct: float = 80.0  # "high utilization": a kernel was running this share of the time
-    idle_util_pct: float = 10.0  # below this the GPU is idle, not stalled
-    low_power_pct: float = 50.0  # of the enforced power limit: a busy GPU below this does little work
-    full_clock_pct: float = 90.0  # SM clock as % of its maximum: "full clocks"
-    power_cap_pct: float = 95.0  # "at the limit"
-    reason_share: float = 0.2  # a clock-event reason counts as active above this share of samples
+GPM_COLUMNS = tuple(GPM_METRICS)
+# the DCGM exporter's profiling fields (ratios 0..1) and device fields, as the GPM / NVML columns they stand for
+DCGM_FIELDS = {"DCGM_FI_PROF_SM_ACTIVE": ("sm_active_pct", 100.0), "DCGM_FI_PROF_SM_OCCUPANCY":
+               ("sm_occupancy_pct", 100.0), "DCGM_FI_PROF_DRAM_ACTIVE": ("dram_bw_util_pct", 100.0),
+               "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_active_pct", 100.0),
+               "DCGM_FI_DEV_GPU_UTIL": ("gpu_util_pct", 1.0), "DCGM_FI_DEV_MEM_COPY_UTIL": ("mem_util_pct", 1.0),
+               "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1.0), "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", 1.0)}
 
 
-VERDICTS = {
-    "idle": "the GPU ran no kernels most of the time: no load reached it",
-    "host-bound": "the GPU sat idle between kernels: the host (scheduler, launches, client) could not keep it fed",
-    "stalled": "the GPU reported busy at full clocks but drew little power: kernels that wait (launch- or "
-               "latency-bound: tiny kernels, memory or communication waits), not throughput work",
-    "compute-bound": "busy and drawing power: the GPU is doing the work",
-    "power-capped": "power at the limit with clocks pulled down: more work needs more power",
-    "thermal-throttled": "clocks pulled down for temperature",
-    "hw-slowdown": "hardware slowdown or power brake active",
-}
+def _median(g: pd.DataFrame, col: str) -> float:
+    return float(g[col].median()) if col in g and g[col].notna().any() else float("nan")
 
 
-def stall_verdict(util_pct: float, power_pct: float, clock_pct: float, shares: dict[str, float],
-                  th: StallThresholds = StallThresholds()) -> str:
-    """One word for what a GPU was doing over a load point (see VERDICTS); 'unknown' when readings are missing."""
-    if np.isnan(util_pct):
-        return "unknown"
-    if util_pct < th.idle_util_pct:
-        return "idle"
-    if any(shares.get(r, 0.0) >= th.reason_share for r in THERMAL):
-        return "thermal-throttled"
-    if any(shares.get(r, 0.0) >= th.reason_share for r in HW):
-        return "hw-slowdown"
-    if not np.isnan(power_pct) and power_pct >= th.power_cap_pct and (
-            (not np.isnan(clock_pct) and clock_pct < th.full_clock_pct)
-            or shares.get("sw_power_cap", 0.0) >= th.reason_share):
-        return "power-capped"
-    if util_pct < th.busy_util_pct:
-        return "host-bound"
-    if np.isnan(power_pct):
-        return "unknown"
-    if power_pct < th.low_power_pct and (np.isnan(clock_pct) or clock_pct >= th.full_clock_pct):
-        return "stalled"
-    return "compute-bound"
-
+def dcgm_by_point(dcgm: pd.DataFrame) -> pd.DataFrame:
+    """One row per (phase, GPU) from the DCGM exporter's series, in the columns gpu_by_point uses (…_p50), so a
+    remote GPU without NVML here still gets SM activity, DRAM bandwidth and tensor activity."""
+    if dcgm.empty:
+        return pd.DataFrame()
+    d = dcgm[dcgm["metric"].isin(DCGM_FIELDS)].copy()
+    if d.empty:
+        return pd.DataFrame()
+    d["gpu"] = d["labels"].map(lambda s: int(json.loads(s).get("gpu", 0)) if s else 0)
+    d["column"] = d["metric"].map(lambda m: DCGM_FIELDS[m][0])
+    d["value"] = d["value"] * d["metric"].map(lambda m: DCGM_FIELDS[m][1])
+    med = d.groupby(["phase", "gpu", "column"])["value"].median().unstack("column")
+    med.columns = [f"{c}_p50" for c in med.columns]
+    out = med.reset_index()
+    out["source"] = "dcgm"
+    return out
 
 def _energy_j(g: pd.DataFrame, next_reading: float = float("nan")) -> float:
     """Energy over the window from the GPU's own counter: from the phase's first reading to the next phase's first
@@ -83,9 +61,8 @@ def _energy_j(g: pd.DataFrame, next_reading: float = float("nan")) -> float:
     return float(np.trapezoid(p["power_w"], p["time_unix"]))
 
 
-def gpu_by_point(gpu: pd.DataFrame, static: pd.DataFrame | None = None,
-                 th: StallThresholds = StallThresholds()) -> pd.DataFrame:
-    """One row per (phase, GPU): medians, headroom, reason shares, energy and the stall verdict."""
+def gpu_by_point(gpu: pd.DataFrame, static: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (phase, GPU): medians (GPM ones included), headroom, reason shares and energy."""
     if gpu.empty:
         return pd.DataFrame()
     smax = {}
@@ -117,7 +94,6 @@ def gpu_by_point(gpu: pd.DataFrame, static: pd.DataFrame | None = None,
         power_pct = 100 * power / limit if limit else float("nan")
         clock_pct = 100 * clock / clock_max if clock_max else float("nan")
         util = float(g["gpu_util_pct"].median())
-        verdict = stall_verdict(util, power_pct, clock_pct, shares, th)
         rows.append({
             "phase": phase, "gpu": idx, "samples": len(g),
             "duration_s": float(g["time_unix"].iloc[-1] - g["time_unix"].iloc[0]),
@@ -129,8 +105,8 @@ def gpu_by_point(gpu: pd.DataFrame, static: pd.DataFrame | None = None,
             "pcie_tx_mb_s_p50": float(g["pcie_tx_mb_s"].median()) if "pcie_tx_mb_s" in g else float("nan"),
             "pcie_rx_mb_s_p50": float(g["pcie_rx_mb_s"].median()) if "pcie_rx_mb_s" in g else float("nan"),
             "energy_j": _energy_j(g, nxt),
+            **{f"{m}_p50": _median(g, m) for m in GPM_COLUMNS},
             **{f"reason_{k}_share": v for k, v in shares.items()},
-            "verdict": verdict,
         })
     return pd.DataFrame(rows)
 
@@ -187,11 +163,6 @@ def label_value(labels: str, key: str) -> str:
     return json.loads(labels).get(key, "")
 
 
-def thresholds_dict(th: StallThresholds = StallThresholds()) -> dict[str, float]:
-    """The thresholds as a plain dict, for findings and reports."""
-    return asdict(th)
-
-
 # -- per-point tables over every point of a run (what notebooks show) ----------------------------------------
 KEY_METRICS = (
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -214,9 +185,9 @@ def _measured(df: pd.DataFrame) -> pd.DataFrame:
     return df[~df["phase"].str.startswith(("warmup:", "idle"))] if not df.empty else df
 
 
-def gpu_points(tele: dict[str, pd.DataFrame], summary: pd.DataFrame,
-               th: StallThresholds | None = None) -> pd.DataFrame:
-    """GPU medians, headroom, reason shares, energy per output token and the stall verdict per point."""
+def gpu_points(tele: dict[str, pd.DataFrame], summary: pd.DataFrame) -> pd.DataFrame:
+    """GPU medians, headroom, reason shares and energy per output token per point (NVML; the DCGM exporter's
+    fields fill SM activity, DRAM bandwidth and tensor activity where NVML has none)."""
     out = []
     for key, g in _by_run(tele.get("gpu", pd.DataFrame())):
         static = tele.get("gpu_static", pd.DataFrame())
@@ -224,7 +195,7 @@ def gpu_points(tele: dict[str, pd.DataFrame], summary: pd.DataFrame,
         if not static.empty:
             for k, v in ids.items():
                 static = static[static[k] == v]
-        pts = gpu_by_point(_measured(g), static, th or StallThresholds())
+        pts = gpu_by_point(_measured(g), static)
         if pts.empty:
             continue
         s = summary
@@ -234,8 +205,21 @@ def gpu_points(tele: dict[str, pd.DataFrame], summary: pd.DataFrame,
         if not ept.empty:
             pts = pts.merge(ept[["point", "energy_per_output_token_j"]], left_on="phase", right_on="point",
                             how="left").drop(columns="point")
-        out.append(pts.assign(**ids))
-    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+        out.append(pts.assign(**ids, source="nvml"))
+    nvml = pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+    dcgm = [dcgm_by_point(_measured(d)).assign(**dict(zip(IDS, key, strict=False)))
+            for key, d in _by_run(tele.get("dcgm", pd.DataFrame()))]
+    dcgm = [d for d in dcgm if "phase" in d]
+    if not dcgm:
+        return nvml
+    d = pd.concat(dcgm, ignore_index=True)
+    if nvml.empty:
+        return d
+    keys = [c for c in ["phase", "gpu", *IDS] if c in nvml and c in d]
+    merged = nvml.set_index(keys)
+    fill = d.set_index(keys).drop(columns="source")
+    merged = merged.combine_first(fill[[c for c in fill.columns if c in merged.columns or c.endswith("_p50")]])
+    return merged.reset_index()
 
 
 def host_points(tele: dict[str, pd.DataFrame]) -> pd.DataFrame:

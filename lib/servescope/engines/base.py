@@ -117,6 +117,16 @@ class EngineAdapter(ABC):
         """A recommendation in this engine's own spelling (the flags that express knobs on this version)."""
         return self.knob_flags(knobs, install)
 
+    def regime_flags(self, regime: str, install: EngineInstall) -> list[str]:
+        """Flags that act on a regime in this version's spelling (launch-bound: full CUDA graphs), or [] where the
+        engine offers none or the version cannot express them."""
+        if regime != "launch-bound":
+            return []
+        try:
+            return self.recommended_flags(Knobs(cuda_graph="full"), install)
+        except ServescopeError:
+            return []
+
     def fact_rules(self, state: ResolvedState) -> list[tuple[str, str]]:
         """Facts of a resolved state, each with the regex of the audit condition it satisfies ('file:<regex>' matches
         the rule's file instead): how thread 1 names the rule that turned graphs off."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from ..errors import ProfilingUnavailable
@@ -177,15 +178,21 @@ def read_kernels(sqlite: Path) -> pd.DataFrame:
         order = np.argsort(start, kind="stable")
         start, end, pack, corr = start[order], end[order], pack[order], corr[order]
     pack = pack.view(np.uint64)
-    df = pd.DataFrame({
-        "name": _names((pack & np.uint64(0xFFFFFFFF)).astype(np.int64), lookup, values),
+    n = len(start)
+    name = _names((pack & np.uint64(0xFFFFFFFF)).astype(np.int64), lookup, values)
+    # through Arrow with one block per column: pandas' own constructor copies every int64 column into one block,
+    # a second of ten million rows
+    table = pa.table({
+        "name": pa.DictionaryArray.from_arrays(pa.array(name.codes, mask=name.codes < 0),
+                                               pa.array(np.asarray(name.categories, dtype=object), pa.string())),
         "start_ns": start, "end_ns": end, "device": (pack >> np.uint64(56)).astype(np.int64),
         "stream": ((pack >> np.uint64(33)) & np.uint64(0x7FFFFF)).astype(np.int64), "correlation": corr,
         "graph_node": np.where((pack >> np.uint64(32)) & np.uint64(1), 1.0, np.nan),  # 1 = ran as a graph node
+        "dur_ns": end - start, "op": pa.nulls(n, pa.string()),
+        "source": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int8)), pa.array(["nsys"])),
     })
-    df["dur_ns"] = end - start
-    df["op"] = None
-    df["source"] = "nsys"
+    df = table.to_pandas(split_blocks=True, self_destruct=True)
+    df["graph_node"] = df["graph_node"].astype(float)  # Arrow reads NaN back as null; keep it a float column
     return df
 
 
@@ -234,5 +241,18 @@ def session_start_unix_ns(sqlite: Path) -> int | None:
             return None
         row = con.execute("SELECT * FROM TARGET_INFO_SESSION_START_TIME").fetchone()
         return int(row[0]) if row else None
+    finally:
+        con.close()
+
+
+def read_window(sqlite: Path) -> tuple[int, int] | None:
+    """The capture's own window on the kernel timeline (ANALYSIS_DETAILS start and stop), so idle before the first
+    kernel and after the last is counted; None where the export has no such table."""
+    con = sqlite3.connect(f"file:{sqlite}?mode=ro", uri=True)
+    try:
+        if not _has(con, "ANALYSIS_DETAILS"):
+            return None
+        row = con.execute("SELECT startTime, stopTime FROM ANALYSIS_DETAILS").fetchone()
+        return (int(row[0]), int(row[1])) if row and row[1] > row[0] else None
     finally:
         con.close()

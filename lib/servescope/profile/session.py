@@ -31,6 +31,8 @@ class Profile:
     # the load's phases on the profile's timeline (text, start_ns, end_ns); the load generator's NVTX ranges are
     # in its own process, which nsys does not trace when it profiles the server
     phases: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # the capture's own window on the kernel timeline (start_ns, end_ns); None: first kernel to last
+    window_ns: tuple[int, int] | None = None
 
 
 def _nsys_tables(sqlite: Path) -> dict[str, pd.DataFrame]:
@@ -38,9 +40,12 @@ def _nsys_tables(sqlite: Path) -> dict[str, pd.DataFrame]:
             "nvtx": nsys_mod.read_nvtx(sqlite)}
 
 
-def _torch_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    ev = torch_trace.read_events(path)  # streamed once, both tables from it
-    return torch_trace.kernels_from_events(ev), torch_trace.runtime_from_events(ev)
+def _torch_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, tuple[int, int] | None]:
+    ev = torch_trace.read_events(path)  # streamed once, every table from it
+    window = None
+    if len(ev):  # the traced span: every event read (CPU ops included), on the kernel table's time base
+        window = (0, int(round(float((ev["ts_us"] + ev["dur_us"]).max() - ev["ts_us"].min()) * 1e3)))
+    return torch_trace.kernels_from_events(ev), torch_trace.runtime_from_events(ev), window
 
 
 def open_trace(path: str | Path) -> Profile:
@@ -51,15 +56,16 @@ def open_trace(path: str | Path) -> Profile:
         raise ProfilingUnavailable(f"no trace file at {path}")
     name = path.name
     if name.endswith((".json", ".json.gz")):
-        kernels, runtime = _torch_tables(path)
-        return Profile(kernels=kernels, runtime=runtime, files=[path], source="torch")
+        kernels, runtime, window = _torch_tables(path)
+        return Profile(kernels=kernels, runtime=runtime, files=[path], source="torch", window_ns=window)
     if name.endswith(".nsys-rep"):
         path = nsys_mod.export_sqlite(nsys_mod.locate_nsys(), path)
     elif not name.endswith(".sqlite"):
         raise ProfilingUnavailable(f"{name}: not a trace servescope reads (.sqlite, .nsys-rep, .json, .json.gz)")
     prefix = path.with_suffix("")
     stats = {r: v for r, v in nsys_mod.read_stats(Path(f"{prefix}_stats")).items() if not v.empty}
-    return Profile(**_nsys_tables(path), stats=stats, files=[path], source="nsys")
+    return Profile(**_nsys_tables(path), stats=stats, files=[path], source="nsys",
+                   window_ns=nsys_mod.read_window(path))
 
 
 def summary(p: Profile) -> dict[str, Any]:

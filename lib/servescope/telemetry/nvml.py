@@ -33,6 +33,14 @@ REASONS = {
 }
 NAN = float("nan")
 
+# GPM (GPU performance monitoring, Hopper and newer): each is a share of the interval between two GPM samples.
+GPM_METRICS = {
+    "sm_active_pct": pynvml.NVML_GPM_METRIC_SM_UTIL,  # SMs with at least one warp resident
+    "sm_occupancy_pct": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,  # resident warps / the SMs' maximum
+    "dram_bw_util_pct": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,  # DRAM bandwidth used / the GPU's peak
+    "tensor_active_pct": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,  # any tensor pipe active
+}
+
 
 class NvmlUnavailable(ServescopeError):
     """No usable NVML here: no NVIDIA driver, no GPU, or the library failed to load."""
@@ -101,9 +109,63 @@ class Nvml:
         self.uuids = [uuids[i] for i in chosen]
         self.errors: dict[str, str] = {}  # field -> why it is missing (first reason seen)
         self._supported: dict[tuple[int, str], bool] = {}
+        self._gpm: dict[int, list[Any] | None] = {}  # GPU -> [previous sample, spare sample] or None (no GPM)
+        self._gpm_have_prev: dict[int, bool] = {}
+
+    def gpm_supported(self, g: int) -> bool:
+        """Whether GPU number g offers GPM metrics (allocates its two sample buffers the first time)."""
+        if g not in self._gpm:
+            self._gpm[g] = None
+            support = self._q("gpm", g, pynvml.nvmlGpmQueryDeviceSupport, self.handles[g])
+            if support is not None and not support.isSupportedDevice:
+                self.errors.setdefault("gpm", "GPM not supported by this GPU (it needs Hopper or newer)")
+            elif support is not None:
+                a = self._q("gpm", g, pynvml.nvmlGpmSampleAlloc)
+                b = self._q("gpm", g, pynvml.nvmlGpmSampleAlloc)
+                if a is not None and b is not None:
+                    self._gpm[g] = [a, b]
+                    self._gpm_have_prev[g] = False
+        return self._gpm[g] is not None
+
+    def read_gpm(self, g: int) -> dict[str, float]:
+        """SM activity, occupancy, DRAM bandwidth and tensor activity since the previous call (NaN on the first
+        call, or where the GPU has no GPM)."""
+        out = dict.fromkeys(GPM_METRICS, NAN)
+        if not self.gpm_supported(g):
+            return out
+        bufs = self._gpm[g]
+        assert bufs is not None
+        prev, cur = bufs
+        if self._q("gpm", g, pynvml.nvmlGpmSampleGet, self.handles[g], cur) is None:
+            return out
+        if self._gpm_have_prev[g]:
+            mg = pynvml.c_nvmlGpmMetricsGet_t()
+            mg.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(GPM_METRICS)
+            mg.sample1, mg.sample2 = prev, cur
+            for i, mid in enumerate(GPM_METRICS.values()):
+                mg.metrics[i].metricId = mid
+            res = self._q("gpm", g, pynvml.nvmlGpmMetricsGet, mg)
+            if res is not None:
+                for i, name in enumerate(GPM_METRICS):
+                    m = res.metrics[i]
+                    if m.nvmlReturn == pynvml.NVML_SUCCESS:
+                        out[name] = float(m.value)
+                    else:
+                        self.errors.setdefault(name, f"nvmlGpmMetricsGet returned {m.nvmlReturn}")
+        bufs[0], bufs[1] = cur, prev
+        self._gpm_have_prev[g] = True
+        return out
 
     def close(self) -> None:
-        """Shut NVML down."""
+        """Free GPM buffers and shut NVML down."""
+        for bufs in self._gpm.values():
+            for b in bufs or []:
+                try:
+                    pynvml.nvmlGpmSampleFree(b)
+                except pynvml.NVMLError:
+                    pass
+        self._gpm.clear()
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
@@ -144,10 +206,12 @@ class Nvml:
             })
         return out
 
-    def read(self, g: int, pcie: bool = False, energy: bool = True) -> dict[str, Any]:
+    def read(self, g: int, pcie: bool = False, energy: bool = True, gpm: bool = True) -> dict[str, Any]:
         """One reading of GPU number g (position in self.indices); the costly reads only when asked."""
         h = self.handles[g]
         row: dict[str, Any] = {"gpu": self.indices[g]}
+        if gpm:
+            row.update(self.read_gpm(g))
         fields = self._q("power_fields", g, pynvml.nvmlDeviceGetFieldValues, h,
                          [pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_FI_DEV_POWER_AVERAGE])
         inst = avg = NAN
@@ -195,13 +259,14 @@ class NvmlSampler(Sampler):
     closes_phases = True
 
     def __init__(self, rate_hz: float = 10.0, indices: list[int] | None = None, phase: Phase | None = None,
-                 pcie_hz: float = 0.2, energy_hz: float = 0.1) -> None:
+                 pcie_hz: float = 0.2, energy_hz: float = 0.1, gpm: bool = True) -> None:
         if rate_hz > 100:
             raise ValueError("NVML sampling above 100 Hz measures NVML more than the GPU; use at most 100")
         super().__init__(rate_hz, phase)
         self.indices = indices
         self.pcie_hz = pcie_hz
         self.energy_hz = energy_hz
+        self.gpm = gpm
         self.nvml: Nvml | None = None
         self.static: list[dict[str, Any]] = []
         self._next_pcie = 0.0
@@ -232,7 +297,7 @@ class NvmlSampler(Sampler):
         self._last_phase = phase
         rows = []
         for g in range(len(self.nvml.handles)):
-            r = self.nvml.read(g, pcie=pcie, energy=energy)
+            r = self.nvml.read(g, pcie=pcie, energy=energy, gpm=self.gpm)
             r["time_unix"] = now_unix
             r["phase"] = phase
             rows.append(r)

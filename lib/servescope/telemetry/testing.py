@@ -35,6 +35,11 @@ class FakeGpu:
     clock_event_mask: int = 0
     mem_used_mib: float = 1000.0
     mem_total_mib: float = 143771.0
+    sm_active_pct: float = 0.0  # GPM metrics (reported where `gpm` is True, as Hopper does)
+    sm_occupancy_pct: float = 0.0
+    dram_bw_util_pct: float = 0.0
+    tensor_active_pct: float = 0.0
+    gpm: bool = True
     unsupported: set[str] = field(default_factory=set)  # function names that raise NVMLError_NotSupported
     _energy_mj: float = 0.0
     _t: float = field(default_factory=time.monotonic)
@@ -74,6 +79,22 @@ def fake_nvml(gpus: list[FakeGpu], init_error: Exception | None = None) -> Itera
             arr[i].value.uiVal = int(dev(h).power_w * 1e3)
         return arr
 
+    last_gpm = [0]
+
+    def gpm_get(h: int, sample: Any) -> Any:
+        last_gpm[0] = h  # the fake reports the state of the GPU sampled last, as of the metrics call
+        return sample
+
+    def gpm_metrics(mg: Any) -> Any:
+        g = dev(last_gpm[0])
+        by_id = {pynvml.NVML_GPM_METRIC_SM_UTIL: g.sm_active_pct, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY:
+                 g.sm_occupancy_pct, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: g.dram_bw_util_pct,
+                 pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: g.tensor_active_pct}
+        for i in range(mg.numMetrics):
+            mg.metrics[i].nvmlReturn = pynvml.NVML_SUCCESS
+            mg.metrics[i].value = by_id.get(mg.metrics[i].metricId, 0.0)
+        return mg
+
     clock = {pynvml.NVML_CLOCK_SM: "sm_clock_mhz", pynvml.NVML_CLOCK_MEM: "mem_clock_mhz"}
     fns = {
         "nvmlInit": lambda: None,
@@ -98,6 +119,11 @@ def fake_nvml(gpus: list[FakeGpu], init_error: Exception | None = None) -> Itera
         "nvmlDeviceGetCurrentClocksEventReasons": lambda h: dev(h).clock_event_mask,
         "nvmlDeviceGetCurrentClocksThrottleReasons": lambda h: dev(h).clock_event_mask,
         "nvmlDeviceGetPcieThroughput": lambda h, c: 1000,
+        "nvmlGpmQueryDeviceSupport": lambda h: SimpleNamespace(isSupportedDevice=int(dev(h).gpm)),
+        "nvmlGpmSampleAlloc": lambda: pynvml.c_nvmlGpmSample_t(),
+        "nvmlGpmSampleFree": lambda s: None,
+        "nvmlGpmSampleGet": gpm_get,
+        "nvmlGpmMetricsGet": gpm_metrics,
     }
     saved = {k: getattr(pynvml, k) for k in fns}
     try:

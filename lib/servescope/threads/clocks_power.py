@@ -1,0 +1,251 @@
+"""Thread 3: is the GPU throttled (power cap, temperature, hardware slowdown) or stalled (high "utilization", low
+power), and what limited each load point?
+
+It reads the telemetry of the points other threads already measured for this engine and model (no launch where
+the store has them; one engine-defaults sweep where it has none), decides one regime per point
+(servescope.analysis.regime) and shows the timeline, the energy per output token and tokens/s against joules per
+token. Without a GPU it says so and shows the host and server side; nothing is made up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..analysis.regime import Regime, regime_table
+from ..engines import get_engine
+from ..errors import ServescopeError
+from ..experiment import engine_identity, read_store
+from ..findings import Finding
+from ..plots import Figure
+from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec, parse
+from ..store import Store
+from ..study import Arm, Study, run_study
+from ..telemetry.nvml import REASONS
+
+THREAD = "03_clocks_power"
+SHOWN_REASONS = ("sw_power_cap", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown",
+                 "hw_power_brake_slowdown")
+
+
+@dataclass
+class PowerStudy:
+    """The points read (or measured) for this engine and model, and a regime for each."""
+
+    study: Study
+    source: str  # where the points came from, in words
+    verdicts: list[tuple[dict[str, Any], Regime]] = field(default_factory=list)
+
+    @property
+    def has_gpu(self) -> bool:
+        """Whether any point has GPU readings."""
+        return not self.study.results.telemetry.get("gpu", pd.DataFrame()).empty
+
+    def gpu_missing_reason(self) -> str:
+        """Why there are no GPU readings (the telemetry's own status), '' when there are."""
+        if self.has_gpu:
+            return ""
+        st = self.study.results.telemetry_status
+        return "; ".join(sorted(set(st["gpu"].astype(str)))) if "gpu" in st else "no telemetry was recorded"
+
+    def regimes(self) -> pd.DataFrame:
+        """One row per point (and GPU): regime, confidence, why, what was missing, what to try."""
+        t = regime_table(self.verdicts)
+        return t.dropna(axis=1, how="all") if len(t) else t
+
+    def energy(self) -> pd.DataFrame:
+        """Per point: output tok/s, energy, joules per output token, median power and clock headroom."""
+        g = self.study.gpu_points()
+        s = self.study.results.summary
+        if g.empty or s.empty:
+            return pd.DataFrame()
+        agg = g.groupby(["config", "rep", "phase"], as_index=False).agg(
+            energy_j=("energy_j", "sum"), power_w_p50=("power_w_p50", "sum"),
+            power_pct_of_limit_p50=("power_pct_of_limit_p50", "max"),
+            sm_clock_pct_of_max_p50=("sm_clock_pct_of_max_p50", "min"),
+            joules_per_output_token=("energy_per_output_token_j", "sum"))
+        out = s[["config", "rep", "point", "concurrency", "output_tok_s"]].merge(
+            agg, left_on=["config", "rep", "point"], right_on=["config", "rep", "phase"]).drop(columns="phase")
+        return out.sort_values(["config", "concurrency", "rep"], ignore_index=True)
+
+    def plot_energy(self) -> Figure | None:
+        """Output tokens/s against joules per output token, one line per configuration (points labelled)."""
+        e = self.energy()
+        if e.empty or e["joules_per_output_token"].isna().all():
+            return None
+        fig = Figure(figsize=(7.5, 4.2), layout="constrained")
+        ax = fig.subplots()
+        for cfg, g in e.groupby("config", sort=False):
+            m = g.groupby("concurrency").agg(tok=("output_tok_s", "median"), j=("joules_per_output_token", "median"))
+            ax.plot(m["tok"], m["j"], marker="o", label=cfg)
+            for c, row in m.iterrows():
+                ax.annotate(f"c={c}", (row["tok"], row["j"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.set_xlabel("output tokens/s")
+        ax.set_ylabel("joules per output token")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_title("throughput against energy per token (median over repetitions)")
+        return fig
+
+    def plot_timeline(self) -> Figure | None:
+        """The telemetry over the sweep, runs laid end to end, measured load phases shaded: with a GPU, power (% of
+        limit), SM clock (% of max), utilization, SM activity, DRAM bandwidth and throttle reasons; without one,
+        the server's CPU and its busiest thread."""
+        tele = self.study.results.telemetry
+        gpu = tele.get("gpu", pd.DataFrame())
+        frame = gpu if len(gpu) else tele.get("server_procs", pd.DataFrame())
+        if frame.empty:
+            return None
+        runs = _lay_end_to_end(frame)
+        if len(gpu):
+            static = tele.get("gpu_static", pd.DataFrame())
+            smax = float(static["sm_clock_max_mhz"].max()) if len(static) else float("nan")
+            fig = Figure(figsize=(11, 7), layout="constrained")
+            ax1, ax2, ax3 = fig.subplots(3, 1, sharex=True, height_ratios=[3, 3, 1.3])
+            for idx, g in runs.groupby("gpu"):
+                ax1.plot(g["t"], 100 * g["power_w"] / g["power_limit_w"], lw=0.8, label=f"power % of limit (GPU {idx})")
+                if smax == smax:
+                    ax1.plot(g["t"], 100 * g["sm_clock_mhz"] / smax, lw=0.8, label=f"SM clock % of max (GPU {idx})")
+                for col, lab in (("gpu_util_pct", "utilization"), ("sm_active_pct", "SM active (GPM)"),
+                                 ("dram_bw_util_pct", "DRAM bandwidth % of peak (GPM)"),
+                                 ("tensor_active_pct", "tensor pipes (GPM)"), ("mem_util_pct", "NVML memory util")):
+                    if col in g and g[col].notna().any():
+                        ax2.plot(g["t"], g[col], lw=0.8, label=f"{lab} (GPU {idx})")
+                masks = g["clock_event_mask"].fillna(0).astype(int)
+                for i, name in enumerate(SHOWN_REASONS):
+                    bit = next(b for b, n in REASONS.items() if n == name)
+                    on = g["t"][(masks & bit) > 0]
+                    ax3.plot(on, np.full(len(on), i), "|", ms=8)
+            ax3.set_yticks(range(len(SHOWN_REASONS)), SHOWN_REASONS, fontsize=7)
+            ax3.set_ylim(-0.5, len(SHOWN_REASONS) - 0.5)
+            ax1.set_ylabel("%")
+            ax2.set_ylabel("%")
+            ax3.set_xlabel("seconds (runs laid end to end; shaded: measured load levels)")
+            axes = (ax1, ax2, ax3)
+        else:
+            fig = Figure(figsize=(11, 4.5), layout="constrained")
+            ax1 = fig.subplots()
+            tree = runs.groupby(["run", "time_unix", "t", "phase"], as_index=False)["cpu_pct"].sum()
+            ax1.plot(tree["t"], tree["cpu_pct"], lw=0.8, label="server process tree CPU % (of one core)")
+            th = tele.get("server_threads", pd.DataFrame())
+            if len(th):
+                th = th.merge(runs[["config", "rep", "time_unix", "t"]].drop_duplicates(), on=["config", "rep",
+                                                                                              "time_unix"])
+                top = th.groupby(["t"], as_index=False)["cpu_pct"].max()
+                ax1.plot(top["t"], top["cpu_pct"], lw=0.8, label="busiest server thread CPU %")
+            ax1.set_ylabel("% of one core")
+            ax1.set_xlabel("seconds (runs laid end to end; shaded: measured load levels)")
+            axes = (ax1,)
+        for (_, phase), g in runs[~runs["phase"].str.startswith(("warmup", "idle", "profile"))].groupby(
+                ["run", "phase"], sort=False):
+            for ax in axes:
+                ax.axvspan(g["t"].min(), g["t"].max(), color="tab:green", alpha=0.08)
+            axes[0].annotate(phase, (g["t"].min(), 1.0), xycoords=("data", "axes fraction"), fontsize=7,
+                             va="top")
+        for run, g in runs.groupby("run"):
+            axes[0].annotate(str(run), (g["t"].min(), 0.02), xycoords=("data", "axes fraction"), fontsize=7,
+                             rotation=90, va="bottom", color="gray")
+        for ax in axes[:2]:
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="upper right", ncol=2)
+        return fig
+
+
+def _lay_end_to_end(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each run's readings on one time axis: runs in start order, each starting where the previous ended."""
+    f = frame.sort_values("time_unix").copy()
+    f["run"] = f["config"].astype(str) + " rep " + f["rep"].astype(str)
+    starts = f.groupby("run")["time_unix"].agg(["min", "max"]).sort_values("min")
+    offset, base = {}, 0.0
+    for run, r in starts.iterrows():
+        offset[run] = base - r["min"]
+        base += r["max"] - r["min"] + 2.0
+    f["t"] = f["time_unix"] + f["run"].map(offset)
+    return f
+
+
+def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
+        store_dir: str = "", offline: bool = False, telemetry: dict[str, Any] | TelemetrySpec | None = None,
+        repetitions: int = 1) -> PowerStudy:
+    """The points the store holds for this engine and model (measured by other threads); where it holds none,
+    one engine-defaults sweep measured here (not offline)."""
+    e = parse(EngineSpec, engine, "engine")
+    m = parse(ModelSpec, model, "model")
+    ld = parse(LoadSpec, load, "load")
+    get_engine(e.name)  # an unknown engine is refused here, before anything is read or launched
+    res = read_store(Store(store_dir or None), engine_identity(e), m.model_dump(mode="json", exclude_none=True))
+    if len(res.points):
+        study = Study(THREAD, e, [], res)
+        source = (f"{len(res.points)} points other threads measured ({res.points['config'].nunique()} "
+                  "configurations), read from the store: nothing launched")
+    elif offline:
+        study = Study(THREAD, e, [], res)
+        source = "the store holds no point of this engine and model, and offline=True: nothing measured"
+    else:
+        study = run_study(THREAD, e, m, ld, [Arm("engine defaults", Knobs())], repetitions=repetitions,
+                          store_dir=store_dir, telemetry=telemetry)
+        source = "no stored point of this engine and model: one engine-defaults sweep measured here"
+    return PowerStudy(study, source, study.regime_verdicts())
+
+
+def findings(ps: PowerStudy) -> list[Finding]:
+    """Per configuration, the regime at its highest-throughput point with what to try (in the engine's flags where
+    there is one), and whether the GPU was throttled; or, without a GPU, that clocks and power cannot be read."""
+    res = ps.study.results
+    out: list[Finding] = []
+    if res.points.empty:
+        return [Finding(thread=THREAD, title="Clocks and power: not measured", claim="No point was measured or "
+                        f"stored for this engine and model ({ps.source}).", applies=False, reason=ps.source)]
+    if not ps.has_gpu:
+        why = ps.gpu_missing_reason()
+        out.append(Finding(thread=THREAD, title="No GPU here: clocks, power and GPU regimes not measured",
+                           claim=f"The telemetry read no GPU ({why}); the host and server side are shown instead.",
+                           applies=False, reason=why, confidence="high", evidence={"gpu_status": why}))
+    s = res.summary
+    for cfg, g in s.groupby("config", sort=False):
+        top = g.groupby("point")["output_tok_s"].median().idxmax()
+        vs = [(i, r) for i, r in ps.verdicts if i["config"] == cfg and i["point"] == top]
+        if not vs:
+            continue
+        regimes = [r for _, r in vs]
+        r = max(regimes, key=lambda x: ("none", "low", "medium", "high").index(x.confidence))
+        if not ps.has_gpu and r.regime not in ("idle", "client-limited"):
+            continue  # said once above: GPU regimes cannot be told without GPU counters
+        decided = r.regime != "undecided"
+        ran_with = set(" ".join(res.points.loc[res.points["config"] == cfg, "flags"].astype(str)).split())
+        flags = [f for f in _flags(ps, r.regime) if f not in ran_with]  # a flag it already ran with is no advice
+        head = r.regime if decided else "undecided (" + " or ".join(r.candidates) + ")"
+        out.append(Finding(
+            thread=THREAD, title=f"{cfg} at {top}: {head}", claim=r.words(), applies=decided,
+            reason="" if decided else f"the readings cannot separate {', '.join(r.candidates)}",
+            recommended_flags=flags, confidence=r.confidence if decided else "none",
+            evidence={"config": cfg, "point": top, "regime": r.as_dict(),
+                      "points_with_regime": _counts(ps, cfg)}))
+    return out
+
+
+def _counts(ps: PowerStudy, cfg: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i, r in ps.verdicts:
+        if i["config"] == cfg:
+            out[r.regime] = out.get(r.regime, 0) + 1
+    return out
+
+
+def _flags(ps: PowerStudy, regime: str) -> list[str]:
+    """The engine's flags for what the regime implies, where there are any for this engine version."""
+    install = ps.study.install
+    try:
+        if install is not None:
+            return ps.study.adapter.regime_flags(regime, install)
+    except (ServescopeError, OSError):  # the engine is not installed here (a store read offline)
+        pass
+    if regime == "launch-bound":  # the spelling a stored point with full graphs ran with, if there is one
+        pts = ps.study.results.points
+        hit = pts[pts["config"].str.startswith("cuda_graph=full")] if len(pts) else pts
+        if len(hit) and hit["flags"].iloc[0]:
+            return str(hit["flags"].iloc[0]).split()
+    return []
