@@ -177,7 +177,10 @@ def test_thread_03_renders_the_h200_store_offline(tmp_path):
                      progress=False)
     assert [r.status for r in done.runs] == ["ok"]
     fs = json.loads((done.out_dir / "03_clocks_power.findings.json").read_text())
-    by = {f["evidence"]["config"]: f for f in fs}
+    head, *rest = fs
+    assert head["title"] == "Not throttled: most points host-bound (20 of 26)" and head["confidence"] == "high"
+    assert "clock-event reasons seen: none" in head["claim"]
+    by = {f["evidence"]["config"]: f for f in rest}
     assert by["cuda_graph=off"]["title"].endswith("host-bound")
     assert by["cuda_graph=off (+nsys profile)"]["recommended_flags"] == ["--cb-use-cuda-graph"]
     assert by["cuda_graph=full (+nsys profile)"]["recommended_flags"] == []  # it already ran with them

@@ -12,6 +12,9 @@ from .findings import Finding, Outcome, write_findings, write_outcome
 from .study import Study
 
 
+# long words (a verdict's "because", a flag list) wrap in the HTML report instead of ending in "..."
+pd.set_option("display.max_colwidth", 400)
+
 def show_findings(findings: list[Finding], path: str | Path, res: Results | None = None, thread: str = "") -> Markdown:
     """Write the findings JSON and, beside it, the notebook's outcome (what it measured, for the index); render the
     findings as Markdown."""
@@ -124,7 +127,7 @@ def regimes(study: Study) -> Markdown | pd.DataFrame:
     t = study.regimes()
     if t.empty:
         return Markdown("No measured point to judge.")
-    return t
+    return t.drop(columns=["action"], errors="ignore")
 
 
 def telemetry_host(study: Study) -> Markdown | pd.DataFrame:

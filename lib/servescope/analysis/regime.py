@@ -347,13 +347,29 @@ def point_evidence(gpu: pd.Series | None = None, host: pd.Series | None = None, 
     return ev
 
 
-def regime_table(verdicts: list[tuple[dict[str, Any], Regime]]) -> pd.DataFrame:
-    """One row per verdict: its identifiers, regime, confidence, words and action."""
+def regime_table(verdicts: list[tuple[dict[str, Any], Regime]], per_rep: bool = False) -> pd.DataFrame:
+    """One row per verdict (per_rep) or, by default, per configuration, point and GPU and regime, with how many
+    repetitions reached it ('2/3') and the words of the first: regime, confidence, why, what was missing, action."""
     rows = [{**ids, "regime": r.regime, "confidence": r.confidence,
              "candidates": ", ".join(r.candidates) if r.regime == "undecided" else "",
              "because": r.because, "missing": "; ".join(r.missing), "action": r.action}
             for ids, r in verdicts]
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    if df.empty or per_rep or "rep" not in df:
+        return df
+    keys = [c for c in ("config", "point", "gpu") if c in df]
+    n = df.groupby(keys, dropna=False, sort=False)["rep"].transform("nunique")
+    df = df.assign(_n=n)
+    out = df.groupby([*keys, "regime"], dropna=False, sort=False).agg(
+        reps=("rep", "nunique"), of=("_n", "first"), confidence=("confidence", "first"),
+        candidates=("candidates", "first"), because=("because", "first"), missing=("missing", "first"),
+        action=("action", "first")).reset_index()
+    out["reps"] = out["reps"].astype(str) + "/" + out["of"].astype(str)
+    out = out.drop(columns="of")
+    if "point" in out:  # levels in numeric order within each configuration
+        lvl = pd.to_numeric(out["point"].astype(str).str.extract(r"(\d+(?:\.\d+)?)")[0], errors="coerce")
+        out = out.assign(_l=lvl).sort_values(["config", "_l"], kind="stable").drop(columns="_l")
+    return out.reset_index(drop=True)
 
 
 def thresholds_dict(th: RegimeThresholds = RegimeThresholds()) -> dict[str, float]:

@@ -53,7 +53,8 @@ class PowerStudy:
     def regimes(self) -> pd.DataFrame:
         """One row per point (and GPU): regime, confidence, why, what was missing, what to try."""
         t = regime_table(self.verdicts)
-        return t.dropna(axis=1, how="all") if len(t) else t
+        # what to try is in each finding; here the evidence, so the table fits the page
+        return t.drop(columns=["action"]).replace("", pd.NA).dropna(axis=1, how="all") if len(t) else t
 
     def energy(self) -> pd.DataFrame:
         """Per point: output tok/s, energy, joules per output token, median power and clock headroom."""
@@ -106,6 +107,7 @@ class PowerStudy:
             fig = Figure(figsize=(11, 7), layout="constrained")
             ax1, ax2, ax3 = fig.subplots(3, 1, sharex=True, height_ratios=[3, 3, 1.3])
             for idx, g in runs.groupby("gpu"):
+                g = _broken(g)
                 ax1.plot(g["t"], 100 * g["power_w"] / g["power_limit_w"], lw=0.8, label=f"power % of limit (GPU {idx})")
                 if smax == smax:
                     ax1.plot(g["t"], 100 * g["sm_clock_mhz"] / smax, lw=0.8, label=f"SM clock % of max (GPU {idx})")
@@ -114,7 +116,7 @@ class PowerStudy:
                                  ("tensor_active_pct", "tensor pipes (GPM)"), ("mem_util_pct", "NVML memory util")):
                     if col in g and g[col].notna().any():
                         ax2.plot(g["t"], g[col], lw=0.8, label=f"{lab} (GPU {idx})")
-                masks = g["clock_event_mask"].fillna(0).astype(int)
+                masks = g["clock_event_mask"].fillna(0).astype(int) if "clock_event_mask" in g else g["t"] * 0
                 for i, name in enumerate(SHOWN_REASONS):
                     bit = next(b for b, n in REASONS.items() if n == name)
                     on = g["t"][(masks & bit) > 0]
@@ -128,13 +130,14 @@ class PowerStudy:
         else:
             fig = Figure(figsize=(11, 4.5), layout="constrained")
             ax1 = fig.subplots()
-            tree = runs.groupby(["run", "time_unix", "t", "phase"], as_index=False)["cpu_pct"].sum()
+            tree = _broken(runs.groupby(["run", "time_unix", "t", "phase"], as_index=False)["cpu_pct"].sum())
             ax1.plot(tree["t"], tree["cpu_pct"], lw=0.8, label="server process tree CPU % (of one core)")
             th = tele.get("server_threads", pd.DataFrame())
             if len(th):
                 th = th.merge(runs[["config", "rep", "time_unix", "t"]].drop_duplicates(), on=["config", "rep",
                                                                                               "time_unix"])
-                top = th.groupby(["t"], as_index=False)["cpu_pct"].max()
+                top = _broken(th.assign(run=th["config"].astype(str) + " rep " + th["rep"].astype(str)).groupby(
+                    ["run", "t"], as_index=False)["cpu_pct"].max())
                 ax1.plot(top["t"], top["cpu_pct"], lw=0.8, label="busiest server thread CPU %")
             ax1.set_ylabel("% of one core")
             ax1.set_xlabel("seconds (runs laid end to end; shaded: measured load levels)")
@@ -152,6 +155,15 @@ class PowerStudy:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7, loc="upper right", ncol=2)
         return fig
+
+
+def _broken(df: pd.DataFrame, by: str = "run") -> pd.DataFrame:
+    """The rows sorted by time with an empty row after each run, so a line plot does not join one run to the next."""
+    parts = []
+    for _, g in df.sort_values("t").groupby(by, sort=False):
+        gap = {c: np.nan for c in g.columns if c != by} | {by: g[by].iloc[0], "t": g["t"].iloc[-1] + 1e-3}
+        parts += [g, pd.DataFrame([gap])]
+    return pd.concat(parts, ignore_index=True).sort_values("t", kind="stable") if parts else df
 
 
 def _lay_end_to_end(frame: pd.DataFrame) -> pd.DataFrame:
@@ -204,6 +216,8 @@ def findings(ps: PowerStudy) -> list[Finding]:
         out.append(Finding(thread=THREAD, title="No GPU here: clocks, power and GPU regimes not measured",
                            claim=f"The telemetry read no GPU ({why}); the host and server side are shown instead.",
                            applies=False, reason=why, confidence="high", evidence={"gpu_status": why}))
+    if ps.has_gpu:
+        out.append(_headline(ps))
     s = res.summary
     for cfg, g in s.groupby("config", sort=False):
         top = g.groupby("point")["output_tok_s"].median().idxmax()
@@ -219,12 +233,44 @@ def findings(ps: PowerStudy) -> list[Finding]:
         flags = [f for f in _flags(ps, r.regime) if f not in ran_with]  # a flag it already ran with is no advice
         head = r.regime if decided else "undecided (" + " or ".join(r.candidates) + ")"
         out.append(Finding(
-            thread=THREAD, title=f"{cfg} at {top}: {head}", claim=r.words(), applies=decided,
+            thread=THREAD, title=f"{cfg} at {top}: {head}",
+            claim=r.words() + (f" What to try: {r.action}" if decided else ""), applies=decided,
             reason="" if decided else f"the readings cannot separate {', '.join(r.candidates)}",
             recommended_flags=flags, confidence=r.confidence if decided else "none",
             evidence={"config": cfg, "point": top, "regime": r.as_dict(),
                       "points_with_regime": _counts(ps, cfg)}))
     return out
+
+
+THROTTLES = ("power-capped", "thermal-throttled", "hw-slowdown")
+
+
+def _headline(ps: PowerStudy) -> Finding:
+    """Throttled or not, over every point with GPU readings, and the regime most points had."""
+    g = ps.study.gpu_points()
+    counts: dict[str, int] = {}
+    for _, r in ps.verdicts:
+        counts[r.regime] = counts.get(r.regime, 0) + 1
+    n = sum(counts.values())
+    throttled = {k: v for k, v in counts.items() if k in THROTTLES}
+    top, k = max(counts.items(), key=lambda kv: kv[1])
+    power = float(g["power_pct_of_limit_p50"].max()) if "power_pct_of_limit_p50" in g else float("nan")
+    clock = float(g["sm_clock_pct_of_max_p50"].min()) if "sm_clock_pct_of_max_p50" in g else float("nan")
+    reasons = {c[len("reason_"):-len("_share")]: float(g[c].max()) for c in g.columns
+               if c.startswith("reason_") and c.endswith("_share") and c[7:-6] not in ("gpu_idle",)
+               and g[c].max() > 0}
+    words = (f"power at most {power:.0f}% of the limit (median per point), SM clock at least {clock:.0f}% of its "
+             f"maximum; clock-event reasons seen: " + (", ".join(f"{r} in up to {100 * v:.0f}% of readings"
+                                                           for r, v in reasons.items()) or "none"))
+    if throttled:
+        title = "Throttled at " + ", ".join(f"{v} of {n} points ({r})" for r, v in throttled.items())
+    else:
+        title = f"Not throttled: most points {top} ({k} of {n})"
+    tally = ", ".join(f"{r} {v}" for r, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return Finding(thread=THREAD, title=title, claim=f"{words}. Regimes over the {n} points: {tally}.",
+                   applies=bool(throttled), reason="" if throttled else "no point was throttled",
+                   confidence="high", evidence={"regime_counts": counts, "max_power_pct_of_limit": power,
+                                                "min_sm_clock_pct_of_max": clock, "reasons_max_share": reasons})
 
 
 def _counts(ps: PowerStudy, cfg: str) -> dict[str, int]:
