@@ -113,7 +113,7 @@ def test_the_real_server_on_the_h200_is_host_bound(tmp_path):
     refines it: 36,377 kernels/s of 1.9 us, so graphs (which thread 02 measured at +46..+101%) are the lever."""
     store = Store(ROOT / "data" / "reference" / "h200" / "store")
     st = Study("t", EngineSpec(name="transformers"), [], read_store(store))
-    t = st.regimes().set_index(["config", "rep", "point"])
+    t = st.regimes(per_rep=True).set_index(["config", "rep", "point"])
     assert (t.loc[("cuda_graph=off", 0, "c=8"), "regime"], t.loc[("cuda_graph=off", 1, "c=8"), "regime"]) == \
         ("host-bound", "host-bound")
     eager = t[t.index.get_level_values("config").str.startswith("cuda_graph=off")

@@ -11,7 +11,6 @@ from .experiment import Results
 from .findings import Finding, Outcome, write_findings, write_outcome
 from .study import Study
 
-
 # long words (a verdict's "because", a flag list) wrap in the HTML report instead of ending in "..."
 pd.set_option("display.max_colwidth", 400)
 

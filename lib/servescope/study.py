@@ -205,9 +205,10 @@ class Study:
         return point_regimes(summary, self.gpu_points(), self.host_points(), r.kernels, r.runtime, r.profiles,
                              status)
 
-    def regimes(self) -> pd.DataFrame:
-        """The regime verdicts as a table: arm, rep, point, GPU, regime, confidence, why, what was missing, action."""
-        return _drop_empty(regime_table(self.regime_verdicts()))
+    def regimes(self, per_rep: bool = False) -> pd.DataFrame:
+        """The regime verdicts as a table: arm, point, GPU, regime, how many repetitions reached it (or one row per
+        repetition), confidence, why, what was missing, action."""
+        return _drop_empty(regime_table(self.regime_verdicts(), per_rep=per_rep))
 
     def metric_points(self) -> pd.DataFrame:
         """Per arm, repetition and point: the engine's own Prometheus metrics (gauges' medians, counters' rates)."""
