@@ -53,6 +53,11 @@ class StubAdapter(EngineAdapter):
         dies = extra_env.get("STUB_DIES", "")
         if dies == "all" or dies == "eager" and knobs.torch_compile is False:
             flags += ["--child-sigill-at", "1"]
+        if extra_env.get("STUB_DIE_AFTER"):  # "N:FILE": kill -9 itself after N requests while FILE exists
+            n, _, path = extra_env["STUB_DIE_AFTER"].partition(":")
+            flags += ["--die-after", n, "--die-if-file", path]
+        if extra_env.get("STUB_FAIL_EVERY"):
+            flags += ["--fail-every", extra_env["STUB_FAIL_EVERY"]]
         mode = extra_env.get("STUB_STATE", "")
         compiled = knobs.torch_compile is not False and mode != "compile_off"
         graphs = "full" if mode == "graphs_full_when_compiled" and compiled else knobs.cuda_graph or "off"

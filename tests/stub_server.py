@@ -51,6 +51,9 @@ def build_app(a: argparse.Namespace, worker: subprocess.Popen | None = None) -> 
         body = await req.json()
         counter["n"] += 1
         maybe_kill_worker()
+        die_after, die_if = getattr(a, "die_after", 0), getattr(a, "die_if_file", "")
+        if die_after and counter["n"] > die_after and (not die_if or os.path.exists(die_if)):
+            os.kill(os.getpid(), signal.SIGKILL)  # kill -9 of the server mid-load
         if a.fail_every and counter["n"] % a.fail_every == 0:
             return web.json_response({"error": {"message": "stub failure"}}, status=500)
         n = int(body.get("max_tokens") or 16)
@@ -148,6 +151,8 @@ def main() -> None:
     p.add_argument("--state", default="", help="JSON served at /server_info (the stub's 'resolved configuration')")
     p.add_argument("--child-sigill-at", type=int, default=0,
                    help="run a worker child that dies from SIGILL at the Nth completion request (1 = the readiness check)")
+    p.add_argument("--die-after", type=int, default=0, help="SIGKILL itself at the completion request after the Nth")
+    p.add_argument("--die-if-file", default="", help="only while this file exists (so a rerun of the same point lives)")
     a = p.parse_args()
     if a.mode == "exit":
         print("stub: fatal configuration error, exiting", file=sys.stderr, flush=True)

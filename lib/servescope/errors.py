@@ -56,6 +56,10 @@ class PortInUseError(ServerError):
     """The port is taken (before launch) or still taken after teardown."""
 
 
+class LevelFailedError(ServescopeError):
+    """A load level did not measure what it was asked (too many failed requests): the point is not complete."""
+
+
 class NotMeasuredError(ServescopeError):
     """Offline rendering asked for a point the store does not hold."""
 

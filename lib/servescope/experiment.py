@@ -13,11 +13,13 @@ from typing import Any
 import pandas as pd
 
 from .engines import get_engine
-from .errors import NotMeasuredError, ServescopeError
+from .errors import LevelFailedError, NotMeasuredError, ServescopeError
 from .findings import Finding, Outcome
 from .launch import Prepared, prepare, serve
 from .load import load_tokenizer, run_sweep
+from .load.health import level_failure
 from .load.metrics import rejudge
+from .load.runner import LoadResult
 from .models import model_info
 from .profile import window as profiling
 from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec
@@ -220,6 +222,8 @@ def measure(
                         raise NotMeasuredError(f"{tag}: not in the store ({key}) and offline=True")
                     if prep is None:
                         prep = prepare(engine, model, say)
+                    if force:
+                        store.drop_partial(key)
                     _run_point(store, key, parts, prep, cfg, load, progress, tag, say, telemetry, profile)
                 pt = store.get(key)
             except Exception as e:  # a failed point must not lose the others
@@ -263,6 +267,9 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
         else True
     adapter = get_engine(prep.engine.name)
     load = adapter.effective_load(load, say, model_stops=stops)
+    done = store.finished_levels(key)
+    if done:
+        say(f"{tag}: resuming: levels {', '.join(done)} were written by an earlier attempt")
     with store.writing(key, parts) as w:
         armed, window = None, None
         knobs = cfg.knobs
@@ -284,9 +291,11 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
             tel = _telemetry_for(telemetry, target)
             if tel is not None:
                 tel.start()
+            on_level = _level_writer(store, key, tel, target, w, tag, say)
             try:
                 result = run_sweep(target.base_url, target.model, load, tokenizer, target.api_key, progress,
-                                   f"{cfg.name} ", on_phase=tel.set_phase if tel else None)
+                                   f"{cfg.name} ", on_phase=tel.set_phase if tel else None, skip=set(done),
+                                   on_level=on_level)
                 if armed is not None:  # after the measured load, on the same server: the figures stay unprofiled
                     window = profiling.take(armed, adapter, target, load, tokenizer, tel.set_phase if tel else
                                             (lambda _: None))
@@ -294,9 +303,22 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
                 if tel is not None:
                     tel.stop()
                     w.manifest["telemetry"] = tel.status
-                    for name, frame in tel.frames().items():
-                        if not frame.empty:
-                            w.put_table(f"telemetry_{name}", frame)
+            # the point's tables: the levels this attempt and earlier ones finished, in the load's order
+            levels = store.level_tables(key)
+            w.manifest["levels"] = {"resumed": list(done), "measured_now": [p.label for p in load.points()
+                                                                            if p.label not in done]}
+            for name, frames in levels.items():
+                if name.startswith("telemetry_"):
+                    w.put_table(name, pd.concat(frames, ignore_index=True))
+            if tel is not None:  # what fell outside the levels (idle, the profiled window) from this attempt
+                for name, frame in tel.frames().items():
+                    rest = frame[~frame["phase"].isin(_level_phases(load))] if "phase" in frame else frame
+                    if not rest.empty:
+                        have = levels.get(f"telemetry_{name}", [])
+                        w.put_table(f"telemetry_{name}", pd.concat([*have, rest], ignore_index=True))
+            result = LoadResult(pd.concat(levels.get("requests", []), ignore_index=True) if levels.get("requests")
+                                else pd.DataFrame(), pd.concat(levels.get("health", []), ignore_index=True)
+                                if levels.get("health") else pd.DataFrame())
             w.put_table("requests", result.requests)
             w.put_table("health", result.health)
             summ = result.summary(load.slo_ms)
@@ -317,6 +339,33 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
                 say(f"{tag}: WARNING at {r.point}: the load client limited this measurement: {r.client_warning}")
             elif getattr(r, "client_starved", False):
                 say(f"{tag}: note at {r.point}: {r.client_warning}")
+
+
+def _level_phases(load: LoadSpec) -> set[str]:
+    return {x for p in load.points() for x in (p.label, f"warmup:{p.label}")}
+
+
+def _level_writer(store: Store, key: str, tel: Telemetry | None, target: Any, w: Any, tag: str,
+                  say: Callable[[str], None]) -> Callable[[str, pd.DataFrame, dict[str, Any]], None]:
+    """What happens as each level finishes: the server must still be whole, the level must have measured (failed
+    requests within the limit), and then it is written at once with its telemetry, so a fault loses at most the
+    level in flight and a rerun resumes after it."""
+    def on_level(label: str, records: pd.DataFrame, health: dict[str, Any]) -> None:
+        if target.check_alive is not None:
+            target.check_alive()  # a dead server's level measured something else: the point fails, named
+        why = level_failure(records)
+        if why:
+            w.put_table(f"failed_level_{label.replace('=', '')}_requests", records)  # evidence, with the attempt
+            raise LevelFailedError(f"level {label}: {why}")
+        tables = {"requests": records, "health": pd.DataFrame([health])}
+        if tel is not None:
+            phases = {label, f"warmup:{label}"}
+            for name, frame in tel.frames().items():
+                if "phase" in frame:
+                    tables[f"telemetry_{name}"] = frame[frame["phase"].isin(phases)]
+        store.put_level(key, label, tables, {"target": target.describe()})
+        say(f"{tag}: level {label} written")
+    return on_level
 
 
 def python_version() -> str:

@@ -47,6 +47,8 @@ class Target:
     api_key: str | None = field(default=None, repr=False)
     pid: int | None = None  # the launched server's root process (None for external servers)
     metrics_url: str | None = None
+    # raises ServerDiedError when a process of the launched tree has died (None: an external server)
+    check_alive: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def describe(self) -> dict[str, Any]:
         """Manifest-friendly description (no secrets, no bulky resolved config)."""
@@ -149,7 +151,7 @@ def serve(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None 
                         knobs=knobs, flags=plan.flags, command=server.shown_command,
                         resolved_config=resolved, startup=server.timings.as_dict(), log_dir=Path(log_dir),
                         api_key=api_key, pid=server.proc.pid if server.proc else None,
-                        metrics_url=server.base_url + "/metrics")
+                        metrics_url=server.base_url + "/metrics", check_alive=server.check_alive)
         try:
             yield target
         except Exception:

@@ -88,6 +88,53 @@ class Store:
         p = self.path(key)
         return Point(key, p, json.loads((p / MANIFEST).read_text()))
 
+    # -- levels written as they finish, kept across failed attempts until the point completes ------------------
+    def partial_dir(self, key: str) -> Path:
+        """Where the finished levels of a point not yet complete are kept."""
+        return self.root / "_partial" / key
+
+    def finished_levels(self, key: str) -> dict[str, Path]:
+        """Label -> folder of every level a previous attempt finished and wrote, in the order they were written."""
+        d = self.partial_dir(key) / "levels"
+        if not d.is_dir():
+            return {}
+        done = [p for p in d.iterdir() if p.is_dir() and (p / "level.json").is_file()]
+        metas = sorted(((json.loads((p / "level.json").read_text()), p) for p in done), key=lambda mp: mp[0]["order"])
+        return {m["label"]: p for m, p in metas}
+
+    def put_level(self, key: str, label: str, tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> Path:
+        """Write one finished level (its tables and a level.json) in one rename, so a fault loses at most the level
+        in flight."""
+        d = self.partial_dir(key) / "levels"
+        d.mkdir(parents=True, exist_ok=True)
+        order = len(self.finished_levels(key))
+        name = "".join(c if c.isalnum() or c in "=._-" else "_" for c in label)
+        tmp = d / f".tmp-{name}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        for t, df in tables.items():
+            if df is not None and not df.empty:
+                df.to_parquet(tmp / f"{t}.parquet", index=False)
+        atomic_write_json(tmp / "level.json", {**meta, "label": label, "order": order, "written_unix": time.time()})
+        final = d / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return final
+
+    def level_tables(self, key: str) -> dict[str, list[pd.DataFrame]]:
+        """Every table of the finished levels, by table name, in level order."""
+        out: dict[str, list[pd.DataFrame]] = {}
+        for p in self.finished_levels(key).values():
+            for f in sorted(p.glob("*.parquet")):
+                out.setdefault(f.stem, []).append(pd.read_parquet(f))
+        return out
+
+    def drop_partial(self, key: str) -> None:
+        """Forget the finished levels of key (after the point completes, or to measure it afresh)."""
+        shutil.rmtree(self.partial_dir(key), ignore_errors=True)
+
     def failed_attempts(self, key: str) -> list[Path]:
         """Folders of earlier failed attempts at key (kept for their logs)."""
         d = self.root / "_failed"
@@ -120,6 +167,7 @@ class Store:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        self.drop_partial(key)
 
 
 def export_points(src: Store, dest: Path, keep_logs: bool = False) -> list[str]:

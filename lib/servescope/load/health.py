@@ -11,6 +11,26 @@ from typing import Any
 CLIENT_CPU_LIMIT_PCT = 90.0  # of one core
 LOOP_LAG_LIMIT_MS = 10.0  # p99 event-loop lag
 RATE_SHORTFALL = 0.95  # achieved / requested arrival rate, open loop without a cap
+# A level with more than this share of its measured requests failed did not measure the server as asked: its point
+# is not stored as complete and is measured again on the next run.
+FAILED_SHARE_LIMIT = 0.10
+
+
+def level_failure(requests: Any) -> str:
+    """Why a level's measured requests do not count as a measurement ('' when they do): none sent, none completed,
+    or more than FAILED_SHARE_LIMIT of them failed (with the first error)."""
+    m = requests[requests["phase"] == "measure"] if "phase" in requests else requests
+    if len(m) == 0:
+        return "no measured request was sent"
+    bad = m[m["status"] != "ok"]
+    first = str(bad["error"].dropna().iloc[0])[:200] if len(bad) and "error" in bad and bad["error"].notna().any() \
+        else ""
+    if len(bad) == len(m):
+        return f"all {len(m)} measured requests failed" + (f" (first: {first})" if first else "")
+    if len(bad) > FAILED_SHARE_LIMIT * len(m):
+        return (f"{len(bad)} of {len(m)} measured requests failed, above the {FAILED_SHARE_LIMIT:.0%} limit"
+                + (f" (first: {first})" if first else ""))
+    return ""
 
 
 def judge_health(h: dict[str, Any]) -> dict[str, Any]:

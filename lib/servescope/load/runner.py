@@ -10,7 +10,7 @@ import itertools
 import math
 import resource
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -220,10 +220,14 @@ class LoadResult:
 
 
 def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | None, api_key: str | None = None,
-              progress: bool = True, label: str = "", on_phase: Callable[[str], None] | None = None) -> LoadResult:
-    """Every point of the load spec, each with its warmup first; warmup records are kept, tagged phase='warmup'.
+              progress: bool = True, label: str = "", on_phase: Callable[[str], None] | None = None,
+              skip: Collection[str] = (),
+              on_level: Callable[[str, pd.DataFrame, dict[str, Any]], None] | None = None) -> LoadResult:
+    """Every point of the load spec not in skip, each with its warmup first; warmup records are kept, tagged
+    phase='warmup'.
 
-    on_phase is told 'warmup:<point>', '<point>' and finally 'idle', so telemetry joins each reading to its point."""
+    on_phase is told 'warmup:<point>', '<point>' and finally 'idle', so telemetry joins each reading to its point;
+    on_level(label, records, health) is called as each level finishes (to write it; raising stops the sweep)."""
     tell = on_phase or (lambda _: None)
     url = base_url.rstrip("/") + PATHS[load.endpoint]
     headers = {"Content-Type": "application/json"}
@@ -233,6 +237,9 @@ def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | 
     rows: list[dict[str, Any]] = []
     health: list[dict[str, Any]] = []
     for pt in load.points():
+        if pt.label in skip:
+            continue
+        first_row = len(rows)
         prompts = make_prompts(load, tokenizer, load.num_requests, load.seed + 1000 * pt.index)
         n_warm = load.warmup_requests if load.warmup_requests is not None else (pt.concurrency or 1)
         if n_warm:
@@ -258,6 +265,8 @@ def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | 
         rows += [_row(r, pt, prompts) for r in res.records]
         health.append({"point": pt.label, **res.health})
         tell("idle")
+        if on_level is not None:
+            on_level(pt.label, pd.DataFrame(rows[first_row:]), health[-1])
     return LoadResult(pd.DataFrame(rows), pd.DataFrame(health))
 
 

@@ -1,0 +1,82 @@
+"""The fault matrix: what a fault does to a run, and that nothing measured is lost, nothing broken is stored as
+complete, and no process is left behind. Stub servers where a real engine is not needed."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import psutil
+import pytest
+
+from servescope.experiment import Config, measure
+from servescope.load.health import FAILED_SHARE_LIMIT, level_failure
+from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
+from servescope.store import Store
+
+LOAD = LoadSpec(concurrency=(1, 4), num_requests=8, output_len=8, warmup_requests=0)
+MODEL = ModelSpec(path="stub")
+
+
+def _stub_processes() -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline", "status"])
+            if p.info["status"] != psutil.STATUS_ZOMBIE and any("stub_server.py" in c for c in p.info["cmdline"] or [])]
+
+
+def test_kill_9_mid_load_keeps_the_finished_level_and_the_rerun_resumes(tmp_path, stub_engine):
+    """The server is killed (SIGKILL) at the first request of c=4: the point is failed, not complete; c=1, finished
+    before, is on disk; the rerun measures only c=4 and the point completes with both levels."""
+    flag = tmp_path / "die"
+    flag.write_text("1")
+    engine = EngineSpec(**{**stub_engine, "env": {"STUB_DIE_AFTER": f"9:{flag}"}})  # 1 readiness + 8 at c=1
+    store = Store(tmp_path / "store")
+    said: list[str] = []
+    res = measure(engine, MODEL, [Config("a", Knobs())], LOAD, repetitions=1, store=store, say=said.append)
+    key = res.errors["key"].iloc[0]
+    assert res.errors["error_type"].iloc[0] in ("ServerDiedError", "LevelFailedError")
+    assert not store.has(key) and list(store.finished_levels(key)) == ["c=1"]
+    assert any("level c=1 written" in m for m in said)
+    failed = store.failed_attempts(key)
+    assert len(failed) == 1 and json.loads((failed[0] / "manifest.json").read_text())["status"] == "failed"
+    assert _stub_processes() == []
+    flag.unlink()  # the server lives this time
+    said.clear()
+    again = measure(engine, MODEL, [Config("a", Knobs())], LOAD, repetitions=1, store=store, say=said.append)
+    assert again.errors.empty and store.has(key)
+    assert any("resuming: levels c=1" in m for m in said) and not any("level c=1 written" in m for m in said)
+    assert again.summary["point"].tolist() == ["c=1", "c=4"] and (again.summary["completed"] == 8).all()
+    m = store.get(key).manifest
+    assert m["levels"] == {"resumed": ["c=1"], "measured_now": ["c=4"]}
+    assert not store.partial_dir(key).exists()
+    tel = store.get(key).table("telemetry_server_procs")
+    assert {"c=1", "c=4"} <= set(tel["phase"])  # the resumed level's telemetry came along
+    assert _stub_processes() == []
+
+
+def test_a_level_of_failed_requests_is_not_a_measurement(tmp_path, stub_engine):
+    """Every other request answered HTTP 500: the level is over the failed-request limit, the point is stored as
+    failed (with the failed level's records), never served from the store, and measured again on the next run."""
+    engine = EngineSpec(**{**stub_engine, "env": {"STUB_FAIL_EVERY": "2"}})
+    store = Store(tmp_path / "store")
+    res = measure(engine, MODEL, [Config("a", Knobs())], LOAD, repetitions=1, store=store, say=lambda m: None)
+    (err,) = res.errors.itertuples()
+    assert err.error_type == "LevelFailedError" and "above the 10% limit" in err.summary
+    assert "first: HTTP 500" in err.summary
+    assert not store.has(err.key) and res.summary.empty
+    (failed,) = store.failed_attempts(err.key)
+    assert (failed / "failed_level_c1_requests.parquet").is_file()
+    said: list[str] = []
+    measure(engine, MODEL, [Config("a", Knobs())], LOAD, repetitions=1, store=store, say=said.append)
+    assert not any("from store" in m for m in said) and any("launching" in m for m in said)
+
+
+@pytest.mark.parametrize("statuses,want", [
+    (["ok"] * 10, ""),
+    (["ok"] * 9 + ["error"], ""),  # 10%: at the limit, still a measurement
+    (["ok"] * 8 + ["error"] * 2, "2 of 10 measured requests failed, above the 10% limit"),
+    (["error"] * 3, "all 3 measured requests failed"),
+    ([], "no measured request was sent"),
+])
+def test_level_failure_rule(statuses, want):
+    df = pd.DataFrame({"phase": ["measure"] * len(statuses), "status": statuses, "error": [None] * len(statuses)})
+    assert level_failure(df) == want and FAILED_SHARE_LIMIT == 0.10
