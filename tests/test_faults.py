@@ -80,3 +80,51 @@ def test_a_level_of_failed_requests_is_not_a_measurement(tmp_path, stub_engine):
 def test_level_failure_rule(statuses, want):
     df = pd.DataFrame({"phase": ["measure"] * len(statuses), "status": statuses, "error": [None] * len(statuses)})
     assert level_failure(df) == want and FAILED_SHARE_LIMIT == 0.10
+
+
+# --- bad input stops before anything launches ------------------------------------------------------------------
+
+def test_a_missing_or_unreadable_model_path_is_refused_before_launch(tmp_path, stub_engine):
+    from servescope.errors import SpecError
+    from servescope.models import check_model_path
+
+    with pytest.raises(SpecError, match="does not exist"):
+        check_model_path(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecError, match="no config.json"):
+        check_model_path(str(tmp_path / "empty"))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json")
+    with pytest.raises(SpecError, match="cannot be read"):
+        check_model_path(str(tmp_path / "bad"))
+    check_model_path("Qwen/Qwen3-30B-A3B")  # a hub id the user named: the engine fetches it
+    with pytest.raises(SpecError, match="does not exist"):
+        measure(EngineSpec(**stub_engine), ModelSpec(path=str(tmp_path / "nope")), [Config("a", Knobs())], LOAD,
+                repetitions=1, store=Store(tmp_path / "s"), say=lambda m: None)
+    assert _stub_processes() == []
+
+
+def test_more_ranks_than_the_machine_has_are_refused_before_any_launch(tmp_path, stub_engine):
+    """tp x dp above the cores of a CPU build (GPUs visible on a CUDA one): refused with the reason, for the second
+    configuration too, before the first is launched."""
+    import os
+
+    from servescope.errors import KnobError
+
+    cores = len(os.sched_getaffinity(0))
+    said: list[str] = []
+    with pytest.raises(KnobError, match=rf"configuration 'big': tp={cores + 1} x dp=1 needs {cores + 1} CPU cores; "
+                                        rf"{cores} visible here \(nothing was launched\)"):
+        measure(EngineSpec(**stub_engine), MODEL, [Config("ok", Knobs()), Config("big", Knobs(tp=cores + 1))], LOAD,
+                repetitions=1, store=Store(tmp_path / "s"), say=said.append)
+    assert not any("launching" in m for m in said) and _stub_processes() == []
+
+
+def test_visible_gpus_follow_cuda_visible_devices():
+    from servescope.engines.base import visible_devices
+    from servescope.telemetry.testing import FakeGpu, fake_nvml
+
+    with fake_nvml([FakeGpu(), FakeGpu()]):
+        assert visible_devices("cuda", {}) == (2, "GPUs")
+        assert visible_devices("cuda", {"CUDA_VISIBLE_DEVICES": "1"}) == (1, "GPUs")
+        assert visible_devices("cuda", {"CUDA_VISIBLE_DEVICES": ""}) == (0, "GPUs")

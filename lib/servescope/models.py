@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import ServescopeError
+from .errors import ServescopeError, SpecError
 from .paths import cache_root
 from .spec import ModelSpec, TinyModelSpec
 from .util import file_lock
@@ -63,4 +63,37 @@ def resolve_model(model: ModelSpec, python: str | os.PathLike[str] | None) -> tu
         path = str(ensure_tiny_model(model.tiny, python))
         return path, model.served_name or f"tiny-moe-{model.tiny.digest()}"
     assert model.path is not None
+    check_model_path(model.path)
     return model.path, model.served_name or model.path
+
+
+def check_model_path(path: str) -> None:
+    """A local model path must be a folder with a readable config.json; anything else not on disk is taken as a
+    hub id the user named ('org/name'). Raises SpecError with what is wrong."""
+    p = Path(path).expanduser()
+    local = path.startswith(("/", "./", "../", "~")) or p.exists()
+    if not local:
+        return
+    if not p.exists():
+        raise SpecError(f"model.path {path!r} does not exist (a local path must be a folder with config.json; a hub "
+                        "id is written org/name)")
+    cfg = p / "config.json" if p.is_dir() else None
+    if cfg is None or not cfg.is_file():
+        raise SpecError(f"model.path {path!r} is not a model folder: no config.json in it")
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, ValueError) as e:
+        raise SpecError(f"model.path {path!r}: config.json cannot be read ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict) or not ({"model_type", "architectures"} & set(data)):
+        raise SpecError(f"model.path {path!r}: config.json names neither model_type nor architectures")
+
+
+def is_moe(path: str) -> bool:
+    """Whether a local model folder's config.json describes a mixture of experts (False where it cannot tell)."""
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+    keys = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    return any((cfg.get(k) or text.get(k) or 0) > 1 for k in keys)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .engines import get_engine
 from .errors import SpecError
+from .models import check_model_path
 from .paths import project_root
 from .spec import EngineSpec, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
 
@@ -69,7 +70,9 @@ def load_suite(path: str | Path) -> Suite:
     if suite is None:
         raise SpecError(f"suite file {p} must be a mapping with at least 'name' and 'notebooks'")
     get_engine(parse(EngineSpec, suite.engine, f"{p}: engine").name)  # an unknown engine is named here, not at launch
-    parse(ModelSpec, suite.model, f"{p}: model")
+    model = parse(ModelSpec, suite.model, f"{p}: model")
+    if model.path:
+        check_model_path(model.path)
     parse(LoadSpec, suite.load, f"{p}: load")
     parse(TelemetrySpec, suite.telemetry, f"{p}: telemetry")
     parse(ProfileSpec, suite.profile, f"{p}: profile")

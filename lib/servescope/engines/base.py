@@ -49,6 +49,34 @@ class LaunchPlan:
     flags: list[str] = field(default_factory=list)  # the knob-derived part of the command, for reports
 
 
+def visible_devices(platform: str, env: dict[str, str]) -> tuple[int | None, str]:
+    """How many devices a launch on this platform may use, and their name: GPUs NVML sees under the launch's
+    CUDA_VISIBLE_DEVICES (None where NVML cannot tell), or cores this process may run on for a CPU build."""
+    import os
+
+    if platform == "cpu":
+        return len(os.sched_getaffinity(0)), "CPU cores"
+    if platform != "cuda":
+        return None, "devices"
+    from ..telemetry.nvml import Nvml, NvmlUnavailable, visible_nvml_indices
+
+    try:
+        n = Nvml()
+    except NvmlUnavailable as e:
+        if "hides them" in str(e) or "no NVIDIA GPU visible" in str(e):
+            return 0, "GPUs"
+        return None, "GPUs"
+    try:
+        import pynvml
+
+        count = pynvml.nvmlDeviceGetCount()
+        uuids = [str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
+        cvd = env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return len(visible_nvml_indices(count, uuids, cvd)), "GPUs"
+    finally:
+        n.close()
+
+
 class EngineAdapter(ABC):
     """One engine (family); subclasses translate Knobs for the version they find installed."""
 
@@ -116,6 +144,19 @@ class EngineAdapter(ABC):
     def recommended_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
         """A recommendation in this engine's own spelling (the flags that express knobs on this version)."""
         return self.knob_flags(knobs, install)
+
+    def check_knobs(self, knobs: Knobs, install: EngineInstall, env: dict[str, str] | None = None,
+                    model_path: str = "") -> list[str]:
+        """Refuse (KnobError, with the reason) what this version or this machine cannot run, before anything
+        launches: knobs the version cannot express, and more TP x DP ranks than GPUs visible (or, on a CPU build,
+        than cores this process may use). Returns the flags."""
+        flags = self.knob_flags(knobs, install)
+        ranks = knobs.tp * knobs.dp
+        if ranks > 1:
+            have, what = visible_devices(install.platform, env or {})
+            if have is not None and ranks > have:
+                raise KnobError(f"tp={knobs.tp} x dp={knobs.dp} needs {ranks} {what}; {have} visible here")
+        return flags
 
     def regime_flags(self, regime: str, install: EngineInstall) -> list[str]:
         """Flags that act on a regime in this version's spelling (launch-bound: full CUDA graphs), or [] where the

