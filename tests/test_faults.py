@@ -128,3 +128,58 @@ def test_visible_gpus_follow_cuda_visible_devices():
         assert visible_devices("cuda", {}) == (2, "GPUs")
         assert visible_devices("cuda", {"CUDA_VISIBLE_DEVICES": "1"}) == (1, "GPUs")
         assert visible_devices("cuda", {"CUDA_VISIBLE_DEVICES": ""}) == (0, "GPUs")
+
+
+# --- the small verbs: one line and a non-zero exit for every bad input ------------------------------------------
+
+def _bad_inputs(tmp_path):
+    import sqlite3
+    from pathlib import Path
+
+    good = Path(__file__).parent / "fixtures" / "h200_profiles" / "launch_bound.sqlite"
+    (tmp_path / "empty.sqlite").write_bytes(b"")
+    (tmp_path / "trunc.sqlite").write_bytes(good.read_bytes()[:100_000])
+    con = sqlite3.connect(tmp_path / "other.sqlite")
+    con.execute("CREATE TABLE foo (a INTEGER)")
+    con.commit()
+    con.close()
+    con = sqlite3.connect(tmp_path / "nokernels.sqlite")  # an nsys export whose capture saw no GPU work
+    con.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+    con.execute("CREATE TABLE TARGET_INFO_SESSION_START_TIME (utcEpochNs INTEGER)")
+    con.commit()
+    con.close()
+    (tmp_path / "notrace.json").write_text('{"a": 1}')
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "binary.json").write_bytes(bytes(range(256)) * 8)
+    (tmp_path / "afile").write_text("x")
+    return tmp_path
+
+
+@pytest.mark.parametrize("args,msg", [
+    ("kernels {d}/empty.sqlite", "is empty"),
+    ("kernels {d}/trunc.sqlite", "not a readable SQLite database"),
+    ("kernels {d}/other.sqlite", "is not an nsys export (no nsys tables; tables: foo)"),
+    ("kernels {d}/nokernels.sqlite", "the capture recorded no GPU kernel"),
+    ("kernels {d}/notrace.json", "not a PyTorch profiler trace: it has no traceEvents"),
+    ("kernels {d}/empty.json", "is empty"),
+    ("kernels {d}/binary.json", "not a readable PyTorch profiler trace"),
+    ("kernels {d}/nothere.sqlite", "no trace file at"),
+    ("import-bench {d}/empty.json", "is empty: not a benchmark result"),
+    ("import-bench {d}/binary.json", "not a text file"),
+    ("import-bench {d}/notrace.json", "entry 0 is not a benchmark result"),
+    ("import-bench {d}/notrace.json --out {d}/afile/out", "is a file, not a folder"),
+    ("audit vllm --wheel sglang==0.5.9", "is not a vllm wheel"),
+    ("flags sglang --wheel vllm==0.32.0", "is not a sglang wheel"),
+    ("flags vllm --wheel vllm", "wants dist==version"),
+])
+def test_small_verbs_refuse_bad_input_in_one_line(tmp_path, args, msg):
+    import subprocess
+    import sys
+
+    d = _bad_inputs(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "servescope.cli", *args.format(d=d).split()], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2, out
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("servescope: error:") and msg in lines[0], out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 
@@ -116,6 +117,8 @@ def _cmd_import_bench(a: argparse.Namespace) -> int:
 
     from .load.importers import import_bench
 
+    if a.out:
+        _check_out(a.out, folder=True)
     summary, requests = import_bench(a.file)
     cols = ["source", "point", "completed", "failed", "request_s", "output_tok_s", "ttft_ms_p50", "ttft_ms_p99",
             "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50"]
@@ -166,6 +169,21 @@ def _cmd_kernels(a: argparse.Namespace) -> int:
     return 0
 
 
+def _check_out(path: str, folder: bool) -> None:
+    """Refuse an output that cannot be written, before any work: its folder (or itself, for a folder) must be, or
+    be creatable under, a writable directory."""
+    from pathlib import Path
+
+    p = Path(path).expanduser().resolve()
+    probe = p if folder else p.parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ServescopeError(f"cannot write {path}: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK):
+        raise ServescopeError(f"cannot write {path}: {probe} is not writable")
+
+
 def _install_for(a: argparse.Namespace):
     """The engine install a verb reads: a published wheel (--wheel dist==version), an interpreter, or the managed
     environment."""
@@ -180,6 +198,10 @@ def _install_for(a: argparse.Namespace):
         dist, _, version = a.wheel.partition("==")
         if not version:
             raise ServescopeError(f"--wheel wants dist==version (e.g. sglang==0.5.23), not {a.wheel!r}")
+        names = ad.distributions or (ad.package or ad.name,)
+        if dist.lower().replace("_", "-") not in names:
+            raise ServescopeError(f"--wheel {a.wheel} is not a {ad.name} wheel (it reads {' or '.join(names)}); "
+                                  f"did you mean `{dist.split('-')[0]}` as the engine?")
         return ad, EngineInstall(python=sys.executable, version=version, distribution=dist, platform="cuda",
                                  source=str(fetch_wheel(dist, version)))
     if not a.python and ad.managed_env(None) is None:
@@ -192,6 +214,8 @@ def _cmd_audit(a: argparse.Namespace) -> int:
 
     from .engines.audit import find_rules, graph_disable_audit
 
+    if a.out:
+        _check_out(a.out, folder=False)
     ad, inst = _install_for(a)
     audit = find_rules(graph_disable_audit(ad.source_tree(inst)), condition=a.condition or "", effect=a.effect or "")
     if a.kind:
@@ -295,6 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     except ServescopeError as ex:
         print(f"servescope: error: {ex}", file=sys.stderr)
         return 2
+    except OSError as ex:  # an unwritable --out, a full disk: one line, not a traceback
+        print(f"servescope: error: {ex.strerror or ex}: {ex.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("servescope: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

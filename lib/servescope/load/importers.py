@@ -114,7 +114,11 @@ def import_bench(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         text = p.read_text()
     except OSError as e:
         raise SpecError(f"cannot read benchmark result {p}: {e}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{p} is not a text file (not UTF-8): not a benchmark result") from None
     text = text.strip()
+    if not text:
+        raise SpecError(f"{p} is empty: not a benchmark result")
     try:
         docs = [json.loads(text)]
     except json.JSONDecodeError:
@@ -123,6 +127,8 @@ def import_bench(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         except json.JSONDecodeError as e:
             raise SpecError(f"{p} is neither a JSON object nor JSONL: {e}") from None
     summaries, requests = [], []
+    if not docs:
+        raise SpecError(f"{p} holds no benchmark result")
     for i, d in enumerate(docs):
         if not isinstance(d, dict) or "request_throughput" not in d:
             raise SpecError(f"{p}: entry {i} is not a benchmark result (no request_throughput)")

@@ -256,3 +256,23 @@ def read_window(sqlite: Path) -> tuple[int, int] | None:
         return (int(row[0]), int(row[1])) if row and row[1] > row[0] else None
     finally:
         con.close()
+
+
+NSYS_MARKERS = ("TARGET_INFO_SESSION_START_TIME", "ANALYSIS_DETAILS", "TARGET_INFO_GPU", "StringIds")
+
+
+def check_export(sqlite: Path) -> None:
+    """Raise ProfilingUnavailable unless the file is an nsys SQLite export holding GPU kernels (a plain SQLite, or
+    an export whose capture recorded no kernel, says which)."""
+    con = sqlite3.connect(f"file:{sqlite}?mode=ro", uri=True)
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables & set(NSYS_MARKERS):
+            shown = ", ".join(sorted(tables)[:8]) or "none"
+            raise ProfilingUnavailable(f"{sqlite} is not an nsys export (no nsys tables; tables: {shown})")
+        if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables or \
+                con.execute("SELECT 1 FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1").fetchone() is None:
+            raise ProfilingUnavailable(f"{sqlite}: the capture recorded no GPU kernel (was --trace=cuda on, and did "
+                                       "the capture range cover GPU work?)")
+    finally:
+        con.close()

@@ -4,6 +4,7 @@ and the headline figures of a profile. Profiles of measured points are taken thr
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,18 +55,27 @@ def open_trace(path: str | Path) -> Profile:
     path = Path(path)
     if not path.is_file():
         raise ProfilingUnavailable(f"no trace file at {path}")
+    if path.stat().st_size == 0:
+        raise ProfilingUnavailable(f"{path} is empty")
     name = path.name
     if name.endswith((".json", ".json.gz")):
         kernels, runtime, window = _torch_tables(path)
+        if kernels.empty:
+            raise ProfilingUnavailable(f"{path} holds no GPU kernel and no CPU op: nothing to analyse")
         return Profile(kernels=kernels, runtime=runtime, files=[path], source="torch", window_ns=window)
     if name.endswith(".nsys-rep"):
         path = nsys_mod.export_sqlite(nsys_mod.locate_nsys(), path)
     elif not name.endswith(".sqlite"):
         raise ProfilingUnavailable(f"{name}: not a trace servescope reads (.sqlite, .nsys-rep, .json, .json.gz)")
     prefix = path.with_suffix("")
+    try:
+        nsys_mod.check_export(path)
+        tables = _nsys_tables(path)
+        window = nsys_mod.read_window(path)
+    except sqlite3.DatabaseError as e:
+        raise ProfilingUnavailable(f"{path} is not a readable SQLite database (truncated or corrupt: {e})") from None
     stats = {r: v for r, v in nsys_mod.read_stats(Path(f"{prefix}_stats")).items() if not v.empty}
-    return Profile(**_nsys_tables(path), stats=stats, files=[path], source="nsys",
-                   window_ns=nsys_mod.read_window(path))
+    return Profile(**tables, stats=stats, files=[path], source="nsys", window_ns=window)
 
 
 def summary(p: Profile) -> dict[str, Any]:

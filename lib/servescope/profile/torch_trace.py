@@ -15,6 +15,8 @@ import ijson
 import numpy as np
 import pandas as pd
 
+from ..errors import ProfilingUnavailable
+
 from .kernels import KERNEL_COLUMNS
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -29,14 +31,27 @@ def read_events(path: str | Path) -> pd.DataFrame:
     """The trace's duration events of interest: cat, name, ts_us, dur_us, pid, tid, external_id, correlation,
     device, stream."""
     rows: list[tuple[Any, ...]] = []
-    with _open(Path(path)) as fh:
-        for ev in ijson.items(fh, "traceEvents.item", use_float=True):
-            cat = ev.get("cat")
-            if cat not in KEEP_CATS or ev.get("ph") != "X":
-                continue
-            a = ev.get("args") or {}
-            rows.append((cat, ev.get("name", ""), ev.get("ts", np.nan), ev.get("dur", np.nan), ev.get("pid"),
-                         ev.get("tid"), a.get("External id"), a.get("correlation"), a.get("device"), a.get("stream")))
+    seen = 0
+    p = Path(path)
+    try:
+        with _open(p) as fh:
+            for ev in ijson.items(fh, "traceEvents.item", use_float=True):
+                seen += 1
+                cat = ev.get("cat")
+                if cat not in KEEP_CATS or ev.get("ph") != "X":
+                    continue
+                a = ev.get("args") or {}
+                rows.append((cat, ev.get("name", ""), ev.get("ts", np.nan), ev.get("dur", np.nan), ev.get("pid"),
+                             ev.get("tid"), a.get("External id"), a.get("correlation"), a.get("device"),
+                             a.get("stream")))
+    except (ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError, UnicodeDecodeError) as e:
+        raw = e.args[0] if e.args else ""
+        raw = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        first = (raw.strip().splitlines() or [type(e).__name__])[0][:80]
+        raise ProfilingUnavailable(f"{p.name} is not a readable PyTorch profiler trace (truncated, empty or not "
+                                   f"JSON: {first})") from None
+    if not seen:
+        raise ProfilingUnavailable(f"{p.name} is not a PyTorch profiler trace: it has no traceEvents")
     return pd.DataFrame(rows, columns=["cat", "name", "ts_us", "dur_us", "pid", "tid", "external_id", "correlation",
                                        "device", "stream"])
 
