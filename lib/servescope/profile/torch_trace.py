@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ProfilingUnavailable
-
 from .kernels import KERNEL_COLUMNS
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
