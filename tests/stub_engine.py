@@ -56,6 +56,9 @@ class StubAdapter(EngineAdapter):
         if extra_env.get("STUB_DIE_AFTER"):  # "N:FILE": kill -9 itself after N requests while FILE exists
             n, _, path = extra_env["STUB_DIE_AFTER"].partition(":")
             flags += ["--die-after", n, "--die-if-file", path]
+        if extra_env.get("STUB_STALL"):  # "N:FILE": answers nothing after N requests while FILE exists
+            n, _, path = extra_env["STUB_STALL"].partition(":")
+            flags += ["--stall-after", n, "--stall-if-file", path]
         if extra_env.get("STUB_FAIL_EVERY"):
             flags += ["--fail-every", extra_env["STUB_FAIL_EVERY"]]
         mode = extra_env.get("STUB_STATE", "")

@@ -183,3 +183,119 @@ def test_small_verbs_refuse_bad_input_in_one_line(tmp_path, args, msg):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("servescope: error:") and msg in lines[0], out.stderr
     assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+# --- interrupts: Ctrl-C and SIGTERM to `servescope run` ---------------------------------------------------------
+
+def _run_and_signal(tmp_path, sig):
+    """`servescope run` on a suite whose stub server stalls in its second level; once the first level is written,
+    send sig to the run's process group (what Ctrl-C in a terminal does, or a scheduler's SIGTERM)."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    stall = tmp_path / "stall"
+    stall.write_text("1")
+    suite = {"name": "intr", "engine": {"name": "vllm"}, "model": {"path": "stub"},
+             "notebooks": [{"id": "96_stub_stall", "path": str(root / "tests/fixtures/notebooks/96_stub_stall.ipynb"),
+                            "parameters": {"tests_dir": str(root / "tests"), "stall_file": str(stall)}},
+                           {"id": "96_never_reached", "path": str(root / "tests/fixtures/notebooks/96_stub_stall.ipynb"),
+                            "parameters": {"tests_dir": str(root / "tests"), "stall_file": str(stall)}}]}
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    proc = subprocess.Popen([sys.executable, "-m", "servescope.cli", "run", str(tmp_path / "suite.yaml"),
+                             "--reports-dir", str(tmp_path / "reports"), "--store-dir", str(tmp_path / "store"),
+                             "--run-id", "r"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if "level c=1 written" in line:  # the server answers nothing after c=1's requests: c=4 is in flight
+            time.sleep(1.0)
+            t0 = time.monotonic()
+            os.killpg(proc.pid, sig)
+            break
+    rest, _ = proc.communicate(timeout=90)
+    return proc.returncode, time.monotonic() - t0, "".join(lines) + rest
+
+
+@pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_an_interrupt_stops_the_run_keeps_finished_levels_and_writes_the_report(tmp_path, sig, code):
+    import signal as _signal
+
+    rc, took, out = _run_and_signal(tmp_path, getattr(_signal, sig))
+    assert rc == code, out
+    assert took < 30, out  # within seconds: the kernel is interrupted, not waited for
+    index = (tmp_path / "reports" / "r" / "index.html").read_text()
+    assert f"Interrupted by {sig}" in index and "Not run: 96_never_reached" in index
+    store = Store(tmp_path / "store")
+    parts = [p for p in (tmp_path / "store" / "_partial").iterdir()]
+    assert len(parts) == 1 and list(store.finished_levels(parts[0].name)) == ["c=1"]
+    assert not [p for p in (tmp_path / "store").iterdir() if p.name.startswith(".tmp")]  # no stray folder
+    (failed,) = store.failed_attempts(parts[0].name)
+    assert "KeyboardInterrupt" in json.loads((failed / "manifest.json").read_text())["error"]
+    assert _stub_processes() == []
+    # the rerun resumes after c=1, and the point completes
+    import subprocess
+    import sys
+
+    (tmp_path / "stall").unlink()
+    again = subprocess.run([sys.executable, "-m", "servescope.cli", "run", str(tmp_path / "suite.yaml"), "--only",
+                            "96_stub_stall", "--reports-dir", str(tmp_path / "reports"), "--store-dir",
+                            str(tmp_path / "store"), "--run-id", "r2"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "resuming: levels c=1" in again.stdout, again.stdout + again.stderr
+    assert store.has(parts[0].name) and not parts[0].exists()
+
+
+def test_a_dead_kernel_leaves_no_server_and_no_half_written_point(tmp_path):
+    """The notebook's kernel is killed (SIGKILL) while a level is in flight: the servers' reaper takes the server
+    tree down, the run reports the notebook as failed and goes on, the half-written folder is moved to _failed/
+    as abandoned, the finished level is kept."""
+    import os
+    import signal as _signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    stall = tmp_path / "stall"
+    stall.write_text("1")
+    entry = {"path": str(root / "tests/fixtures/notebooks/96_stub_stall.ipynb"),
+             "parameters": {"tests_dir": str(root / "tests"), "stall_file": str(stall)}}
+    suite = {"name": "dead", "engine": {"name": "vllm"}, "model": {"path": "stub"},
+             "notebooks": [{"id": "96_killed", **entry}]}
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite))
+    proc = subprocess.Popen([sys.executable, "-m", "servescope.cli", "run", str(tmp_path / "suite.yaml"),
+                             "--reports-dir", str(tmp_path / "reports"), "--store-dir", str(tmp_path / "store"),
+                             "--run-id", "r"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "level c=1 written" in line:
+            time.sleep(1.0)
+            kernels = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                       if any("ipykernel" in x for x in c.cmdline())]
+            assert kernels
+            for k in kernels:
+                os.kill(k.pid, _signal.SIGKILL)
+            break
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    deadline = time.monotonic() + 30  # the reaper polls its parent; give it its grace
+    while _stub_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _stub_processes() == []
+    store_root = tmp_path / "store"
+    assert not [p for p in store_root.iterdir() if p.name.startswith(".tmp")]
+    abandoned = [p for p in (store_root / "_failed").iterdir() if "-abandoned-" in p.name]
+    assert len(abandoned) == 1 and "died" in json.loads((abandoned[0] / "manifest.json").read_text())["error"]
+    key = abandoned[0].name.split("-abandoned-")[0]
+    assert list(Store(store_root).finished_levels(key)) == ["c=1"]
+    assert "96_killed" in (tmp_path / "reports" / "r" / "index.html").read_text()

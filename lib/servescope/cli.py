@@ -31,6 +31,10 @@ def _cmd_run(a: argparse.Namespace) -> int:
         pm_log.propagate = False
     done = run_suite(a.suite, only=a.only or (), offline=a.offline, hide_code=a.hide_code,
                      reports_dir=a.reports_dir, store_dir=a.store_dir, run_id=a.run_id, progress=False)
+    if done.interrupted:  # the conventional code of a process stopped by that signal
+        print(f"servescope: interrupted by {done.interrupted}; report of what ran: {done.out_dir / 'index.html'}",
+              file=sys.stderr)
+        return 128 + done.exit_signal
     bad = done.failing
     partial = [r for r in done.runs if r.status == "partial"]
     for r in bad + partial:

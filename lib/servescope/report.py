@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import platform
+import signal
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,12 +17,14 @@ from typing import Any
 
 import nbformat
 import papermill as pm
+import psutil
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from nbconvert import HTMLExporter
 
 from .errors import SpecError
 from .findings import Finding, Outcome, read_findings, read_outcome
 from .paths import default_reports_dir, default_store_dir
+from .store import Store
 from .suite import QUESTIONS, Suite, load_suite, notebook_file
 from .util import atomic_write_text
 
@@ -71,6 +76,13 @@ class SuiteRun:
 
     out_dir: Path
     runs: list[NotebookRun]
+    interrupted: str = ""  # 'SIGINT' or 'SIGTERM' when the run was stopped by one
+    skipped: list[str] = field(default_factory=list)  # notebooks the interruption left unrun
+
+    @property
+    def exit_signal(self) -> int:
+        """The signal number that stopped the run (0 if none), for the conventional exit code 128 + n."""
+        return {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}.get(self.interrupted, 0)
 
     @property
     def failing(self) -> list[NotebookRun]:
@@ -159,48 +171,118 @@ def run_suite(
 
     t_start = time.time()
     runs: list[NotebookRun] = []
-    for i, entry in enumerate(entries, 1):
-        print(f"[{i}/{len(entries)}] {entry.id}: running", flush=True)
-        t0 = time.monotonic()
-        run = NotebookRun(id=entry.id, question=QUESTIONS.get(entry.id, ""))
-        executed = out_dir / f"{entry.id}.ipynb"
-        raised = False
-        try:
-            pm.execute_notebook(str(files[entry.id]), str(executed), parameters=plans[entry.id],
-                                cwd=str(files[entry.id].parent), kernel_name=kernel_name,
-                                progress_bar=progress, log_output=True, report_mode=hide_code)
-        except Exception as e:  # a failing notebook is reported, and the others still run
-            raised = True
-            run.error = _error_excerpt(e)
-        run.duration_s = time.monotonic() - t0
-        if executed.exists():
-            html_path = out_dir / f"{entry.id}.html"
+    stop = _Interrupts()
+    with stop:
+        for i, entry in enumerate(entries, 1):
+            if stop.signal:
+                break
+            print(f"[{i}/{len(entries)}] {entry.id}: running", flush=True)
+            t0 = time.monotonic()
+            run = NotebookRun(id=entry.id, question=QUESTIONS.get(entry.id, ""))
+            executed = out_dir / f"{entry.id}.ipynb"
+            raised = False
             try:
-                render_html(executed, html_path, hide_code)
-                run.html = html_path.name
-            except Exception as e:  # rendering trouble must not hide the measurement
-                run.error += f"\n(HTML rendering failed: {type(e).__name__}: {e})"
-        fpath = Path(plans[entry.id].get("findings_path", out_dir / f"{entry.id}.findings.json"))
-        if fpath.is_file():
-            run.findings = read_findings(fpath)
-            run.outcome = read_outcome(fpath)
-        run.status = notebook_status(raised, run.outcome, run.findings)
-        measured = run.outcome.summary() if run.outcome is not None else ""
-        print(f"[{i}/{len(entries)}] {entry.id}: {run.status} in {run.duration_s:.0f} s"
-              + (f"; {measured}" if measured else "") + (f" — {run.first_error}" if run.first_error else ""), flush=True)
-        runs.append(run)
-        _write_index(out_dir, suite, Path(suite_path), run_id, t_start, runs)
+                pm.execute_notebook(str(files[entry.id]), str(executed), parameters=plans[entry.id],
+                                    cwd=str(files[entry.id].parent), kernel_name=kernel_name,
+                                    progress_bar=progress, log_output=True, report_mode=hide_code)
+            except (Exception, KeyboardInterrupt) as e:  # a failing notebook is reported, the others still run
+                raised = True
+                run.error = _error_excerpt(e) if isinstance(e, Exception) else "interrupted"
+            if stop.signal:
+                run.error = (f"interrupted by {stop.signal}: the notebook stopped where it was; every level it had "
+                             f"finished is kept in the store\n" + run.error)
+            run.duration_s = time.monotonic() - t0
+            if executed.exists():
+                html_path = out_dir / f"{entry.id}.html"
+                try:
+                    render_html(executed, html_path, hide_code)
+                    run.html = html_path.name
+                except Exception as e:  # rendering trouble must not hide the measurement
+                    run.error += f"\n(HTML rendering failed: {type(e).__name__}: {e})"
+            fpath = Path(plans[entry.id].get("findings_path", out_dir / f"{entry.id}.findings.json"))
+            if fpath.is_file() and not (stop.signal and raised):
+                run.findings = read_findings(fpath)
+                run.outcome = read_outcome(fpath)
+            run.status = notebook_status(raised, run.outcome, run.findings)
+            measured = run.outcome.summary() if run.outcome is not None else ""
+            print(f"[{i}/{len(entries)}] {entry.id}: {run.status} in {run.duration_s:.0f} s"
+                  + (f"; {measured}" if measured else "") + (f" — {run.first_error}" if run.first_error else ""),
+                  flush=True)
+            runs.append(run)
+            Store(store).sweep_abandoned()  # a kernel that died mid-point leaves its temporary folder behind
+            _write_index(out_dir, suite, Path(suite_path), run_id, t_start, runs)
+    skipped = [e.id for e in entries[len(runs):]]
+    if stop.signal:
+        print(f"interrupted by {stop.signal}: the report holds what ran" + (f"; not run: {', '.join(skipped)}"
+                                                                            if skipped else ""), flush=True)
+    _write_index(out_dir, suite, Path(suite_path), run_id, t_start, runs, stop.signal, skipped)
     _point_latest(reports, out_dir)
     print(f"report: {out_dir / 'index.html'}", flush=True)
-    return SuiteRun(out_dir, runs)
+    return SuiteRun(out_dir, runs, stop.signal, skipped)
+
+
+class _Interrupts:
+    """While a suite runs: Ctrl-C or SIGTERM interrupts the notebook's kernel (as JupyterLab's interrupt does), so
+    the cell stops, the server tree is torn down and finished levels stay stored; the run then writes the report of
+    what exists and stops. A kernel that has not stopped after grace_s is killed (its servers' reapers then take
+    them down); a second signal kills it at once."""
+
+    def __init__(self, grace_s: float = 20.0) -> None:
+        self.signal = ""
+        self.grace_s = grace_s
+        self._saved: dict[int, Any] = {}
+        self._timer: threading.Timer | None = None
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, h in self._saved.items():
+            signal.signal(sig, h)
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        first = not self.signal
+        self.signal = self.signal or signal.Signals(signum).name
+        kernels = _kernel_processes()
+        if first:
+            print(f"\n{self.signal}: interrupting the running notebook (again to stop at once)", flush=True)
+            for k in kernels:
+                with contextlib.suppress(psutil.Error):
+                    k.send_signal(signal.SIGINT)
+            self._timer = threading.Timer(self.grace_s, _kill, args=(kernels,))
+            self._timer.daemon = True
+            self._timer.start()
+        else:
+            _kill(kernels)
+
+
+def _kernel_processes() -> list[psutil.Process]:
+    """The notebook kernels this process started (papermill's ipykernel children)."""
+    out = []
+    for c in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if any("ipykernel" in part for part in c.cmdline()):
+                out.append(c)
+    return out
+
+
+def _kill(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
 
 
 def _write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_start: float,
-                 runs: list[NotebookRun]) -> None:
+                 runs: list[NotebookRun], interrupted: str = "", skipped: Sequence[str] = ()) -> None:
     env = Environment(loader=FileSystemLoader(str(Path(__file__).with_name("templates"))),
                       autoescape=select_autoescape(["html", "j2"]))
     page = env.get_template("index.html.j2").render(
-        suite=suite, suite_path=str(suite_path), run_id=run_id, rows=runs,
+        suite=suite, suite_path=str(suite_path), run_id=run_id, rows=runs, interrupted=interrupted, skipped=skipped,
         started=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_start)), total_s=time.time() - t_start,
         engine_line=html.unescape(", ".join(f"{k}={v}" for k, v in suite.engine.items() if k != "env")),
         model_line=", ".join(f"{k}={v}" for k, v in suite.model.items()),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import psutil
 
 from . import __version__
 from .paths import default_store_dir
@@ -140,10 +141,32 @@ class Store:
         d = self.root / "_failed"
         return sorted(d.glob(f"{key}-*")) if d.is_dir() else []
 
+    def sweep_abandoned(self) -> list[Path]:
+        """Move the temporary folders of writers that died (a killed kernel: its pid is gone) to _failed/, marked
+        abandoned, so no half-written folder lingers; returns where they went."""
+        moved = []
+        if not self.root.is_dir():
+            return moved
+        for tmp in self.root.glob(".tmp-*"):
+            bits = tmp.name.split("-")  # .tmp-<key>-<pid>-<ms>
+            if len(bits) < 4 or not bits[2].isdigit() or psutil.pid_exists(int(bits[2])):
+                continue
+            m = tmp / MANIFEST
+            manifest = json.loads(m.read_text()) if m.is_file() else {"key": bits[1]}
+            manifest |= {"status": "failed", "error": "abandoned: the process writing this point died "
+                         f"(pid {bits[2]}) before it finished"}
+            atomic_write_json(m, manifest)
+            dest = self.root / "_failed" / f"{bits[1]}-abandoned-{bits[3]}"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, dest)
+            moved.append(dest)
+        return moved
+
     @contextlib.contextmanager
     def writing(self, key: str, parts: dict[str, Any]) -> Iterator[PointWriter]:
         """Yield a writer; on success the point appears complete in one rename, on failure it moves to _failed/."""
         self.root.mkdir(parents=True, exist_ok=True)
+        self.sweep_abandoned()
         tmp = self.root / f".tmp-{key}-{os.getpid()}-{int(time.time() * 1e3)}"
         tmp.mkdir()
         w = PointWriter(key, tmp, {

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import itertools
 import math
 import resource
+import threading
 import time
 from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
@@ -46,13 +46,44 @@ def nvtx_range(label: str) -> Any:
 
 
 def run_coro(coro_fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine to completion from sync code, also inside Jupyter, whose own event loop is already running."""
+    """Run a coroutine to completion from sync code, also inside Jupyter, whose own event loop is already running
+    (then on a thread of its own). An interrupt of the calling thread (Ctrl-C, JupyterLab's interrupt) cancels the
+    coroutine at once rather than waiting for the level to end."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coro_fn())
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="servescope-load") as ex:
-        return ex.submit(lambda: asyncio.run(coro_fn())).result()
+    box: dict[str, Any] = {}
+    started = threading.Event()
+
+    async def main() -> T:
+        box["loop"], box["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        started.set()
+        return await coro_fn()
+
+    def runner() -> None:
+        try:
+            box["result"] = asyncio.run(main())
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+        finally:
+            started.set()
+
+    t = threading.Thread(target=runner, name="servescope-load", daemon=True)
+    t.start()
+    try:
+        t.join()
+    except BaseException:
+        started.wait(5)
+        loop, task = box.get("loop"), box.get("task")
+        if loop is not None and task is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(task.cancel)
+        t.join(15)
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def ensure_fd_limit(needed: int) -> int:
