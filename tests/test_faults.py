@@ -299,3 +299,46 @@ def test_a_dead_kernel_leaves_no_server_and_no_half_written_point(tmp_path):
     key = abandoned[0].name.split("-abandoned-")[0]
     assert list(Store(store_root).finished_levels(key)) == ["c=1"]
     assert "96_killed" in (tmp_path / "reports" / "r" / "index.html").read_text()
+
+
+# --- hangs -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("warmup", [0, 4])
+def test_a_silent_server_is_declared_hung_with_its_log_and_the_finished_level_kept(tmp_path, stub_engine, warmup):
+    """The stub answers nothing after c=1 (as a SIGSTOPped server would): within the hang limit, not the request
+    timeout, the level (or its warm-up) is declared hung, with the server's last log lines; c=1 is kept."""
+    import time
+
+    stall = tmp_path / "stall"
+    stall.write_text("1")
+    n = 1 + warmup + 8  # readiness, c=1 (with its warm-up requests)
+    engine = EngineSpec(**{**stub_engine, "env": {"STUB_STALL": f"{n}:{stall}"}})
+    load = LOAD.model_copy(update={"hang_s": 2.0, "warmup_requests": warmup or 0})
+    store = Store(tmp_path / "store")
+    t0 = time.monotonic()
+    res = measure(engine, MODEL, [Config("a", Knobs())], load, repetitions=1, store=store, say=lambda m: None)
+    assert time.monotonic() - t0 < 20
+    (err,) = res.errors.itertuples()
+    where = "warm-up of c=4" if warmup else "c=4"
+    assert err.error_type == "HungError" and err.summary.startswith(f"HungError: {where}: no token for ")
+    assert "requests in flight (hang limit 2 s)" in err.summary
+    assert "last lines of server.stderr.log" in err.error or "last lines of server.stdout.log" in err.error
+    assert ("py-spy dump of" in err.error) or ("no stack dump: py-spy is not installed" in err.error)
+    assert list(store.finished_levels(err.key)) == ["c=1"] and _stub_processes() == []
+
+
+def test_warm_up_stalls_are_kept_in_the_point_record(tmp_path, stub_engine):
+    store = Store(tmp_path / "store")
+    res = measure(EngineSpec(**stub_engine), MODEL, [Config("a", Knobs())],
+                  LOAD.model_copy(update={"warmup_requests": 2}), repetitions=1, store=store, say=lambda m: None)
+    h = store.get(res.points["key"].iloc[0]).table("health")
+    assert {"warmup_max_silence_s", "warmup_e2e_ms_max", "max_silence_s"} <= set(h.columns)
+    assert (h["warmup_e2e_ms_max"] > 0).all()
+
+
+def test_hang_limit_scales_with_the_engine_step():
+    from servescope.load.health import HANG_S, HANG_WARMUP_S, hang_limit_s
+
+    assert hang_limit_s("measure") == HANG_S == 30.0 and hang_limit_s("warmup") == HANG_WARMUP_S
+    assert hang_limit_s("measure", warmup_itl_ms_p99=2000.0) == 100.0  # 50 steps of a 2 s step
+    assert hang_limit_s("measure", 2000.0, override=5.0) == 5.0 and hang_limit_s("warmup", override=5.0) == 5.0

@@ -60,6 +60,10 @@ class LevelFailedError(ServescopeError):
     """A load level did not measure what it was asked (too many failed requests): the point is not complete."""
 
 
+class HungError(ServescopeError):
+    """The server stopped producing tokens with requests in flight for longer than the hang limit."""
+
+
 class NotMeasuredError(ServescopeError):
     """Offline rendering asked for a point the store does not hold."""
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import subprocess
 import sys
 import time
 import traceback
@@ -11,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import psutil
 
 from .engines import get_engine
-from .errors import KnobError, LevelFailedError, NotMeasuredError, ServescopeError, SpecError
+from .errors import HungError, KnobError, LevelFailedError, NotMeasuredError, ServescopeError, SpecError
 from .findings import Finding, Outcome
 from .launch import Prepared, prepare, serve
 from .load import load_tokenizer, run_sweep
@@ -296,9 +300,12 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
                 tel.start()
             on_level = _level_writer(store, key, tel, target, w, tag, say)
             try:
-                result = run_sweep(target.base_url, target.model, load, tokenizer, target.api_key, progress,
-                                   f"{cfg.name} ", on_phase=tel.set_phase if tel else None, skip=set(done),
-                                   on_level=on_level)
+                try:
+                    result = run_sweep(target.base_url, target.model, load, tokenizer, target.api_key, progress,
+                                       f"{cfg.name} ", on_phase=tel.set_phase if tel else None, skip=set(done),
+                                       on_level=on_level)
+                except HungError as e:  # the server is alive but silent: what it was doing, where it can be read
+                    raise HungError(f"{e}\n{hang_evidence(target)}") from None
                 if armed is not None:  # after the measured load, on the same server: the figures stay unprofiled
                     window = profiling.take(armed, adapter, target, load, tokenizer, tel.set_phase if tel else
                                             (lambda _: None))
@@ -342,6 +349,33 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
                 say(f"{tag}: WARNING at {r.point}: the load client limited this measurement: {r.client_warning}")
             elif getattr(r, "client_starved", False):
                 say(f"{tag}: note at {r.point}: {r.client_warning}")
+
+
+def hang_evidence(target: Any, lines: int = 20) -> str:
+    """For a hung server: the last lines of its logs and, where py-spy is installed, a stack dump of every Python
+    process of its tree (else why there is none)."""
+    out = []
+    for name in ("server.stderr.log", "server.stdout.log"):
+        p = Path(target.log_dir or ".") / name
+        if p.is_file():
+            tail = p.read_text(errors="replace").splitlines()[-lines:]
+            if tail:
+                out.append(f"last lines of {name}:\n" + "\n".join(tail))
+    spy = shutil.which("py-spy")
+    if not spy:
+        out.append("no stack dump: py-spy is not installed (pip install py-spy)")
+    elif target.pid:
+        try:
+            procs = [psutil.Process(target.pid), *psutil.Process(target.pid).children(recursive=True)]
+        except psutil.Error:
+            procs = []
+        for pr in procs:
+            with contextlib.suppress(psutil.Error, OSError, subprocess.SubprocessError):
+                if "python" not in pr.name().lower():
+                    continue
+                r = subprocess.run([spy, "dump", "--pid", str(pr.pid)], capture_output=True, text=True, timeout=20)
+                out.append(f"py-spy dump of {pr.pid} ({pr.name()}):\n" + (r.stdout or r.stderr).strip()[-4000:])
+    return "\n".join(out)
 
 
 def _check_all(prep: Prepared, configs: Sequence[Config]) -> None:

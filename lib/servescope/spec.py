@@ -182,6 +182,8 @@ class LoadSpec(_Spec):
     endpoint: Literal["completions", "chat", "generate"] = "completions"
     slo_ms: dict[str, float] = Field(default_factory=dict, description="goodput SLOs, e.g. {ttft_ms: 500, tpot_ms: 50}")
     request_timeout_s: float = Field(300, gt=0)
+    hang_s: float | None = Field(None, gt=0, description="no token for this long with requests in flight: the server "
+                                 "is hung (default: 30 s or 50 warm-up steps, whichever is longer; 120 s in warm-up)")
     seed: int = 0
 
     @field_validator("concurrency")

@@ -91,8 +91,9 @@ def _openai_line(data: bytes, chat: bool, rec: RequestRecord) -> bool:
 
 
 async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, body: bytes, rec: RequestRecord,
-                       headers: dict[str, str]) -> RequestRecord:
-    """Stream one request and fill rec: TTFT, every inter-token gap, E2E, token counts from usage."""
+                       headers: dict[str, str], progress: list[float] | None = None) -> RequestRecord:
+    """Stream one request and fill rec: TTFT, every inter-token gap, E2E, token counts from usage. progress[0] is
+    set to the time of every read from the server (the hang watchdog's clock)."""
     chat = endpoint == "chat"
     generate = endpoint == "generate"
     rec.start_unix = time.time()
@@ -108,6 +109,8 @@ async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, 
             buf = b""
             async for piece in resp.content.iter_any():
                 now = time.perf_counter()  # arrival time of this read; every event in it arrived together
+                if progress is not None:
+                    progress[0] = now
                 lines = (buf + piece).split(b"\n")
                 buf = lines.pop()
                 for line in lines:

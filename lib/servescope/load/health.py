@@ -11,6 +11,25 @@ from typing import Any
 CLIENT_CPU_LIMIT_PCT = 90.0  # of one core
 LOOP_LAG_LIMIT_MS = 10.0  # p99 event-loop lag
 RATE_SHORTFALL = 0.95  # achieved / requested arrival rate, open loop without a cap
+# A server that sends nothing for this long while requests are in flight is hung (measured phases); the limit grows
+# with a slow engine's step (HANG_STEPS x the level's warm-up p99 inter-token gap) and is longer in warm-ups, where
+# an engine may compile a new shape.
+HANG_S = 30.0
+HANG_STEPS = 50
+HANG_WARMUP_S = 120.0
+
+
+def hang_limit_s(phase: str, warmup_itl_ms_p99: float = float("nan"), override: float | None = None) -> float:
+    """Seconds without a token (requests in flight) after which a level is declared hung: the load's own hang_s
+    where it sets one, else HANG_WARMUP_S in warm-ups and max(HANG_S, HANG_STEPS x the warm-up's p99 gap)."""
+    if override is not None:
+        return override
+    if phase == "warmup":
+        return HANG_WARMUP_S
+    step = warmup_itl_ms_p99 / 1e3 if warmup_itl_ms_p99 == warmup_itl_ms_p99 else 0.0
+    return max(HANG_S, HANG_STEPS * step)
+
+
 # A level with more than this share of its measured requests failed did not measure the server as asked: its point
 # is not stored as complete and is measured again on the next run.
 FAILED_SHARE_LIMIT = 0.10

@@ -22,10 +22,11 @@ import psutil
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from ..errors import HungError
 from ..spec import LoadPoint, LoadSpec
 from .client import PATHS, RequestRecord, build_body, send_request
 from .datasets import Prompt, jsonl_prompts, random_prompts, sharegpt_prompts
-from .health import judge_health
+from .health import HANG_S, hang_limit_s, judge_health
 from .metrics import summarize
 
 T = TypeVar("T")
@@ -141,7 +142,7 @@ class _LoopLag:
 
 async def _point(
     url: str, endpoint: str, model: str, prompts: Sequence[Prompt], point: LoadPoint, load: LoadSpec, phase: str,
-    headers: dict[str, str], ids: itertools.count, bar: tqdm | None, count: int | None,
+    headers: dict[str, str], ids: itertools.count, bar: tqdm | None, count: int | None, hang_s: float = HANG_S,
 ) -> PointResult:
     """One point. count=None with load.duration_s: run for that long; else send `count` requests."""
     bodies = [build_body(endpoint, model, p, load.ignore_eos) for p in prompts]
@@ -159,6 +160,9 @@ async def _point(
     total = count if count is not None else math.inf
     sent_times: list[float] = []
     send_lags_ms: list[float] = []
+    progress = [time.perf_counter()]  # last time the server sent anything (or a request ended)
+    inflight = [0]
+    silence = [0.0]  # the longest stretch without a byte while requests were in flight
 
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         lag.start()
@@ -169,36 +173,86 @@ async def _point(
             if scheduled is not None:
                 rec.scheduled_unix = time.time() - (time.perf_counter() - scheduled)
             sent_times.append(time.perf_counter())
-            records.append(await send_request(session, url, endpoint, bodies[i % len(bodies)], rec, headers))
+            if inflight[0] == 0:
+                progress[0] = time.perf_counter()  # silence is counted only while something is asked
+            inflight[0] += 1
+            try:
+                records.append(await send_request(session, url, endpoint, bodies[i % len(bodies)], rec, headers,
+                                                  progress))
+            finally:
+                inflight[0] -= 1
+                progress[0] = time.perf_counter()
             if bar is not None:
                 bar.update(1)
 
-        if point.mode == "closed":
-            counter = itertools.count()
+        async def watchdog() -> None:
+            while True:
+                await asyncio.sleep(min(1.0, hang_s / 4))
+                if inflight[0] == 0:
+                    continue
+                quiet = time.perf_counter() - progress[0]
+                silence[0] = max(silence[0], quiet)
+                if quiet > hang_s:
+                    raise HungError(f"{'warm-up of ' if phase == 'warmup' else ''}{point.label}: no token for "
+                                    f"{quiet:.0f} s with {inflight[0]} requests in flight (hang limit "
+                                    f"{hang_s:.0f} s)")
 
-            async def worker() -> None:
-                while True:
-                    i = next(counter)
-                    if i >= total or time.perf_counter() >= deadline:
-                        return
-                    await one(i, None)
+        async def drive() -> None:
+            await _drive(point, load, total, deadline, one, send_lags_ms)
 
-            n_workers = int(min(point.concurrency or 1, total))
-            await asyncio.gather(*(worker() for _ in range(n_workers)))
-        else:
-            rate = point.request_rate or math.inf
-            rng = np.random.default_rng(load.seed + 7919 * point.index)
-            sem = asyncio.Semaphore(point.concurrency) if point.concurrency else None
-            tasks: list[asyncio.Task[None]] = []
+        work = asyncio.create_task(drive())
+        watch = asyncio.create_task(watchdog())
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if watch.done() and watch.exception() is not None:
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
+            await lag.stop()
+            raise watch.exception()  # type: ignore[misc]
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+        work.result()
+        await lag.stop()
 
-            async def capped(i: int, scheduled: float) -> None:
-                if sem is None:
-                    await one(i, scheduled)
+    wall_s = time.perf_counter() - t_start
+    cpu1 = proc.cpu_times()
+    cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    health = _health(point, load, wall_s, cpu_s, lag.lags_ms, send_lags_ms, sent_times)
+    health["max_silence_s"] = silence[0]
+    return PointResult(records, health)
+
+
+async def _drive(point: LoadPoint, load: LoadSpec, total: float, deadline: float,
+                 one: Callable[[int, float | None], Coroutine[Any, Any, None]], send_lags_ms: list[float]) -> None:
+    """Send the point's requests: closed loop (a fixed number of slots) or open loop (arrivals at a rate)."""
+    if point.mode == "closed":
+        counter = itertools.count()
+
+        async def worker() -> None:
+            while True:
+                i = next(counter)
+                if i >= total or time.perf_counter() >= deadline:
                     return
-                async with sem:
-                    await one(i, scheduled)
+                await one(i, None)
 
-            t_next = time.perf_counter()
+        n_workers = int(min(point.concurrency or 1, total))
+        await asyncio.gather(*(worker() for _ in range(n_workers)))
+    else:
+        rate = point.request_rate or math.inf
+        rng = np.random.default_rng(load.seed + 7919 * point.index)
+        sem = asyncio.Semaphore(point.concurrency) if point.concurrency else None
+        tasks: list[asyncio.Task[None]] = []
+
+        async def capped(i: int, scheduled: float) -> None:
+            if sem is None:
+                await one(i, scheduled)
+                return
+            async with sem:
+                await one(i, scheduled)
+
+        t_next = time.perf_counter()
+        try:
             for i in itertools.count():
                 if i >= total or t_next >= deadline:
                     break
@@ -211,13 +265,9 @@ async def _point(
                     # gamma(shape=k, scale=1/(rate*k)) has mean 1/rate; k=1 is Poisson, k<1 burstier
                     t_next += float(rng.gamma(load.burstiness, 1.0 / (rate * load.burstiness)))
             await asyncio.gather(*tasks)
-        await lag.stop()
-
-    wall_s = time.perf_counter() - t_start
-    cpu1 = proc.cpu_times()
-    cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
-    health = _health(point, load, wall_s, cpu_s, lag.lags_ms, send_lags_ms, sent_times)
-    return PointResult(records, health)
+        finally:  # cancelled (a hang, an interrupt): no request outlives the level
+            for t in tasks:
+                t.cancel()
 
 
 def _health(point: LoadPoint, load: LoadSpec, wall_s: float, cpu_s: float, lags_ms: list[float],
@@ -279,8 +329,15 @@ def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | 
             closed = LoadPoint(pt.index, pt.label, "closed", pt.concurrency or 1, None)
             with nvtx_range(f"warmup:{pt.label}"):
                 res = run_coro(partial(_point, url, load.endpoint, model, warm, closed, load, "warmup", headers,
-                                       ids, None, n_warm))
+                                       ids, None, n_warm, hang_limit_s("warmup", override=load.hang_s)))
             rows += [_row(r, pt, warm) for r in res.records]
+            gaps = [g for r in res.records for g in r.itl_ms]
+            warm_itl_p99 = float(np.percentile(gaps, 99)) if gaps else float("nan")
+            warm_stats = {"warmup_max_silence_s": res.health.get("max_silence_s", float("nan")),
+                          "warmup_e2e_ms_max": max((r.e2e_ms for r in res.records if r.e2e_ms is not None),
+                                                   default=float("nan"))}
+        else:
+            warm_itl_p99, warm_stats = float("nan"), {}
         count = None if load.duration_s else load.num_requests
         total = count if count is not None else None
         unit = "req" if count is not None else "req (timed)"
@@ -290,11 +347,11 @@ def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | 
         try:
             with nvtx_range(pt.label):
                 res = run_coro(partial(_point, url, load.endpoint, model, prompts, pt, load, "measure", headers, ids,
-                                       bar, count))
+                                       bar, count, hang_limit_s("measure", warm_itl_p99, load.hang_s)))
         finally:
             bar.close()
         rows += [_row(r, pt, prompts) for r in res.records]
-        health.append({"point": pt.label, **res.health})
+        health.append({"point": pt.label, **res.health, **warm_stats})
         tell("idle")
         if on_level is not None:
             on_level(pt.label, pd.DataFrame(rows[first_row:]), health[-1])
