@@ -56,6 +56,8 @@ class StubAdapter(EngineAdapter):
         if extra_env.get("STUB_DIE_AFTER"):  # "N:FILE": kill -9 itself after N requests while FILE exists
             n, _, path = extra_env["STUB_DIE_AFTER"].partition(":")
             flags += ["--die-after", n, "--die-if-file", path]
+        if extra_env.get("STUB_STOP_AFTER"):  # SIGSTOP itself after N requests
+            flags += ["--stop-after", extra_env["STUB_STOP_AFTER"]]
         if extra_env.get("STUB_STALL"):  # "N:FILE": answers nothing after N requests while FILE exists
             n, _, path = extra_env["STUB_STALL"].partition(":")
             flags += ["--stall-after", n, "--stall-if-file", path]

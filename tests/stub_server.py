@@ -56,6 +56,8 @@ def build_app(a: argparse.Namespace, worker: subprocess.Popen | None = None) -> 
             os.kill(os.getpid(), signal.SIGKILL)  # kill -9 of the server mid-load
         if a.fail_every and counter["n"] % a.fail_every == 0:
             return web.json_response({"error": {"message": "stub failure"}}, status=500)
+        if getattr(a, "stop_after", 0) and counter["n"] == a.stop_after + 1:
+            os.kill(os.getpid(), signal.SIGSTOP)  # kill -STOP of the server mid-load
         stall = getattr(a, "stall_if_file", "")
         while stall and counter["n"] > getattr(a, "stall_after", 0) and os.path.exists(stall):  # a hung server
             await asyncio.sleep(0.2)
@@ -155,6 +157,7 @@ def main() -> None:
     p.add_argument("--child-sigill-at", type=int, default=0,
                    help="run a worker child that dies from SIGILL at the Nth completion request (1 = the readiness check)")
     p.add_argument("--die-after", type=int, default=0, help="SIGKILL itself at the completion request after the Nth")
+    p.add_argument("--stop-after", type=int, default=0, help="SIGSTOP itself at the request after the Nth")
     p.add_argument("--stall-if-file", default="", help="answer nothing while this file exists (a hung server)")
     p.add_argument("--stall-after", type=int, default=0, help="... from the request after the Nth on")
     p.add_argument("--die-if-file", default="", help="only while this file exists (so a rerun of the same point lives)")

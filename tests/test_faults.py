@@ -342,3 +342,47 @@ def test_hang_limit_scales_with_the_engine_step():
     assert hang_limit_s("measure") == HANG_S == 30.0 and hang_limit_s("warmup") == HANG_WARMUP_S
     assert hang_limit_s("measure", warmup_itl_ms_p99=2000.0) == 100.0  # 50 steps of a 2 s step
     assert hang_limit_s("measure", 2000.0, override=5.0) == 5.0 and hang_limit_s("warmup", override=5.0) == 5.0
+
+
+def test_a_sigstopped_server_is_hung_and_still_torn_down_quickly(tmp_path, stub_engine):
+    """kill -STOP of the server mid-load (the issue's 60 s stop): declared hung at the limit, and teardown continues
+    it (SIGCONT) so SIGTERM ends it without waiting out the kill grace."""
+    import time
+
+    engine = EngineSpec(**{**stub_engine, "env": {"STUB_STOP_AFTER": "9"}})
+    load = LOAD.model_copy(update={"hang_s": 2.0})
+    t0 = time.monotonic()
+    res = measure(engine, MODEL, [Config("a", Knobs())], load, repetitions=1, store=Store(tmp_path / "s"),
+                  say=lambda m: None)
+    assert time.monotonic() - t0 < 12  # 2 s to call it hung; teardown without the 15 s SIGKILL grace
+    (err,) = res.errors.itertuples()
+    assert err.error_type == "HungError" and "c=4: no token for" in err.summary
+    assert _stub_processes() == []
+
+
+def test_disk_full_while_writing_a_point_keeps_finished_levels(tmp_path, stub_engine, monkeypatch):
+    """ENOSPC while the point's tables are written: the point fails with the OS's reason, the server is gone, the
+    levels written before are intact, and the rerun resumes."""
+    import errno
+
+    from servescope.store import PointWriter
+
+    real = PointWriter.put_table
+
+    def full(self, name, df):
+        if name == "requests":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, name, df)
+
+    monkeypatch.setattr(PointWriter, "put_table", full)
+    store = Store(tmp_path / "s")
+    res = measure(EngineSpec(**stub_engine), MODEL, [Config("a", Knobs())], LOAD, repetitions=1, store=store,
+                  say=lambda m: None)
+    (err,) = res.errors.itertuples()
+    assert "No space left on device" in err.summary and not store.has(err.key)
+    assert list(store.finished_levels(err.key)) == ["c=1", "c=4"] and _stub_processes() == []
+    monkeypatch.setattr(PointWriter, "put_table", real)
+    said: list[str] = []
+    again = measure(EngineSpec(**stub_engine), MODEL, [Config("a", Knobs())], LOAD, repetitions=1, store=store,
+                    say=said.append)
+    assert again.errors.empty and any("resuming: levels c=1, c=4" in m for m in said)

@@ -34,6 +34,7 @@ def main() -> None:
         time.sleep(0.5)
     try:
         os.killpg(pgid, signal.SIGTERM)
+        os.killpg(pgid, signal.SIGCONT)  # a stopped server acts on TERM only once continued
     except ProcessLookupError:
         return
     deadline = time.monotonic() + grace_s

@@ -39,11 +39,15 @@ def _cmd_run(a: argparse.Namespace) -> int:
     partial = [r for r in done.runs if r.status == "partial"]
     for r in bad + partial:
         print(f"servescope: {r.id}: {r.status}" + (f" — {r.first_error}" if r.first_error else ""), file=sys.stderr)
-    if bad:
+    if bad or partial:
         hint = "" if a.tolerate_failures else " (exit 1; --tolerate-failures exits 0)"
-        print(f"servescope: {len(bad)} of {len(done.runs)} notebooks failed or measured nothing{hint}; "
-              "`make doctor` checks this machine end to end", file=sys.stderr)
-    return 1 if bad and not a.tolerate_failures else 0
+        what = []
+        if bad:
+            what.append(f"{len(bad)} of {len(done.runs)} notebooks failed or measured nothing")
+        if partial:
+            what.append(f"{len(partial)} answered with some points failed")
+        print(f"servescope: {'; '.join(what)}{hint}; `make doctor` checks this machine end to end", file=sys.stderr)
+    return 1 if (bad or partial) and not a.tolerate_failures else 0
 
 
 def _cmd_doctor(a: argparse.Namespace) -> int:
@@ -260,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--store-dir", help="default: <project>/data/runs")
     r.add_argument("--run-id", help="default: <timestamp>-<suite name>")
     r.add_argument("--tolerate-failures", action="store_true",
-                   help="exit 0 even when a notebook failed or measured nothing (default: exit 1)")
+                   help="exit 0 even when a notebook failed, measured nothing, or lost some points (default: exit 1)")
     r.add_argument("--quiet", action="store_true", help="do not stream the notebooks' progress lines")
     r.set_defaults(fn=_cmd_run)
 

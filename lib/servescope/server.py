@@ -339,6 +339,7 @@ class ManagedServer:
         pgid = proc.pid  # start_new_session made the server its group's leader
         tree = _tree_and_group(proc.pid, pgid)
         self._signal_all(pgid, tree, signal.SIGTERM)
+        self._signal_all(pgid, tree, signal.SIGCONT)  # a stopped (SIGSTOP) process only acts on TERM once continued
         alive = _wait_gone(proc, tree, self.term_grace_s)
         if alive:
             log.warning("%d server processes alive %.0f s after SIGTERM; sending SIGKILL", len(alive), self.term_grace_s)
