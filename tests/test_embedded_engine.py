@@ -212,3 +212,36 @@ def test_vllm_graph_counts_parse_the_table_vllm_itself_logs():
     text = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout
     counts = get_engine("vllm").graph_counts(text).set_index("mode")["batches"].to_dict()
     assert counts == {"FULL": 9, "PIECEWISE": 2, "NONE": 1}
+
+
+def test_real_server_killed_mid_load_keeps_its_finished_level_and_resumes(tmp_path):
+    """The fault matrix's crash row on the real engine: vLLM's server tree is killed (SIGKILL to every process) as
+    soon as c=1 is written; the point fails with the death named, c=1 stays on disk, no vLLM process is left, and
+    the rerun measures c=4 alone and completes the point."""
+    import signal
+
+    from servescope.experiment import Config, measure
+    from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
+    from servescope.store import Store
+
+    def kill_vllm(msg: str) -> None:
+        if "level c=1 written" in msg:
+            for p in psutil.process_iter(["cmdline"]):
+                if any("vllm.entrypoints" in c for c in p.info["cmdline"] or []):
+                    p.send_signal(signal.SIGKILL)
+
+    load = LoadSpec(concurrency=(1, 4), num_requests=8, input_len=16, output_len=64, warmup_requests=1)
+    store = Store(tmp_path / "store")
+    cfg = [Config("defaults", Knobs())]
+    res = measure(EngineSpec(name="vllm"), ModelSpec(tiny={}), cfg, load, repetitions=1, store=store, say=kill_vllm)
+    (err,) = res.errors.itertuples()
+    assert err.error_type in ("ServerDiedError", "LevelFailedError"), err.summary
+    assert list(store.finished_levels(err.key)) == ["c=1"] and not store.has(err.key)
+    assert _vllm_processes() == []
+    said: list[str] = []
+    again = measure(EngineSpec(name="vllm"), ModelSpec(tiny={}), cfg, load, repetitions=1, store=store,
+                    say=said.append)
+    assert again.errors.empty, again.errors
+    assert any("resuming: levels c=1" in m for m in said)
+    assert store.get(err.key).manifest["levels"] == {"resumed": ["c=1"], "measured_now": ["c=4"]}
+    assert (again.summary["completed"] == 8).all() and _vllm_processes() == []
