@@ -19,7 +19,7 @@ help:
 	@echo "make test-fast  the tests that need no engine"
 	@echo "make lint       ruff over lib/ and tests/ (part of make test)"
 	@echo "make lab        JupyterLab on notebooks/ with the suite's kernel"
-	@echo "make bench-client     our streaming client vs vLLM's benchmark client on a zero-work stub"
+	@echo "make bench-client     our streaming client vs vLLM's benchmark client and NVIDIA AIPerf on a zero-work stub"
 	@echo "make bench-agreement  our client vs vLLM's benchmark client measuring the embedded vLLM"
 	@echo "make bench-telemetry  CPU cost of NVML sampling at 10 and 100 Hz (fake NVML without a GPU)"
 	@echo "make bench-trace      parse a 1,000,000-kernel nsys sqlite timeline into the kernel table"

@@ -1,9 +1,10 @@
 """make bench-client: how many streamed requests per second each client can drive.
 
-Our client and vLLM's own benchmark client (`vllm bench serve`, run from the engine environment) hit the same
-zero-work streaming stub with the same workload, in alternating repetitions. The stub answers at once, so the
-figure is each client's own capacity. Last line:
-  client_capacity: ours_req_s=N vllm_req_s=N ratio=R
+Our client, vLLM's own benchmark client (`vllm bench serve`, run from the engine environment) and NVIDIA AIPerf
+(0.13, in its own environment in the per-user cache; its default worker processes, pinned to the same CPU as
+vLLM's client) hit the same zero-work streaming stub with the same workload, in rotating order. The stub answers at
+once, so the figure is each client's own capacity. Last line:
+  client_capacity: ours_req_s=N vllm_req_s=N aiperf_req_s=N ratio=R ratio_aiperf=R
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import statistics
 import sys
 
-from common import ROOT, engine_python, run_vllm_bench, tiny_model
+from common import ROOT, aiperf_python, engine_python, run_aiperf, run_vllm_bench, tiny_model
 
 from servescope.load import load_tokenizer, random_prompts, run_level
 from servescope.server import ManagedServer, ReadyCheck, free_port
@@ -38,6 +39,7 @@ def main() -> int:
     a = ap.parse_args()
 
     python = engine_python()
+    aiperf = aiperf_python()
     model = tiny_model(python)
     tok = load_tokenizer(model)
     prompts = random_prompts(tok, a.requests, 64, a.tokens, seed=0)
@@ -49,13 +51,17 @@ def main() -> int:
     print(f"workload: {a.requests} requests x {a.tokens} streamed chunks, closed loop at concurrency "
           f"{a.concurrency}, zero-work stub (uvloop) on 127.0.0.1:{port}; {a.reps} alternating repetitions")
     print(f"{'rep':>3} {'client':8} {'req/s':>9} {'chunks/s':>10} {'errors':>6}")
-    res: dict[str, list[tuple[float, float]]] = {"ours": [], "vllm": []}
+    res: dict[str, list[tuple[float, float]]] = {"ours": [], "vllm": [], "aiperf": []}
+    clients = ["ours", "vllm", "aiperf"]
     with stub:
         for rep in range(a.reps):
-            order = ["ours", "vllm"] if rep % 2 == 0 else ["vllm", "ours"]
+            order = clients[rep % 3:] + clients[:rep % 3]  # each client first once in three repetitions
             for who in order:
                 if who == "ours":
                     rq, ch, err = ours(stub.base_url, prompts, a.concurrency)
+                elif who == "aiperf":
+                    out = run_aiperf(aiperf, stub.base_url, "stub", model, a.requests, a.concurrency, 64, a.tokens)
+                    rq, ch, err = out["request_throughput"], out["output_throughput"], int(out["failed"])
                 else:
                     out = run_vllm_bench(python, stub.base_url, "stub", model, a.requests, a.concurrency, 64, a.tokens)
                     rq, ch, err = out["request_throughput"], out["output_throughput"], int(out.get("failed", 0))
@@ -65,7 +71,11 @@ def main() -> int:
     for k, (rq, ch) in med.items():
         print(f"median {k:8} {rq:>9.0f} {ch:>10.0f}")
     ratio = med["ours"][0] / med["vllm"][0]
-    print(f"client_capacity: ours_req_s={med['ours'][0]:.0f} vllm_req_s={med['vllm'][0]:.0f} ratio={ratio:.2f}")
+    ratio_ai = med["ours"][0] / med["aiperf"][0]
+    ok = ratio >= 2.0 and ratio_ai >= 1.0
+    print(f"goals (ratio >= 2.0 against vLLM's client, >= 1.0 against AIPerf): {'met' if ok else 'NOT met'}")
+    print(f"client_capacity: ours_req_s={med['ours'][0]:.0f} vllm_req_s={med['vllm'][0]:.0f} "
+          f"aiperf_req_s={med['aiperf'][0]:.0f} ratio={ratio:.2f} ratio_aiperf={ratio_ai:.2f}")
     return 0
 
 

@@ -89,3 +89,39 @@ def serve_embedded(log_dir: Path, eager: bool = False):
     prep = prepare(EngineSpec(), ModelSpec(tiny=TinyModelSpec()), say=lambda m: print(m, flush=True))
     knobs = Knobs(torch_compile=False, cuda_graph="off") if eager else Knobs()
     return prep, serve(prep, knobs, log_dir)
+
+
+AIPERF = "0.13.0"
+
+
+def aiperf_python() -> str:
+    """NVIDIA AIPerf in its own environment in the per-user cache (created if missing), like an engine's."""
+    from servescope.engines.envs import EngineEnvSpec
+
+    spec = EngineEnvSpec(key=f"aiperf-{AIPERF}", requirements=(f"aiperf=={AIPERF}",), import_check="import aiperf")
+    return str(ensure_engine_env(spec, print))
+
+
+def run_aiperf(python: str, base_url: str, model: str, tokenizer: Path, num_prompts: int, concurrency: int,
+               input_len: int, output_len: int) -> dict[str, Any]:
+    """Run `aiperf profile` once (streaming completions, closed loop), pinned like vLLM's client; return its
+    figures: request_throughput, output_throughput, failed, and its own CPU seconds."""
+    aiperf = str(Path(python).with_name("aiperf"))
+    with tempfile.TemporaryDirectory() as d:
+        args = ["profile", "-m", model, "--url", base_url, "--endpoint-type", "completions", "--streaming",
+                "--concurrency", str(concurrency), "--request-count", str(num_prompts), "--tokenizer", str(tokenizer),
+                "--isl", str(input_len), "--osl", str(output_len), "--extra-inputs", "ignore_eos:true",
+                "--output-artifact-dir", d, "--ui-type", "none", "--no-gpu-telemetry", "--no-server-metrics"]
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        # not HF_HUB_OFFLINE: with it, AIPerf 0.13 takes a local tokenizer folder for a hub id and fails
+        env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+        res = subprocess.run([*pin_prefix(), aiperf, *args], capture_output=True, text=True,
+                             env={**env, "COLUMNS": "200"})
+        if res.returncode != 0:
+            raise RuntimeError(f"aiperf profile failed ({res.returncode}):\n{(res.stdout + res.stderr)[-3000:]}")
+        out = json.loads((Path(d) / "profile_export_aiperf.json").read_text())
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    errors = sum(int(e.get("count", 0)) for e in out.get("error_summary") or [] if isinstance(e, dict))
+    return {"request_throughput": out["request_throughput"]["avg"],
+            "output_throughput": out["output_token_throughput"]["avg"], "failed": errors,
+            "_cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)}
