@@ -249,3 +249,24 @@ def test_two_thousand_concurrent_streams(stub):
     assert len(df) == 2000 and (df["status"] == "ok").all(), df["error"].value_counts().head()
     start, end = df["start_unix"].to_numpy(), (df["start_unix"] + df["e2e_ms"] / 1e3).to_numpy()
     assert ((start <= np.median(end)) & (end > np.median(start))).sum() > 1000  # really concurrent
+
+
+def test_a_thousand_requests_per_second_open_loop_without_client_errors(tmp_path):
+    """Open loop at 1,000 requests/s (Poisson) for 3 s against the zero-work stub: every request completes, the
+    client keeps the rate (within 5%), and it does not call itself the limit."""
+    import sys
+    from pathlib import Path
+
+    from servescope.server import ManagedServer, ReadyCheck, free_port
+
+    port = free_port()
+    zero = Path(__file__).resolve().parents[1] / "benchmarks" / "zero_stub.py"
+    stub = ManagedServer(command=[sys.executable, str(zero), "--port", str(port), "--tokens", "8"], port=port,
+                         log_dir=tmp_path, model="stub", ready=ReadyCheck(generate_path=None, poll_interval_s=0.1))
+    load = LoadSpec(mode="open", request_rate=(1000.0,), num_requests=3000, output_len=8, warmup_requests=0)
+    with stub:
+        res = run_sweep(stub.base_url, "stub", load, None, progress=False)
+    df, h = res.requests, res.health.iloc[0]
+    assert len(df) == 3000 and (df["status"] == "ok").all(), df["error"].value_counts().head()
+    assert h["achieved_rate"] >= 950, h.to_dict()
+    assert not h["client_limited"], h["client_warning"]
