@@ -245,3 +245,31 @@ def test_real_server_killed_mid_load_keeps_its_finished_level_and_resumes(tmp_pa
     assert any("resuming: levels c=1" in m for m in said)
     assert store.get(err.key).manifest["levels"] == {"resumed": ["c=1"], "measured_now": ["c=4"]}
     assert (again.summary["completed"] == 8).all() and _vllm_processes() == []
+
+
+def test_real_server_stopped_mid_load_is_declared_hung_and_torn_down(tmp_path):
+    """The hang row on the real engine: vLLM's processes are stopped (SIGSTOP) once c=1 is written; within the
+    hang limit the level is declared hung with the server's log, and teardown (SIGCONT with SIGTERM) leaves no
+    vLLM process."""
+    import signal
+    import time
+
+    from servescope.experiment import Config, measure
+    from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
+    from servescope.store import Store
+
+    def stop_vllm(msg: str) -> None:
+        if "level c=1 written" in msg:
+            for p in psutil.process_iter(["name", "cmdline"]):
+                if (p.info["name"] or "").startswith("VLLM") or any("vllm.entrypoints" in c
+                                                                     for c in p.info["cmdline"] or []):
+                    p.send_signal(signal.SIGSTOP)
+
+    load = LoadSpec(concurrency=(1, 4), num_requests=8, input_len=16, output_len=64, warmup_requests=1, hang_s=15)
+    t0 = time.monotonic()
+    res = measure(EngineSpec(name="vllm"), ModelSpec(tiny={}), [Config("defaults", Knobs())], load, repetitions=1,
+                  store=Store(tmp_path / "store"), say=stop_vllm)
+    (err,) = res.errors.itertuples()
+    assert err.error_type == "HungError" and "c=4: no token for" in err.summary, err.summary
+    assert "last lines of server" in err.error
+    assert time.monotonic() - t0 < 240 and _vllm_processes() == []
