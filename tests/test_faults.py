@@ -386,3 +386,56 @@ def test_disk_full_while_writing_a_point_keeps_finished_levels(tmp_path, stub_en
     again = measure(EngineSpec(**stub_engine), MODEL, [Config("a", Knobs())], LOAD, repetitions=1, store=store,
                     say=said.append)
     assert again.errors.empty and any("resuming: levels c=1, c=4" in m for m in said)
+
+
+def test_jupyterlab_interrupt_kernel_stops_the_level_and_tears_down(tmp_path):
+    """What JupyterLab's "interrupt kernel" does (jupyter_client's interrupt_kernel on a running cell): the level in
+    flight is cancelled at once, the cell ends in KeyboardInterrupt, the server tree is gone, c=1 is kept."""
+    import queue
+    import time
+    from pathlib import Path
+
+    from jupyter_client import KernelManager
+
+    root = Path(__file__).resolve().parents[1]
+    stall = tmp_path / "stall"
+    stall.write_text("1")
+    code = (f"import sys; sys.path.insert(0, {str(root / 'tests')!r})\n"
+            "import stub_engine\n"
+            "from servescope.experiment import Config, measure\n"
+            "from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec\n"
+            "from servescope.store import Store\n"
+            f"measure(EngineSpec(name='stub', python=sys.executable, env={{'STUB_STALL': '9:{stall}'}}), "
+            "ModelSpec(path='stub'), [Config('a', Knobs())], LoadSpec(concurrency=(1, 4), num_requests=8, "
+            f"output_len=8, warmup_requests=0), repetitions=1, store=Store({str(tmp_path / 'store')!r}), "
+            "say=lambda m: print(m, flush=True))\n")
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        msg_id = kc.execute(code)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                m = kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if m["msg_type"] == "stream" and "level c=1 written" in m["content"]["text"]:
+                break
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=60)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    assert took < 20
+    assert _stub_processes() == []
+    parts = list((tmp_path / "store" / "_partial").iterdir())
+    assert len(parts) == 1 and list(Store(tmp_path / "store").finished_levels(parts[0].name)) == ["c=1"]

@@ -269,3 +269,32 @@ def test_gpm_metrics_are_deltas_between_samples_and_missing_with_a_reason_where_
     assert "Hopper" in s.errors["nvml:gpm"]
     pts = gpu_by_point(df, pd.DataFrame(s.static)).set_index("gpu")
     assert pts.loc[0, "sm_active_pct_p50"] == 42.0 and np.isnan(pts.loc[1, "sm_active_pct_p50"])
+
+
+def test_frames_can_be_read_while_the_samplers_run():
+    """Each level's telemetry is written as the level ends, with the samplers still appending: frames() must
+    snapshot the rows (seen in CI without it: 'Length of values (28) does not match length of index (32)'; this
+    stress reproduces it dozens of times in 200 reads)."""
+    import threading
+
+    tel = Telemetry(gpu=False)
+    h = tel.samplers["host"]
+    row = {"time_unix": 1.0, "phase": "c=1", "pid": 1, "name": "n", "cpu_pct": 1.0, "rss_mib": 2.0}
+    stop = threading.Event()
+
+    def grow() -> None:
+        for n in range(200_000):
+            if stop.is_set():
+                return
+            h.proc_rows.append(dict(row))
+            if n % 50 == 0:
+                time.sleep(0)
+
+    t = threading.Thread(target=grow)
+    t.start()
+    try:
+        for _ in range(200):
+            tel.frames()
+    finally:
+        stop.set()
+        t.join()

@@ -165,5 +165,5 @@ class Sampler:
         return self.ticks / span if span > 0 else float("nan")
 
     def frame(self) -> pd.DataFrame:
-        """Everything sampled so far, one row per reading."""
-        return pd.DataFrame(self.rows)
+        """Everything sampled so far, one row per reading (a snapshot: the sampler may still be appending)."""
+        return pd.DataFrame(list(self.rows))

@@ -83,8 +83,9 @@ class Telemetry:
         h = self.samplers["host"]
         assert isinstance(h, HostSampler)
         out["host_cpu"] = h.frame()
-        out["server_procs"] = pd.DataFrame(h.proc_rows)
-        out["server_threads"] = pd.DataFrame(h.thread_rows)
+        # list() snapshots the rows at once: frames() is also read while the samplers run (each level as it ends)
+        out["server_procs"] = pd.DataFrame(list(h.proc_rows))
+        out["server_threads"] = pd.DataFrame(list(h.thread_rows))
         for name in ("server_metrics", "dcgm"):
             s = self.samplers.get(name)
             out[name] = s.frame() if s else pd.DataFrame()
