@@ -273,3 +273,18 @@ def test_real_server_stopped_mid_load_is_declared_hung_and_torn_down(tmp_path):
     assert err.error_type == "HungError" and "c=4: no token for" in err.summary, err.summary
     assert "last lines of server" in err.error
     assert time.monotonic() - t0 < 240 and _vllm_processes() == []
+
+
+def test_moe_ceiling_probe_runs_on_the_engines_torch():
+    """The thread-6 ceiling probe in the engine's own environment (CPU torch here: the padded-bmm grouped form):
+    every token count gets both timings, the loop launches per active expert and the grouped form a fixed few."""
+    from servescope.engines import get_engine
+    from servescope.engines.envs import ensure_engine_env
+    from servescope.probes import moe_ceiling
+
+    python = str(ensure_engine_env(get_engine("vllm").managed_env(None)))
+    table, info = moe_ceiling(python, experts=16, top_k=4, hidden=128, inter=64, tokens=[1, 16], reps=5)
+    assert info["grouped_method"] == "padded bmm over the active experts" and info["torch"].startswith("2.")
+    assert table["tokens"].tolist() == [1, 16] and (table["loop_ms"] > 0).all() and (table["grouped_ms"] > 0).all()
+    assert table.loc[0, "experts_active"] == 4 and table.loc[0, "launches_loop"] == 16
+    assert (table["launches_grouped"] == 4).all()
