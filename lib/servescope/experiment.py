@@ -26,6 +26,7 @@ from .load.metrics import rejudge
 from .load.runner import LoadResult
 from .models import model_info
 from .profile import window as profiling
+from .server import tail_lines
 from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec
 from .store import Store
 from .telemetry import Telemetry
@@ -317,18 +318,16 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
             levels = store.level_tables(key)
             w.manifest["levels"] = {"resumed": list(done), "measured_now": [p.label for p in load.points()
                                                                             if p.label not in done]}
-            for name, frames in levels.items():
-                if name.startswith("telemetry_"):
-                    w.put_table(name, pd.concat(frames, ignore_index=True))
+            tele = {n: list(f) for n, f in levels.items() if n.startswith("telemetry_")}
             if tel is not None:  # what fell outside the levels (idle, the profiled window) from this attempt
                 for name, frame in tel.frames().items():
                     rest = frame[~frame["phase"].isin(_level_phases(load))] if "phase" in frame else frame
                     if not rest.empty:
-                        have = levels.get(f"telemetry_{name}", [])
-                        w.put_table(f"telemetry_{name}", pd.concat([*have, rest], ignore_index=True))
-            result = LoadResult(pd.concat(levels.get("requests", []), ignore_index=True) if levels.get("requests")
-                                else pd.DataFrame(), pd.concat(levels.get("health", []), ignore_index=True)
-                                if levels.get("health") else pd.DataFrame())
+                        tele.setdefault(f"telemetry_{name}", []).append(rest)
+            for name, frames in tele.items():
+                w.put_table(name, pd.concat(frames, ignore_index=True))
+            cat = lambda n: pd.concat(levels[n], ignore_index=True) if levels.get(n) else pd.DataFrame()  # noqa: E731
+            result = LoadResult(cat("requests"), cat("health"))
             w.put_table("requests", result.requests)
             w.put_table("health", result.health)
             summ = result.summary(load.slo_ms)
@@ -356,11 +355,9 @@ def hang_evidence(target: Any, lines: int = 20) -> str:
     process of its tree (else why there is none)."""
     out = []
     for name in ("server.stderr.log", "server.stdout.log"):
-        p = Path(target.log_dir or ".") / name
-        if p.is_file():
-            tail = p.read_text(errors="replace").splitlines()[-lines:]
-            if tail:
-                out.append(f"last lines of {name}:\n" + "\n".join(tail))
+        tail = tail_lines(Path(target.log_dir or ".") / name, lines)
+        if tail:
+            out.append(f"last lines of {name}:\n" + "\n".join(tail))
     spy = shutil.which("py-spy")
     if not spy:
         out.append("no stack dump: py-spy is not installed (pip install py-spy)")

@@ -103,6 +103,11 @@ def free_port(host: str = "127.0.0.1") -> int:
                 return port
 
 
+def tail_lines(path: Path, lines: int) -> list[str]:
+    """The last lines of a log file ([] when it does not exist)."""
+    return path.read_text(errors="replace").splitlines()[-lines:] if path.is_file() else []
+
+
 @dataclass(frozen=True)
 class ReadyCheck:
     """What 'ready' means: health answers, the model is listed, and one real token comes back."""
@@ -219,10 +224,9 @@ class ManagedServer:
         """Last lines of the server's stdout then stderr."""
         parts = []
         for p in (self.stdout_path, self.stderr_path):
-            if p.exists():
-                text = p.read_text(errors="replace").splitlines()[-lines:]
-                if text:
-                    parts.append(f"[{p.name}]\n" + "\n".join(text))
+            text = tail_lines(p, lines)
+            if text:
+                parts.append(f"[{p.name}]\n" + "\n".join(text))
         return "\n".join(parts)
 
     # -- launch -------------------------------------------------------------------------------

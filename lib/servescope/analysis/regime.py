@@ -372,11 +372,6 @@ def regime_table(verdicts: list[tuple[dict[str, Any], Regime]], per_rep: bool = 
     return out.reset_index(drop=True)
 
 
-def thresholds_dict(th: RegimeThresholds = RegimeThresholds()) -> dict[str, float]:
-    """The thresholds as a plain dict."""
-    return asdict(th)
-
-
 __all__ = ["ACTIONS", "Evidence", "REGIMES", "Regime", "RegimeThresholds", "decide", "point_evidence",
            "regime_table", "trace_evidence", "trace_regime"]
 

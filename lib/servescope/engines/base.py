@@ -58,23 +58,14 @@ def visible_devices(platform: str, env: dict[str, str]) -> tuple[int | None, str
         return len(os.sched_getaffinity(0)), "CPU cores"
     if platform != "cuda":
         return None, "devices"
-    from ..telemetry.nvml import Nvml, NvmlUnavailable, visible_nvml_indices
+    from ..telemetry.nvml import Nvml, NvmlUnavailable
 
     try:
-        n = Nvml()
+        n = Nvml(cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
     except NvmlUnavailable as e:
-        if "hides them" in str(e) or "no NVIDIA GPU visible" in str(e):
-            return 0, "GPUs"
-        return None, "GPUs"
-    try:
-        import pynvml
-
-        count = pynvml.nvmlDeviceGetCount()
-        uuids = [str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
-        cvd = env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-        return len(visible_nvml_indices(count, uuids, cvd)), "GPUs"
-    finally:
-        n.close()
+        return (0, "GPUs") if "no NVIDIA GPU visible" in str(e) else (None, "GPUs")
+    n.close()
+    return len(n.indices), "GPUs"
 
 
 class EngineAdapter(ABC):

@@ -79,9 +79,10 @@ def visible_nvml_indices(count: int, uuids: list[str], env: str | None = None) -
 
 
 class Nvml:
-    """An initialised NVML session over the chosen GPUs."""
+    """An initialised NVML session over the chosen GPUs (default: those CUDA_VISIBLE_DEVICES, or the value given
+    for it, selects)."""
 
-    def __init__(self, indices: list[int] | None = None) -> None:
+    def __init__(self, indices: list[int] | None = None, cuda_visible_devices: str | None = None) -> None:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as e:
@@ -95,7 +96,7 @@ class Nvml:
         except pynvml.NVMLError as e:
             pynvml.nvmlShutdown()
             raise NvmlUnavailable(f"NVML could not list GPUs: {e}") from None
-        chosen = indices if indices is not None else visible_nvml_indices(count, uuids)
+        chosen = indices if indices is not None else visible_nvml_indices(count, uuids, cuda_visible_devices)
         bad = [i for i in chosen if not 0 <= i < count]
         if bad:
             pynvml.nvmlShutdown()
