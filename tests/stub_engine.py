@@ -61,6 +61,8 @@ class StubAdapter(EngineAdapter):
         if extra_env.get("STUB_STALL"):  # "N:FILE": answers nothing after N requests while FILE exists
             n, _, path = extra_env["STUB_STALL"].partition(":")
             flags += ["--stall-after", n, "--stall-if-file", path]
+        if extra_env.get("STUB_SLOW_CORE"):  # a replica pinned to this core serves 4x slower
+            flags += ["--slow-on-core", extra_env["STUB_SLOW_CORE"]]
         if extra_env.get("STUB_FAIL_EVERY"):
             flags += ["--fail-every", extra_env["STUB_FAIL_EVERY"]]
         mode = extra_env.get("STUB_STATE", "")

@@ -161,7 +161,13 @@ def main() -> None:
     p.add_argument("--stall-if-file", default="", help="answer nothing while this file exists (a hung server)")
     p.add_argument("--stall-after", type=int, default=0, help="... from the request after the Nth on")
     p.add_argument("--die-if-file", default="", help="only while this file exists (so a rerun of the same point lives)")
+    p.add_argument("--slow-on-core", type=int, default=-1,
+                   help="when pinned to exactly this core (a replica's share), answer 4x slower: an uneven replica")
     a = p.parse_args()
+    if a.slow_on_core >= 0 and os.sched_getaffinity(0) == {a.slow_on_core}:
+        a.itl_ms *= 4
+        a.ttft_ms = a.ttft_ms * 4 or 2.0
+        print(f"stub: pinned to core {a.slow_on_core}: slow", flush=True)
     if a.mode == "exit":
         print("stub: fatal configuration error, exiting", file=sys.stderr, flush=True)
         sys.exit(3)

@@ -288,3 +288,23 @@ def test_moe_ceiling_probe_runs_on_the_engines_torch():
     assert table["tokens"].tolist() == [1, 16] and (table["loop_ms"] > 0).all() and (table["grouped_ms"] > 0).all()
     assert table.loc[0, "experts_active"] == 4 and table.loc[0, "launches_loop"] == 16
     assert (table["launches_grouped"] == 4).all()
+
+
+def test_allreduce_probe_over_two_cpu_processes_and_tp_cost():
+    """gloo over two processes of this interpreter: real all-reduces of growing messages, and TP's cost per layer
+    interpolated from them."""
+    from servescope import probes
+    from servescope.engines import get_engine
+    from servescope.engines.envs import ensure_engine_env
+
+    python = str(ensure_engine_env(get_engine("vllm").managed_env(None)))
+    table, info = probes.allreduce(python, 2, "gloo", sizes=(4096, 65536, 1048576), dtype="float32", reps=5)
+    assert info["backend"] == "gloo" and info["world"] == 2
+    assert table["bytes"].tolist() == [4096, 65536, 1048576] and (table["ms_p50"] > 0).all()
+    tp = probes.tp_comm(table, hidden=1024, layers=10, tokens=[1, 16, 4096], tp=2, dtype_bytes=4)
+    assert tp["message_bytes"].tolist() == [4096, 65536, 16777216]
+    assert tp["per_layer_ms"].iloc[0] == pytest.approx(2 * table["ms_p50"].iloc[0])
+    assert tp["per_step_ms"].iloc[1] == pytest.approx(20 * table["ms_p50"].iloc[1])
+    import pandas as pd
+
+    assert pd.isna(tp["all_reduce_ms"].iloc[2])  # beyond the largest size probed: not extrapolated

@@ -262,7 +262,8 @@ def _telemetry_for(spec: TelemetrySpec, target: Any) -> Telemetry | None:
     if not spec.enabled:
         return None
     return Telemetry(gpu=spec.gpu, gpu_indices=list(spec.gpu_indices) if spec.gpu_indices else None,
-                     gpu_hz=spec.gpu_hz, host_hz=spec.host_hz, server_pid=target.pid,
+                     gpu_hz=spec.gpu_hz, host_hz=spec.host_hz,
+                     server_pid=target.pids if len(target.pids) > 1 else target.pid,
                      metrics_url=target.metrics_url if spec.server_metrics else None, metrics_hz=spec.metrics_hz,
                      dcgm_url=spec.dcgm_url)
 
@@ -290,7 +291,9 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
         with serve(prep, knobs, w.dir, prefix=armed.prefix if armed else None, extra_env=armed.env if armed else None,
                    term_grace_s=armed.term_grace_s if armed else 15.0) as target:
             points = ", ".join(p.label for p in load.points())
-            say(f"{tag}: ready in {time.monotonic() - t0:.0f} s; load {points}")
+            say(f"{tag}: ready in {time.monotonic() - t0:.0f} s; load {points}"
+                + (f"; {len(target.replicas)} replicas ({'; '.join(r.placement for r in target.replicas)}), "
+                   f"route {cfg.knobs.route or 'round_robin'}" if target.replicas else ""))
             w.manifest["target"] = target.describe()
             # the engine-neutral record, for people reading the store (studies re-read the evidence files)
             log = "\n".join(p.read_text(errors="replace") for p in (w.dir / "server.stdout.log", w.dir /
@@ -302,9 +305,9 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
             on_level = _level_writer(store, key, tel, target, w, tag, say)
             try:
                 try:
-                    result = run_sweep(target.base_url, target.model, load, tokenizer, target.api_key, progress,
+                    result = run_sweep(target.base_urls, target.model, load, tokenizer, target.api_key, progress,
                                        f"{cfg.name} ", on_phase=tel.set_phase if tel else None, skip=set(done),
-                                       on_level=on_level)
+                                       on_level=on_level, route=cfg.knobs.route or "round_robin")
                 except HungError as e:  # the server is alive but silent: what it was doing, where it can be read
                     raise HungError(f"{e}\n{hang_evidence(target)}") from None
                 if armed is not None:  # after the measured load, on the same server: the figures stay unprofiled
@@ -381,6 +384,9 @@ def _check_all(prep: Prepared, configs: Sequence[Config]) -> None:
     if not adapter.launches:
         return
     for cfg in configs:
+        if cfg.knobs.replicas > 1 and prep.engine.port:
+            raise SpecError(f"configuration {cfg.name!r}: engine.port pins one port, but it asks for "
+                            f"{cfg.knobs.replicas} replicas: leave engine.port unset (nothing was launched)")
         try:
             adapter.check_knobs(cfg.knobs, prep.install, prep.engine.env, prep.model_path)
         except KnobError as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,12 +50,28 @@ class Target:
     metrics_url: str | None = None
     # raises ServerDiedError when a process of the launched tree has died (None: an external server)
     check_alive: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    placement: str = ""  # where this server runs when it is one replica of several ('replica 1: cores 1')
+    replicas: list[Target] = field(default_factory=list)  # every replica, this one first, when there are several
+
+    @property
+    def base_urls(self) -> list[str]:
+        """Every endpoint of the configuration: the replicas', or this one."""
+        return [r.base_url for r in self.replicas] or [self.base_url]
+
+    @property
+    def pids(self) -> list[int]:
+        """Root processes of every replica's server tree."""
+        return [r.pid for r in (self.replicas or [self]) if r.pid is not None]
 
     def describe(self) -> dict[str, Any]:
         """Manifest-friendly description (no secrets, no bulky resolved config)."""
-        return {"base_url": self.base_url, "model": self.model, "engine": self.engine,
-                "install": self.install.as_dict(), "knobs": self.knobs.model_dump(mode="json"),
-                "flags": self.flags, "command": self.command, "startup": self.startup}
+        d = {"base_url": self.base_url, "model": self.model, "engine": self.engine,
+             "install": self.install.as_dict(), "knobs": self.knobs.model_dump(mode="json"),
+             "flags": self.flags, "command": self.command, "startup": self.startup}
+        if self.replicas:
+            d["replicas"] = [{"replica": i, "base_url": r.base_url, "placement": r.placement, "command": r.command,
+                              "startup": r.startup} for i, r in enumerate(self.replicas)]
+        return d
 
 
 def _api_key(engine: EngineSpec) -> str | None:
@@ -111,7 +128,69 @@ def serve(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None 
     """Launch one configuration and yield its Target; the whole server tree is gone when the block ends.
 
     prefix wraps the command (e.g. `nsys profile ...`); give such a wrapper a long term_grace_s, since it
-    writes its report after the server exits."""
+    writes its report after the server exits. knobs.replicas > 1: that many servers start at once, each pinned to
+    its share of the devices (replica 0 logs into log_dir, replica i into log_dir/replica-i; prefix and extra_env
+    go to replica 0 alone, so a profile is of replica 0), and the Target yielded is replica 0's with all of them in
+    .replicas."""
+    if knobs.replicas > 1 and get_engine(prep.engine.name).launches:
+        with _serve_replicas(prep, knobs, Path(log_dir), prefix, extra_env, term_grace_s) as target:
+            yield target
+        return
+    with _serve_one(prep, knobs, log_dir, prefix, extra_env, term_grace_s) as target:
+        yield target
+
+
+@contextlib.contextmanager
+def _serve_replicas(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None,
+                    extra_env: dict[str, str] | None, term_grace_s: float) -> Iterator[Target]:
+    if prep.engine.port:
+        raise SpecError(f"engine.port pins one port, but knobs ask for {knobs.replicas} replicas: leave port unset")
+    adapter = get_engine(prep.engine.name)
+    places = adapter.placements(knobs, prep.install, prep.engine.env)
+    entered: list[tuple[Any, Target]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def start(pl: Any) -> None:
+        first = pl.replica == 0
+        cm = _serve_one(prep, knobs, log_dir if first else log_dir / f"replica-{pl.replica}",
+                        [*pl.prefix, *((prefix or []) if first else [])],
+                        {**pl.env, **((extra_env or {}) if first else {})}, term_grace_s)
+        try:
+            t = cm.__enter__()
+        except BaseException as e:  # noqa: BLE001 - reported below, after every start has ended
+            with lock:
+                errors.append(e)
+            return
+        t.placement = pl.words()
+        with lock:
+            entered.append((cm, t))
+
+    threads = [threading.Thread(target=start, args=(pl,), daemon=True) for pl in places]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    with contextlib.ExitStack() as stack:
+        for cm, _ in entered:
+            stack.push(cm.__exit__)
+        if errors:
+            raise errors[0]
+        reps = sorted((t for _, t in entered), key=lambda t: int(t.placement.split()[1].rstrip(":")))
+        head = dataclasses.replace(reps[0], replicas=reps)
+
+        def check_alive() -> None:
+            for r in reps:
+                if r.check_alive is not None:
+                    r.check_alive()
+
+        head.check_alive = check_alive
+        yield head
+
+
+@contextlib.contextmanager
+def _serve_one(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None = None,
+               extra_env: dict[str, str] | None = None, term_grace_s: float = 15.0) -> Iterator[Target]:
     engine = prep.engine
     adapter = get_engine(engine.name)
     api_key = _api_key(engine)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .errors import ServescopeError, SpecError
 from .paths import cache_root
@@ -24,6 +25,11 @@ META = "servescope-model.json"
 def tiny_model_dir(spec: TinyModelSpec) -> Path:
     """Cache folder of a tiny model, keyed by the hash of its spec."""
     return cache_root() / "models" / f"tiny-moe-{spec.digest()}"
+
+
+def tiny_model_ready(spec: TinyModelSpec | None) -> bool:
+    """Whether a generated model is already built (nothing to generate)."""
+    return spec is not None and (tiny_model_dir(spec) / META).is_file()
 
 
 def ensure_tiny_model(spec: TinyModelSpec, python: str | os.PathLike[str] | None = None) -> Path:
@@ -88,12 +94,22 @@ def check_model_path(path: str) -> None:
         raise SpecError(f"model.path {path!r}: config.json names neither model_type nor architectures")
 
 
-def is_moe(path: str) -> bool:
-    """Whether a local model folder's config.json describes a mixture of experts (False where it cannot tell)."""
+def model_config(path: str) -> dict[str, Any]:
+    """A local model folder's config.json, the text model's part merged over it for multimodal configs ({} where
+    there is none to read)."""
     try:
         cfg = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError, TypeError):
-        return False
-    keys = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+        return {}
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
-    return any((cfg.get(k) or text.get(k) or 0) > 1 for k in keys)
+    return {**cfg, **text}
+
+
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token")
+
+
+def is_moe(path: str) -> bool:
+    """Whether a local model folder's config.json describes a mixture of experts (False where it cannot tell)."""
+    cfg = model_config(path)
+    return any((cfg.get(k) or 0) > 1 for k in EXPERT_KEYS)

@@ -150,3 +150,11 @@ def telemetry_metrics(study: Study) -> Markdown | pd.DataFrame:
     m["series"] = m["metric"] + " (" + m["stat"] + ")"
     return m.pivot_table(index=["config", "phase"], columns="series", values="value", aggfunc="median",
                          sort=False).reset_index()
+
+
+def probe_result(table: pd.DataFrame, info: dict) -> Markdown | pd.DataFrame:
+    """A probe's table, or why it did not run (skipped or failed), in one line."""
+    if len(table):
+        return table
+    why = info.get("skipped") or info.get("failed") or "not run"
+    return Markdown(f"Not run: {why}.")

@@ -77,6 +77,8 @@ class ModelSpec(_Spec):
 # off: no graphs; decode_only: decode batches as full graphs, prefill eager; full: decode and prefill as full graphs;
 # piecewise: decode full, prefill/mixed batches as piecewise (breakable) graphs with the unsafe parts eager
 CudaGraphMode = Literal["off", "decode_only", "full", "piecewise"]
+# how the client spreads requests over replicas: in turn, or to the one with the fewest requests in flight
+Route = Literal["round_robin", "least_outstanding"]
 
 
 class Knobs(_Spec):
@@ -99,7 +101,22 @@ class Knobs(_Spec):
     single_batch_overlap: bool | None = None
     chunked_prefill_size: int | None = None
     mem_fraction: float | None = Field(None, gt=0, le=1)
+    # independent servers of this configuration, each on its own share of the devices (GPUs, or cores on a CPU
+    # build), with the client spreading requests over their endpoints by route (default round_robin)
+    replicas: int = Field(1, ge=1)
+    route: Route | None = None
     extra_args: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _routed(self) -> Knobs:
+        if self.route is not None and self.replicas == 1:
+            raise ValueError("route spreads requests over replicas: it needs replicas > 1")
+        return self
+
+    @property
+    def devices(self) -> int:
+        """Devices (GPUs, or cores on a CPU build) the configuration asks for at least: TP x DP ranks per replica."""
+        return self.tp * self.dp * self.replicas
 
     def label(self) -> str:
         """Short human label listing only the knobs that are set."""

@@ -136,6 +136,19 @@ class Store:
         """Forget the finished levels of key (after the point completes, or to measure it afresh)."""
         shutil.rmtree(self.partial_dir(key), ignore_errors=True)
 
+    def put_note(self, kind: str, parts: dict[str, Any], data: Any) -> Path:
+        """Keep a small JSON fact beside the points (a before-launch check's answer), keyed like a point, so an
+        offline render reads what the online run decided without the engine."""
+        p = self.root / "_notes" / kind / f"{self.key(parts)}.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(p, {"parts": parts, "data": data})
+        return p
+
+    def note(self, kind: str, parts: dict[str, Any]) -> Any:
+        """A note put_note kept for these parts, or None."""
+        p = self.root / "_notes" / kind / f"{self.key(parts)}.json"
+        return json.loads(p.read_text())["data"] if p.is_file() else None
+
     def failed_attempts(self, key: str) -> list[Path]:
         """Folders of earlier failed attempts at key (kept for their logs)."""
         d = self.root / "_failed"

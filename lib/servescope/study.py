@@ -409,8 +409,10 @@ class Comparison:
         if says:
             claim += " Not verified or also different: " + "; ".join(says) + "."
         else:
-            claim += f" Both sides resolved as asked in {', '.join(self.studied)}" + \
-                (f" and equal in {', '.join(self.controls)}" if self.controls else "") + f", so the effect is {subject}'s."
+            said = ([f"resolved as asked in {', '.join(self.studied)}"] if self.studied else []) + \
+                ([f"equal in {', '.join(self.controls)}"] if self.controls else [])
+            if said:
+                claim += f" Both sides {' and '.join(said)}, so the effect is {subject}'s."
         claim += extra
         short = self.study.short_outputs()
         if short:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import urllib.request
 from abc import ABC, abstractmethod
@@ -66,6 +67,36 @@ def visible_devices(platform: str, env: dict[str, str]) -> tuple[int | None, str
         return (0, "GPUs") if "no NVIDIA GPU visible" in str(e) else (None, "GPUs")
     n.close()
     return len(n.indices), "GPUs"
+
+
+def device_ids(platform: str, env: dict[str, str]) -> list[int]:
+    """The devices a launch may use, by id: GPU indices under the launch's CUDA_VISIBLE_DEVICES (as the server will
+    number them: 0..n-1 are positions in that list), or the cores this process may run on for a CPU build."""
+    import os
+
+    if platform == "cpu":
+        return sorted(os.sched_getaffinity(0))
+    have, _ = visible_devices(platform, env)
+    if have is None:
+        raise KnobError("cannot count the GPUs here (NVML unavailable), so replicas cannot be placed")
+    cvd = env.get("CUDA_VISIBLE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [x.strip() for x in cvd.split(",") if x.strip()] if cvd else [str(i) for i in range(have)]
+    return [int(x) if x.isdigit() else i for i, x in enumerate(ids[:have])]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one replica runs: its devices (GPU ids or cores), a command prefix and the environment that pin it."""
+
+    replica: int
+    devices: tuple[int, ...]
+    kind: str  # 'GPUs' | 'cores'
+    prefix: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+    def words(self) -> str:
+        """'replica 1: cores 1'."""
+        return f"replica {self.replica}: {self.kind} {','.join(map(str, self.devices))}"
 
 
 class EngineAdapter(ABC):
@@ -142,12 +173,45 @@ class EngineAdapter(ABC):
         launches: knobs the version cannot express, and more TP x DP ranks than GPUs visible (or, on a CPU build,
         than cores this process may use). Returns the flags."""
         flags = self.knob_flags(knobs, install)
-        ranks = knobs.tp * knobs.dp
+        ranks = knobs.devices
         if ranks > 1:
             have, what = visible_devices(install.platform, env or {})
             if have is not None and ranks > have:
-                raise KnobError(f"tp={knobs.tp} x dp={knobs.dp} needs {ranks} {what}; {have} visible here")
+                per = f"{knobs.replicas} replicas of " if knobs.replicas > 1 else ""
+                raise KnobError(f"{per}tp={knobs.tp} x dp={knobs.dp} needs {ranks} {what}; {have} visible here")
+        if knobs.replicas > 1:
+            self.placements(knobs, install, env)
+            if install.platform == "cpu" and not shutil.which("taskset"):
+                raise KnobError("replicas on a CPU build are pinned to their cores with taskset (util-linux), which "
+                                "is not installed here")
         return flags
+
+    def placements(self, knobs: Knobs, install: EngineInstall, env: dict[str, str] | None = None) -> list[Placement]:
+        """Each replica's share of the devices: a contiguous block of GPUs (CUDA_VISIBLE_DEVICES) or of cores (the
+        server tree pinned with taskset, its thread pools sized to the block); one replica keeps the engine's own
+        placement. Raises KnobError when the devices do not divide."""
+        if knobs.replicas == 1:
+            return [Placement(0, (), "")]
+        ids = device_ids(install.platform, env or {})
+        per = len(ids) // knobs.replicas
+        need = knobs.tp * knobs.dp
+        kind = "cores" if install.platform == "cpu" else "GPUs"
+        if per < need:
+            raise KnobError(f"{knobs.replicas} replicas of tp={knobs.tp} x dp={knobs.dp} need {need * knobs.replicas} "
+                            f"{kind}; {len(ids)} visible here")
+        out = []
+        for r in range(knobs.replicas):
+            block = tuple(ids[r * per:(r + 1) * per])
+            if install.platform == "cpu":
+                cores = ",".join(map(str, block))
+                out.append(Placement(r, block, kind, ("taskset", "-c", cores), self.cpu_pin_env(block)))
+            else:
+                out.append(Placement(r, block, kind, (), {"CUDA_VISIBLE_DEVICES": ",".join(map(str, block))}))
+        return out
+
+    def cpu_pin_env(self, cores: tuple[int, ...]) -> dict[str, str]:
+        """Environment that keeps a CPU build's thread pools on its cores (OpenMP and torch by default)."""
+        return {"OMP_NUM_THREADS": str(len(cores))}
 
     def regime_flags(self, regime: str, install: EngineInstall) -> list[str]:
         """Flags that act on a regime in this version's spelling (launch-bound: full CUDA graphs), or [] where the

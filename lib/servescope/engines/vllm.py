@@ -159,6 +159,11 @@ class VllmAdapter(EngineAdapter):
         env |= extra_env
         return LaunchPlan(command=cmd, env=env, ready=ReadyCheck(), flags=flags)
 
+    def cpu_pin_env(self, cores: tuple[int, ...]) -> dict[str, str]:
+        """vLLM CPU binds its worker's OpenMP threads itself (VLLM_CPU_OMP_THREADS_BIND, default 'auto': one core kept
+        for the front end): a replica's worker gets exactly its cores, shared with its own front end."""
+        return {"OMP_NUM_THREADS": str(len(cores)), "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores))}
+
     def torch_profiler_launch(self, install: EngineInstall, out_dir: str) -> tuple[list[str], dict[str, str]]:
         """--profiler-config with the torch profiler writing gzipped Chrome traces to out_dir (stacks and shapes
         off: they multiply the trace size and the kernel table does not need them)."""

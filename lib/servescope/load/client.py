@@ -43,6 +43,7 @@ class RequestRecord:
     chunks: int = 0
     status: str = "ok"
     error: str = ""
+    replica: int = 0  # which endpoint served it, when the load is spread over replicas
 
     def as_row(self) -> dict[str, Any]:
         """Flat dict for a DataFrame row."""

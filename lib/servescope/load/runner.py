@@ -140,11 +140,45 @@ class _LoopLag:
                 pass
 
 
+class Router:
+    """Which of several endpoints takes the next request: round_robin (in turn) or least_outstanding (the one with
+    the fewest requests in flight, ties in turn), as a load balancer in front of replicas would."""
+
+    def __init__(self, urls: Sequence[str], route: str = "round_robin") -> None:
+        if not urls:
+            raise ValueError("no endpoint to send to")
+        if route not in ("round_robin", "least_outstanding"):
+            raise ValueError(f"unknown route {route!r}")
+        self.urls = list(urls)
+        self.route = route
+        self.inflight = [0] * len(self.urls)
+        self._next = 0
+
+    def acquire(self) -> int:
+        """The replica for the next request (counted in flight until release)."""
+        n = len(self.urls)
+        if self.route == "least_outstanding":
+            low = min(self.inflight)
+            i = next(j % n for j in range(self._next, self._next + n) if self.inflight[j % n] == low)
+        else:
+            i = self._next % n
+        self._next = (i + 1) % n
+        self.inflight[i] += 1
+        return i
+
+    def release(self, i: int) -> None:
+        """A request to replica i ended."""
+        self.inflight[i] -= 1
+
+
 async def _point(
-    url: str, endpoint: str, model: str, prompts: Sequence[Prompt], point: LoadPoint, load: LoadSpec, phase: str,
-    headers: dict[str, str], ids: itertools.count, bar: tqdm | None, count: int | None, hang_s: float = HANG_S,
+    url: str | Sequence[str], endpoint: str, model: str, prompts: Sequence[Prompt], point: LoadPoint, load: LoadSpec,
+    phase: str, headers: dict[str, str], ids: itertools.count, bar: tqdm | None, count: int | None,
+    hang_s: float = HANG_S, route: str = "round_robin",
 ) -> PointResult:
-    """One point. count=None with load.duration_s: run for that long; else send `count` requests."""
+    """One point. count=None with load.duration_s: run for that long; else send `count` requests. Several urls: the
+    replicas of one configuration, each request sent to the one route picks (its index kept in the record)."""
+    router = Router([url] if isinstance(url, str) else url, route)
     bodies = [build_body(endpoint, model, p, load.ignore_eos) for p in prompts]
     expected = [p.output_len for p in prompts]
     records: list[RequestRecord] = []
@@ -176,10 +210,12 @@ async def _point(
             if inflight[0] == 0:
                 progress[0] = time.perf_counter()  # silence is counted only while something is asked
             inflight[0] += 1
+            rec.replica = router.acquire()
             try:
-                records.append(await send_request(session, url, endpoint, bodies[i % len(bodies)], rec, headers,
-                                                  progress))
+                records.append(await send_request(session, router.urls[rec.replica], endpoint, bodies[i % len(bodies)],
+                                                  rec, headers, progress))
             finally:
+                router.release(rec.replica)
                 inflight[0] -= 1
                 progress[0] = time.perf_counter()
             if bar is not None:
@@ -300,17 +336,18 @@ class LoadResult:
         return summarize(self.requests, self.health, slo_ms)
 
 
-def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | None, api_key: str | None = None,
-              progress: bool = True, label: str = "", on_phase: Callable[[str], None] | None = None,
-              skip: Collection[str] = (),
-              on_level: Callable[[str, pd.DataFrame, dict[str, Any]], None] | None = None) -> LoadResult:
+def run_sweep(base_url: str | Sequence[str], model: str, load: LoadSpec, tokenizer: Tokenizer | None,
+              api_key: str | None = None, progress: bool = True, label: str = "",
+              on_phase: Callable[[str], None] | None = None, skip: Collection[str] = (),
+              on_level: Callable[[str, pd.DataFrame, dict[str, Any]], None] | None = None,
+              route: str = "round_robin") -> LoadResult:
     """Every point of the load spec not in skip, each with its warmup first; warmup records are kept, tagged
-    phase='warmup'.
+    phase='warmup'. Several base urls (replicas): requests are spread over them by route, warm-ups included.
 
     on_phase is told 'warmup:<point>', '<point>' and finally 'idle', so telemetry joins each reading to its point;
     on_level(label, records, health) is called as each level finishes (to write it; raising stops the sweep)."""
     tell = on_phase or (lambda _: None)
-    url = base_url.rstrip("/") + PATHS[load.endpoint]
+    urls = [u.rstrip("/") + PATHS[load.endpoint] for u in ([base_url] if isinstance(base_url, str) else base_url)]
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -328,8 +365,9 @@ def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | 
             warm = make_prompts(load, tokenizer, n_warm, load.seed - 1 - pt.index)
             closed = LoadPoint(pt.index, pt.label, "closed", pt.concurrency or 1, None)
             with nvtx_range(f"warmup:{pt.label}"):
-                res = run_coro(partial(_point, url, load.endpoint, model, warm, closed, load, "warmup", headers,
-                                       ids, None, n_warm, hang_limit_s("warmup", override=load.hang_s)))
+                # spread as the level will be: each replica warms the batch size it will see
+                res = run_coro(partial(_point, urls, load.endpoint, model, warm, closed, load, "warmup", headers,
+                                       ids, None, n_warm, hang_limit_s("warmup", override=load.hang_s), route))
             rows += [_row(r, pt, warm) for r in res.records]
             gaps = [g for r in res.records for g in r.itl_ms]
             warm_itl_p99 = float(np.percentile(gaps, 99)) if gaps else float("nan")
@@ -346,8 +384,8 @@ def run_sweep(base_url: str, model: str, load: LoadSpec, tokenizer: Tokenizer | 
         tell(pt.label)
         try:
             with nvtx_range(pt.label):
-                res = run_coro(partial(_point, url, load.endpoint, model, prompts, pt, load, "measure", headers, ids,
-                                       bar, count, hang_limit_s("measure", warm_itl_p99, load.hang_s)))
+                res = run_coro(partial(_point, urls, load.endpoint, model, prompts, pt, load, "measure", headers, ids,
+                                       bar, count, hang_limit_s("measure", warm_itl_p99, load.hang_s), route))
         finally:
             bar.close()
         rows += [_row(r, pt, prompts) for r in res.records]

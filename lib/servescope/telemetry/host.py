@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import psutil
@@ -20,10 +21,13 @@ class HostSampler(Sampler):
     name = "host"
     closes_phases = True
 
-    def __init__(self, rate_hz: float = 2.0, server_pid: int | None = None, phase: Phase | None = None,
-                 thread_min_pct: float = 5.0) -> None:
+    def __init__(self, rate_hz: float = 2.0, server_pid: int | Sequence[int] | None = None,
+                 phase: Phase | None = None, thread_min_pct: float = 5.0) -> None:
         super().__init__(rate_hz, phase)
-        self.server_pid = server_pid
+        # several roots: the replicas of one configuration, each row tagged with its replica's index
+        self.roots = [] if server_pid is None else [server_pid] if isinstance(server_pid, int) else list(server_pid)
+        self.server_pid = self.roots[0] if self.roots else None
+        self.replica_of: dict[int, int] = {}
         self.thread_min_pct = thread_min_pct
         self.procs: dict[int, psutil.Process] = {}
         self.proc_rows: list[dict[str, Any]] = []
@@ -40,13 +44,16 @@ class HostSampler(Sampler):
     def _tree(self) -> list[psutil.Process]:
         """The server tree's processes already primed; new ones are primed now and read from the next tick
         (cpu_percent measures since the previous call on the same Process object)."""
-        if self.server_pid is None:
-            return []
-        try:
-            root = self.procs.get(self.server_pid) or psutil.Process(self.server_pid)
-            current = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return []
+        current = []
+        for i, pid in enumerate(self.roots):
+            try:
+                root = self.procs.get(pid) or psutil.Process(pid)
+                tree = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for p in tree:
+                self.replica_of.setdefault(p.pid, i)
+            current += tree
         out = []
         for p in current:
             known = self.procs.get(p.pid)
@@ -60,7 +67,8 @@ class HostSampler(Sampler):
 
     def sample(self, now_unix: float, phase: str) -> list[dict[str, Any]]:
         """Core rows (returned) plus process and thread rows (kept aside)."""
-        rows = [{"time_unix": now_unix, "phase": phase, "cpu": i, "cpu_pct": v}
+        avail = psutil.virtual_memory().available / 2**20  # the host's memory headroom, beside its cores
+        rows = [{"time_unix": now_unix, "phase": phase, "cpu": i, "cpu_pct": v, "mem_available_mib": avail}
                 for i, v in enumerate(psutil.cpu_percent(percpu=True))]
         now = time.monotonic()
         dt = max(now - self._last_t, 1e-6)
@@ -74,8 +82,10 @@ class HostSampler(Sampler):
                     threads = p.threads()
             except psutil.Error:
                 continue
-            self.proc_rows.append({"time_unix": now_unix, "phase": phase, "pid": p.pid, "name": name,
-                                   "cpu_pct": cpu, "rss_mib": rss})
+            row = {"time_unix": now_unix, "phase": phase, "pid": p.pid, "name": name, "cpu_pct": cpu, "rss_mib": rss}
+            if len(self.roots) > 1:
+                row["replica"] = self.replica_of.get(p.pid, 0)
+            self.proc_rows.append(row)
             for t in threads:
                 total = t.user_time + t.system_time
                 key = (p.pid, t.id)
@@ -85,8 +95,11 @@ class HostSampler(Sampler):
                     continue
                 pct = 100.0 * (total - prev) / dt
                 if pct >= self.thread_min_pct:
-                    self.thread_rows.append({"time_unix": now_unix, "phase": phase, "pid": p.pid, "tid": t.id,
-                                             "thread": _thread_name(p.pid, t.id), "process": name, "cpu_pct": pct})
+                    trow = {"time_unix": now_unix, "phase": phase, "pid": p.pid, "tid": t.id,
+                            "thread": _thread_name(p.pid, t.id), "process": name, "cpu_pct": pct}
+                    if len(self.roots) > 1:
+                        trow["replica"] = self.replica_of.get(p.pid, 0)
+                    self.thread_rows.append(trow)
         return rows
 
 

@@ -21,7 +21,7 @@ class Telemetry:
     Without a GPU the GPU part reports why (status['gpu']) and the rest still runs; nothing is made up."""
 
     def __init__(self, *, gpu: bool = True, gpu_indices: list[int] | None = None, gpu_hz: float = 10.0,
-                 host_hz: float = 2.0, server_pid: int | None = None, metrics_url: str | None = None,
+                 host_hz: float = 2.0, server_pid: int | list[int] | None = None, metrics_url: str | None = None,
                  metrics_hz: float = 1.0, dcgm_url: str | None = None, gpu_sampler: Sampler | None = None) -> None:
         self.phase = Phase()
         self.status: dict[str, Any] = {}

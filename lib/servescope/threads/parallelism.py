@@ -1,0 +1,398 @@
+"""Thread 4: data parallelism vs tensor parallelism: which layout of the devices serves this model best?
+
+Layouts, side by side under the same load: one server with the engine's own placement; N independent replicas,
+each pinned to its share of the devices (one GPU each; on a CPU build, a block of cores), with the client spreading
+requests over their endpoints round-robin or to the least-outstanding one (works for every engine); the engine's own
+data parallelism (SGLang --dp-size, DP attention; vLLM --data-parallel-size) and tensor parallelism where the version
+and the devices allow. A layout the engine or machine refuses is shown with the refusal, before anything launches;
+one that launches and then fails is shown with its error and log line. With two or more GPUs an all-reduce probe
+(NCCL) turns tensor parallelism's communication into milliseconds per layer for the model's hidden size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from .. import probes
+from ..engines import get_engine
+from ..errors import KnobError, NotMeasuredError, ServescopeError, SpecError
+from ..experiment import engine_identity
+from ..findings import Finding
+from ..launch import Prepared, find_install, prepare
+from ..models import model_config, tiny_model_ready
+from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec, parse
+from ..store import Store
+from ..study import Arm, Study, _drop_empty, run_study
+
+THREAD = "04_data_parallelism"
+ONE = "1 server"
+# the control fields: every layout runs the same compile and graph configuration as the one server
+CONTROLS = ("compile", "graph_decode", "graph_prefill")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to use the devices: its arm, what kind of layout it is, the devices it spans, and why it was not
+    launched (empty when it was)."""
+
+    arm: Arm
+    kind: str  # 'one server' | 'replicas' | 'engine DP' | 'DP attention' | 'TP'
+    devices: int
+    refused: str = ""
+
+
+@dataclass
+class ParallelStudy:
+    """The layouts (launched or refused), the measured study, and the all-reduce probe (or why there is none)."""
+
+    layouts: list[Layout]
+    study: Study
+    device_kind: str  # 'GPUs' | 'cores' | 'devices'
+    device_count: int
+    allreduce: pd.DataFrame = field(default_factory=pd.DataFrame)
+    allreduce_info: dict[str, Any] = field(default_factory=dict)
+    tp_comm: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    def layout(self, name: str) -> Layout:
+        """A layout by its arm's name."""
+        return next(x for x in self.layouts if x.arm.name == name)
+
+    def overview(self) -> pd.DataFrame:
+        """One row per layout: kind, devices, flags or placement, and its status (measured n of m, refused: why,
+        failed: the first error)."""
+        pts, errs = self.study.results.points, self.study.results.errors
+        rows = []
+        for x in self.layouts:
+            mine = pts[pts["config"] == x.arm.name] if len(pts) else pts
+            bad = errs[errs["config"] == x.arm.name] if len(errs) else errs
+            if x.refused:
+                status = f"refused before launch: {x.refused}"
+            elif len(mine):
+                status = f"measured ({len(mine)} launches" + (f", {len(bad)} failed" if len(bad) else "") + ")"
+            elif len(bad):
+                status = "failed: " + str(bad["summary"].iloc[0])
+            else:
+                status = "not measured"
+            rows.append({"layout": x.arm.name, "kind": x.kind, self.device_kind: x.devices,
+                         "asks for": x.arm.knobs.label(), "status": status})
+        return pd.DataFrame(rows)
+
+    def table(self) -> pd.DataFrame:
+        """Per layout and concurrency (medians over repetitions): total output tok/s, per device, TTFT and TPOT."""
+        t = self.study.table()
+        if t.empty:
+            return t
+        dev = {x.arm.name: x.devices for x in self.layouts}
+        t = t.assign(**{self.device_kind: t["config"].map(dev)})
+        t[f"output_tok_s_per_{self.device_kind.rstrip('s').lower()}"] = t["output_tok_s"] / t[self.device_kind]
+        cols = ["config", "concurrency", "reps", self.device_kind, "output_tok_s", "output_tok_s_min",
+                "output_tok_s_max", f"output_tok_s_per_{self.device_kind.rstrip('s').lower()}", "ttft_ms_p50",
+                "tpot_ms_p50", "failed"]
+        return _drop_empty(t[[c for c in cols if c in t]])
+
+    def balance(self) -> pd.DataFrame:
+        """Per replicated layout, repetition and level: each replica's requests and output tokens, and the load
+        imbalance (largest replica's share over an even share, minus one)."""
+        r = self.study.results.requests
+        if r.empty or "replica" not in r:
+            return pd.DataFrame()
+        names = [x.arm.name for x in self.layouts if x.arm.knobs.replicas > 1]
+        r = r[(r["phase"] == "measure") & r["config"].isin(names) & (r["status"] == "ok")]
+        if r.empty:
+            return pd.DataFrame()
+        g = r.groupby(["config", "rep", "point", "replica"], as_index=False).agg(
+            requests=("request_id", "count"), output_tokens=("output_tokens", "sum"),
+            ttft_ms_p50=("ttft_ms", "median"))
+        n = g["config"].map({x.arm.name: x.arm.knobs.replicas for x in self.layouts})
+        g["share"] = g["output_tokens"] / g.groupby(["config", "rep", "point"])["output_tokens"].transform("sum")
+        g["imbalance_pct"] = 100 * (g.groupby(["config", "rep", "point"])["share"].transform("max") * n - 1)
+        return g
+
+    def replica_host(self) -> pd.DataFrame:
+        """Per replicated layout, repetition, level and replica: the server tree's CPU (median of the sum over its
+        processes) and memory, from the host sampler (each process tagged with its replica)."""
+        p = self.study.results.telemetry.get("server_procs", pd.DataFrame())
+        if p.empty or "replica" not in p:
+            return pd.DataFrame()
+        p = p[p["replica"].notna() & ~p["phase"].str.startswith(("warmup:", "idle"))]
+        if p.empty:
+            return pd.DataFrame()
+        tree = p.groupby(["config", "rep", "phase", "replica", "time_unix"], as_index=False).agg(
+            cpu_pct=("cpu_pct", "sum"), rss_mib=("rss_mib", "sum"))
+        out = tree.groupby(["config", "rep", "phase", "replica"], as_index=False).agg(
+            server_cpu_pct_p50=("cpu_pct", "median"), server_rss_mib_max=("rss_mib", "max"))
+        out["replica"] = out["replica"].astype(int)
+        return out.rename(columns={"phase": "point"})
+
+    def memory(self) -> pd.DataFrame:
+        """Memory headroom per layout and level: GPU memory free at the level's peak (NVML) per GPU, or on a CPU
+        build the host's available memory (median) and the server trees' resident memory."""
+        gp = self.study.gpu_points()
+        if len(gp) and "mem_used_mib_max" in gp:
+            static = self.study.results.telemetry.get("gpu_static", pd.DataFrame())
+            total = static.groupby("gpu")["mem_total_mib"].max() if "mem_total_mib" in static else pd.Series(
+                dtype=float)
+            g = gp.groupby(["config", "phase", "gpu"], as_index=False)["mem_used_mib_max"].median()
+            g["mem_total_mib"] = g["gpu"].map(total)
+            g["headroom_mib"] = g["mem_total_mib"] - g["mem_used_mib_max"]
+            return _drop_empty(g.rename(columns={"phase": "point"}))
+        host = self.study.results.telemetry.get("host_cpu", pd.DataFrame())
+        procs = self.study.results.telemetry.get("server_procs", pd.DataFrame())
+        if host.empty or "mem_available_mib" not in host:
+            return pd.DataFrame()
+        host = host[~host["phase"].str.startswith(("warmup:", "idle"))]
+        out = host.groupby(["config", "phase"], as_index=False)["mem_available_mib"].median()
+        if len(procs):
+            pr = procs[~procs["phase"].str.startswith(("warmup:", "idle"))]
+            rss = pr.groupby(["config", "rep", "phase", "time_unix"], as_index=False)["rss_mib"].sum()
+            rss = rss.groupby(["config", "phase"], as_index=False)["rss_mib"].max().rename(
+                columns={"rss_mib": "server_rss_mib_max"})
+            out = out.merge(rss, on=["config", "phase"], how="left")
+        return out.rename(columns={"phase": "point", "mem_available_mib": "host_mem_available_mib"})
+
+
+def _expressible(knobs: Knobs, prep: Prepared | None) -> str:
+    """'' if the engine version and this machine can run knobs, else why not (nothing launched)."""
+    if prep is None:
+        return ""
+    try:
+        get_engine(prep.engine.name).check_knobs(knobs, prep.install, prep.engine.env, prep.model_path)
+    except (KnobError, SpecError) as e:
+        return str(e)
+    return ""
+
+
+def layouts(prep: Prepared | None, replicas: int, platform: str) -> list[Layout]:
+    """The layouts to compare on `replicas` devices' worth of this machine, each checked against the engine version
+    and the machine (a refusal is kept with its reason)."""
+    n = replicas
+    out = [Layout(Arm(ONE, Knobs(), "one server, the engine's own placement"), "one server", n)]
+    for route, words in (("round_robin", "round-robin"), ("least_outstanding", "least-outstanding")):
+        k = Knobs(replicas=n, route=route)
+        out.append(Layout(Arm(f"{n} replicas, {words}", k, f"{n} servers, one share of the devices each, requests "
+                              f"spread {words}"), "replicas", n, _expressible(k, prep)))
+    native = [("engine DP", Knobs(dp=n), f"dp={n}", "the engine's own data parallelism")]
+    if platform != "cpu":
+        native.append(("DP attention", Knobs(tp=n, dp=n, attn_dp=n), f"dp attention={n}",
+                       "attention data-parallel, MoE/MLP tensor-parallel"))
+    native.append(("TP", Knobs(tp=n), f"tp={n}", "tensor parallelism over the devices"))
+    for kind, k, name, words in native:
+        why = "tensor parallelism is measured where there are GPUs for it" if platform == "cpu" and kind == "TP" \
+            else _expressible(k, prep)
+        out.append(Layout(Arm(name, k, words), kind, n, why))
+    return out
+
+
+def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
+        replicas: int | None = None, repetitions: int = 3, store_dir: str = "", offline: bool = False,
+        force: bool = False, progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None,
+        allreduce: bool = True) -> ParallelStudy:
+    """Check every layout before anything launches, measure the ones this engine and machine can run (the one-server
+    layout is thread 1's engine-defaults point: its first repetition comes from the store when thread 1 ran), and
+    run the all-reduce probe when there are two or more GPUs."""
+    e = parse(EngineSpec, engine, "engine")
+    m = parse(ModelSpec, model, "model")
+    ld = parse(LoadSpec, load, "load")
+    if replicas is not None and replicas < 2:
+        raise SpecError("replicas: compare at least two replicas against one server")
+    adapter = get_engine(e.name)
+    if not adapter.launches:
+        raise SpecError("layouts are launched by servescope: an external server runs as it was started")
+    store = Store(store_dir or None)
+    note_parts = {"engine": engine_identity(e), "model": m.model_dump(mode="json", exclude_none=True),
+                  "replicas": replicas}
+    saved = store.note("layouts", note_parts) if offline else None
+    prep: Prepared | None = None
+    if saved is None:
+        if offline:  # nothing is installed or generated offline: check only with what is already here
+            try:
+                if find_install(e, create=False) is not None and (m.path or tiny_model_ready(m.tiny)):
+                    prep = prepare(e, m, say=lambda msg: None)
+            except ServescopeError:
+                prep = None
+            if prep is None:
+                raise NotMeasuredError("the layouts were never checked for this engine and model (no online run "
+                                       "into this store) and the engine is not here to check them: run once "
+                                       "without offline")
+        else:
+            prep = prepare(e, m, say=lambda msg: None)
+        platform = prep.install.platform
+        have, kind = _devices(prep)
+        n = replicas or (have if platform == "cuda" and have >= 2 else 2)
+        lays = layouts(prep, n, platform)
+        store.put_note("layouts", note_parts, {"platform": platform, "have": have, "kind": kind, "n": n,
+                                               "refused": {x.arm.name: x.refused for x in lays}})
+    else:
+        platform, have, kind, n = saved["platform"], saved["have"], saved["kind"], saved["n"]
+        lays = [Layout(x.arm, x.kind, x.devices, saved["refused"].get(x.arm.name, "")) for x in
+                layouts(None, n, platform)]
+    arms = [x.arm for x in lays if not x.refused]
+    study = run_study(THREAD, e, m, ld, arms, repetitions=repetitions, store_dir=store_dir, offline=offline,
+                      force=force, progress=progress, telemetry=telemetry)
+    ps = ParallelStudy(lays, study, kind, have)
+    if allreduce:
+        _probe(ps, prep, m, ld, store, note_parts)
+    return ps
+
+
+def _devices(prep: Prepared) -> tuple[int, str]:
+    from ..engines.base import visible_devices
+
+    have, what = visible_devices(prep.install.platform, prep.engine.env)
+    return (have or 0), ("cores" if what == "CPU cores" else what)
+
+
+def _probe(ps: ParallelStudy, prep: Prepared | None, model: ModelSpec, load: LoadSpec, store: Store,
+           note_parts: dict[str, Any]) -> None:
+    """The all-reduce probe over every GPU, and TP's communication per layer for this model (or why not); kept in
+    the store, so an offline render shows what the measuring run found."""
+    if prep is None:
+        saved = store.note("allreduce", note_parts)
+        if saved is None:
+            ps.allreduce_info = {"skipped": "offline render, and the measuring run kept no probe"}
+            return
+        ps.allreduce, ps.allreduce_info = pd.DataFrame(saved["rows"]), saved["info"]
+        ps.tp_comm = pd.DataFrame(saved["tp_comm"])
+        return
+    _run_probe(ps, prep, load)
+    store.put_note("allreduce", note_parts, {"rows": ps.allreduce.to_dict("records"), "info": ps.allreduce_info,
+                                             "tp_comm": ps.tp_comm.to_dict("records")})
+
+
+def _run_probe(ps: ParallelStudy, prep: Prepared, load: LoadSpec) -> None:
+    if prep.install.platform != "cuda" or ps.device_count < 2:
+        ps.allreduce_info = {"skipped": f"needs two or more GPUs; {ps.device_count} {ps.device_kind} here"}
+        return
+    try:
+        table, info = probes.allreduce(prep.install.python, ps.device_count, "nccl")
+    except ServescopeError as e:
+        ps.allreduce_info = {"failed": str(e)}
+        return
+    ps.allreduce, ps.allreduce_info = table, info
+    cfg = model_config(prep.model_path)
+    hidden, layers = cfg.get("hidden_size"), cfg.get("num_hidden_layers")
+    if hidden and layers:
+        ps.tp_comm = probes.tp_comm(table, int(hidden), int(layers), sorted(set(load.concurrency)), ps.device_count,
+                                    dtype_bytes=2 if str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))) in (
+                                        "bfloat16", "float16") else 4)
+    else:
+        ps.allreduce_info["tp_comm"] = "the model's hidden size and layer count are not known here"
+
+
+def findings(ps: ParallelStudy) -> list[Finding]:
+    """The layout to use (the measured layout with the best verified throughput over one server), each layout's
+    effect against one server, the refusals, and TP's communication cost where the probe ran."""
+    names = [x.arm.name for x in ps.layouts if not x.refused and x.arm.name != ONE]
+    per = []
+    for name in names:
+        x = ps.layout(name)
+        cmp = ps.study.compare(ONE, name, studied=("tp", "dp") if x.kind in ("TP", "engine DP", "DP attention")
+                               else (), controls=CONTROLS)
+        f = cmp.finding(name, name, better=x.arm.knobs, worse=Knobs())
+        f.title = f"{name} vs {ONE}" if f.applies else f.title
+        if x.kind == "replicas" and f.applies and f.evidence.get("direction") == "better":
+            f.recommended_flags = _replica_recipe(ps, x)
+        per.append(f)
+    refused = [x for x in ps.layouts if x.refused]
+    best = [f for f in per if f.applies and f.effect is not None and f.evidence.get("direction") == "better"
+            and f.confidence in ("high", "medium")]
+    notes = "; ".join(f"{x.arm.name}: {x.refused}" for x in refused)
+    if best:
+        top = max(best, key=lambda f: f.effect.value_pct)
+        head = Finding(thread=THREAD, title=f"Use {top.effect.treatment}", confidence=top.confidence,
+                       claim=f"{top.effect.treatment} served more than {ONE} on the same {ps.device_kind}: "
+                             f"{top.effect.text()}." + _balance_words(ps, top.effect.treatment)
+                             + (f" Not launched: {notes}." if notes else ""),
+                       effect=top.effect, recommended_flags=top.recommended_flags,
+                       evidence={"per_layout": [f.model_dump(mode="json") for f in per],
+                                 "refused": {x.arm.name: x.refused for x in refused}})
+    elif any(f.applies for f in per):
+        worse = [f for f in per if f.evidence.get("direction") == "worse" and f.confidence in ("high", "medium")]
+        if worse and len(worse) == len([f for f in per if f.applies]):
+            title, conf = f"Keep {ONE}: every other layout measured served less", min(
+                (f.confidence for f in worse), key=("low", "medium", "high").index)
+        else:
+            title, conf = f"No layout shown to beat {ONE}", "low"
+        head = Finding(thread=THREAD, title=title, confidence=conf,  # type: ignore[arg-type]
+                       claim="Against one server: " + "; ".join(f.claim.split(".")[0] for f in per if f.applies)
+                             + "." + (f" Not launched: {notes}." if notes else ""),
+                       evidence={"per_layout": [f.model_dump(mode="json") for f in per],
+                                 "refused": {x.arm.name: x.refused for x in refused}})
+    else:
+        errs = ps.study.results.errors
+        head = Finding(thread=THREAD, title="Layouts: not compared", applies=False, confidence="none",
+                       claim="No layout was measured against one server"
+                             + (f": {errs['summary'].iloc[0]}" if len(errs) else "") + "."
+                             + (f" Not launched: {notes}." if notes else ""),
+                       reason=notes or "no data", evidence={"refused": {x.arm.name: x.refused for x in refused}})
+    out = [head, *per]
+    for x in refused:
+        out.append(Finding(thread=THREAD, title=f"{x.arm.name}: not available here", applies=False,
+                           confidence="high", claim=f"{x.arm.name} ({x.arm.note}) was not launched: {x.refused}.",
+                           reason=x.refused))
+    if len(ps.tp_comm):
+        out.append(_tp_finding(ps))
+    return out
+
+
+def _replica_recipe(ps: ParallelStudy, x: Layout) -> list[str]:
+    """How to run the replicas the way they were measured: each server's pinning, and the routing."""
+    pts = ps.study.results.points
+    mine = pts[pts["config"] == x.arm.name] if len(pts) else pts
+    if mine.empty:
+        return []
+    import json
+    from pathlib import Path
+
+    man = json.loads((Path(mine["path"].iloc[0]) / "manifest.json").read_text())
+    reps = man.get("target", {}).get("replicas", [])
+    return [f"{r['placement']}" for r in reps] + [f"route requests {x.arm.knobs.route or 'round_robin'}"]
+
+
+def _balance_words(ps: ParallelStudy, name: str) -> str:
+    b = ps.balance()
+    b = b[b["config"] == name] if len(b) else b
+    if b.empty:
+        return ""
+    worst = b.groupby("point")["imbalance_pct"].max()
+    return " Load across replicas: the busiest replica took " + ", ".join(
+        f"{v:+.0f}% over an even share at {p}" for p, v in worst.items()) + "."
+
+
+def _tp_finding(ps: ParallelStudy) -> Finding:
+    t = ps.tp_comm
+    info = ps.allreduce_info
+    per = "; ".join(f"{int(r.tokens)} tokens: {r.per_layer_ms:.3f} ms per layer, {r.per_step_ms:.2f} ms per step"
+                    for r in t.itertuples() if r.per_layer_ms == r.per_layer_ms)
+    big = ps.allreduce.sort_values("bytes").iloc[-1]
+    gpus = ", ".join(dict.fromkeys(info.get("devices", [])))
+    return Finding(thread=THREAD, title=f"TP={int(t['tp'].iloc[0])} communication per layer", applies=True,
+                   confidence="medium",
+                   claim=f"all_reduce over {info.get('world')} GPUs ({info.get('backend')}, {gpus}) "
+                         f"reached {big.busbw_gbps:.0f} GB/s bus bandwidth at {big.bytes / 2**20:.0f} MiB. For this "
+                         f"model two all-reduces per layer per step cost: {per} (decode batch = concurrency; "
+                         "interpolated from the probe).",
+                   evidence={"allreduce": ps.allreduce.to_dict("records"), "tp_comm": t.to_dict("records"),
+                             "info": info})
+
+
+def layout_effects(ps: ParallelStudy) -> pd.DataFrame:
+    """Paired effects of every measured layout against one server (per metric and concurrency)."""
+    frames = []
+    for x in ps.layouts:
+        if x.refused or x.arm.name == ONE:
+            continue
+        e = ps.study.compare(ONE, x.arm.name, (), CONTROLS).effects()
+        if len(e):
+            frames.append(e)
+    if not frames:
+        return pd.DataFrame()
+    out = pd.concat(frames, ignore_index=True)
+    out["point"] = out["treatment"] + " c=" + out["concurrency"].astype(int).astype(str)
+    return out
+
+
+__all__ = ["run", "findings", "layouts", "layout_effects", "ParallelStudy", "Layout"]

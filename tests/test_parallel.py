@@ -1,0 +1,114 @@
+"""Thread 4's machinery: the client's router, replicas pinned to their share of the cores, the layouts checked before
+launch, and the all-reduce probe (gloo on CPU processes: the same script NCCL runs on GPUs)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from servescope.errors import KnobError, NotMeasuredError, SpecError
+from servescope.experiment import Config, measure
+from servescope.load.runner import Router
+from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
+from servescope.store import Store
+from servescope.threads import parallelism as t04
+
+LOAD = LoadSpec(concurrency=(1, 4), num_requests=24, output_len=8, warmup_requests=0)
+MODEL = ModelSpec(path="stub")
+TWO_CORES = len(os.sched_getaffinity(0)) >= 2
+
+
+def test_round_robin_takes_turns_and_least_outstanding_avoids_the_busy_one():
+    rr = Router(["a", "b", "c"])
+    assert [rr.acquire() for _ in range(5)] == [0, 1, 2, 0, 1]
+    lo = Router(["a", "b"], "least_outstanding")
+    assert lo.acquire() == 0 and lo.acquire() == 1  # ties go in turn
+    assert lo.acquire() == 0  # tie again (one each in flight)
+    lo.release(1)
+    assert lo.acquire() == 1 and lo.acquire() == 1  # replica 1 has the fewest in flight until it catches up
+    assert lo.inflight == [2, 2]
+    with pytest.raises(ValueError, match="unknown route"):
+        Router(["a"], "random")
+
+
+def test_a_route_needs_replicas():
+    with pytest.raises(ValueError, match="needs replicas > 1"):
+        Knobs(route="least_outstanding")
+    assert Knobs(replicas=2, route="round_robin").devices == 2
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="needs two cores to pin two replicas")
+def test_replicas_are_pinned_and_the_least_outstanding_route_avoids_a_slow_one(tmp_path, stub_engine):
+    """Two stub replicas, the one on core 1 four times slower: round-robin splits requests evenly, least-outstanding
+    sends the slow one fewer; every server is pinned to its core, and all are gone afterwards."""
+    eng = EngineSpec(**{**stub_engine, "env": {"STUB_SLOW_CORE": "1"}})
+    load = LoadSpec(concurrency=(4,), num_requests=40, output_len=16, warmup_requests=0)
+    cfgs = [Config("rr", Knobs(replicas=2, route="round_robin")),
+            Config("lo", Knobs(replicas=2, route="least_outstanding", extra_args=("--itl-ms", "2")))]
+    res = measure(eng, MODEL, cfgs, load, repetitions=1, store=Store(tmp_path), say=lambda m: None)
+    assert res.errors.empty, res.errors["summary"].tolist()
+    req = res.requests[res.requests["phase"] == "measure"]
+    counts = req.groupby(["config", "replica"]).size().unstack()
+    assert counts.loc["rr"].tolist() == [20, 20]
+    assert counts.loc["lo", 0] > counts.loc["lo", 1] * 1.5, counts
+    for path in res.points["path"]:
+        man = json.loads((Path(path) / "manifest.json").read_text())
+        reps = man["target"]["replicas"]
+        assert [r["placement"] for r in reps] == ["replica 0: cores 0", "replica 1: cores 1"]
+        assert all(r["command"].startswith("taskset -c ") for r in reps)
+        assert (Path(path) / "replica-1" / "server.stdout.log").read_text().count("slow") == 1
+        procs = pd.read_parquet(Path(path) / "telemetry_server_procs.parquet")
+        assert set(procs["replica"]) == {0, 1}  # the host sampler follows both trees
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "stub_server.py" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_more_replicas_than_cores_is_refused_before_launch(tmp_path, stub_engine):
+    n = len(os.sched_getaffinity(0)) + 1
+    with pytest.raises(KnobError, match=f"{n} replicas of tp=1 x dp=1 needs {n} CPU cores"):
+        measure(EngineSpec(**stub_engine), MODEL, [Config("x", Knobs(replicas=n))], LOAD, repetitions=1,
+                store=Store(tmp_path), say=lambda m: None)
+    assert not list(Store(tmp_path).keys())
+
+
+def test_replicas_refuse_a_pinned_port(tmp_path, stub_engine):
+    eng = EngineSpec(**{**stub_engine, "port": 18123})
+    with pytest.raises(SpecError, match="engine.port pins one port"):
+        measure(eng, MODEL, [Config("x", Knobs(replicas=2))], LOAD, repetitions=1, store=Store(tmp_path),
+                say=lambda m: None)
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="needs two cores")
+def test_thread04_on_the_stub_compares_layouts_and_shows_refusals(tmp_path, stub_engine):
+    ps = t04.run(stub_engine, {"path": "stub"}, LOAD, repetitions=2, store_dir=str(tmp_path), progress=False)
+    over = ps.overview().set_index("layout")
+    assert over.loc["1 server", "status"].startswith("measured (2 launches")
+    assert over.loc["2 replicas, least-outstanding", "status"].startswith("measured")
+    assert over.loc["tp=2", "status"] == "refused before launch: tensor parallelism is measured where there are " \
+                                         "GPUs for it"
+    assert "needs two or more GPUs" in ps.allreduce_info["skipped"]
+    t = ps.table()
+    assert {"output_tok_s_per_core", "cores"} <= set(t.columns)
+    b = ps.balance()
+    assert set(b["replica"]) == {0, 1} and (b["imbalance_pct"] >= 0).all()
+    fs = t04.findings(ps)
+    assert fs[0].thread == "04_data_parallelism" and any(f.title.startswith("tp=2: not available") for f in fs)
+    per = [f for f in fs if f.title.endswith(" vs 1 server")]
+    assert {f.effect.treatment for f in per if f.effect} >= {"2 replicas, round-robin", "2 replicas, least-outstanding"}
+    mem = ps.memory()
+    assert "host_mem_available_mib" in mem and (mem["host_mem_available_mib"] > 0).all()
+    again = t04.run(stub_engine, {"path": "stub"}, LOAD, repetitions=2, store_dir=str(tmp_path), offline=True,
+                    progress=False)  # offline: the layouts' checks and the probe's answer come from the store
+    assert again.overview().equals(ps.overview()) and again.allreduce_info == ps.allreduce_info
+    with pytest.raises(NotMeasuredError, match="never checked"):
+        t04.run({**stub_engine, "python": "/nonexistent/python"}, {"path": "stub"}, LOAD, store_dir=str(tmp_path),
+                offline=True)
+
+
+def test_spec_errors_before_launch(tmp_path, stub_engine):
+    with pytest.raises(SpecError, match="at least two replicas"):
+        t04.run(stub_engine, {"path": "stub"}, LOAD, replicas=1, store_dir=str(tmp_path))
