@@ -213,6 +213,14 @@ class EngineAdapter(ABC):
         """Environment that keeps a CPU build's thread pools on its cores (OpenMP and torch by default)."""
         return {"OMP_NUM_THREADS": str(len(cores))}
 
+    def grouped_moe_advice(self) -> str:
+        """How to make this engine run the experts as a grouped product, in words (thread 6's recommendation)."""
+        return "Choose a fused or grouped MoE backend of the engine."
+
+    def grouped_moe_flags(self) -> list[str]:
+        """Flags that switch this engine to a grouped MoE path ([] where it is not a flag)."""
+        return []
+
     def regime_flags(self, regime: str, install: EngineInstall) -> list[str]:
         """Flags that act on a regime in this version's spelling (launch-bound: full CUDA graphs), or [] where the
         engine offers none or the version cannot express them."""

@@ -52,6 +52,10 @@ METRICS = {
 class _Flags:
     """Emits flags only after checking the version defines them."""
 
+    def grouped_moe_advice(self) -> str:
+        """SGLang's MoE runner is a flag."""
+        return "Choose a grouped MoE runner with --moe-runner-backend (triton, deep_gemm, flashinfer_cutlass, ...)."
+
     def __init__(self, fs: FlagSet, version: str) -> None:
         self.fs = fs
         self.v = f"SGLang {version}"

@@ -25,6 +25,12 @@ class TransformersAdapter(EngineAdapter):
     accepts_ignore_eos = False  # its request validation answers 422 to fields it does not know
     distributions = ("transformers",)
 
+    def grouped_moe_advice(self) -> str:
+        """transformers chooses the experts implementation from the model's config, not from a serve flag."""
+        return ('transformers takes the experts implementation from the model config: set "experts_implementation": '
+                '"grouped_mm" in config.json (5.x; it falls back to the per-expert "eager" loop where '
+                "torch._grouped_mm cannot run on the device and dtype).")
+
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
         """No environment of its own: point engine.python at one with transformers, torch, fastapi, uvicorn."""
         return None

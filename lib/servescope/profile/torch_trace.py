@@ -19,6 +19,9 @@ from ..errors import ProfilingUnavailable
 from .kernels import KERNEL_COLUMNS
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+# CPU ops that only wrap others (a torch.compile'd graph's call, its guard bytecode): on a CPU build the ops inside
+# them did the work, so they are read through rather than counted as one opaque op
+WRAPPER_OPS = r"^(## Call CompiledFxGraph|Torch-Compiled Region|Pregraph bytecode|CompiledFunction|## )"
 KEEP_CATS = GPU_CATS | {"cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "gpu_user_annotation"}
 
 
@@ -64,7 +67,8 @@ def kernels_from_events(ev: pd.DataFrame) -> pd.DataFrame:
     cpu_ops = ev[ev["cat"] == "cpu_op"]
     if gpu.empty:
         # CPU engine: the ops that did the work are the CPU ops not nested in another op of the same thread
-        ops = cpu_ops.sort_values(["pid", "tid", "ts_us"])
+        # (compiled-graph wrappers aside)
+        ops = cpu_ops[~cpu_ops["name"].astype(str).str.match(WRAPPER_OPS)].sort_values(["pid", "tid", "ts_us"])
         end = ops["ts_us"] + ops["dur_us"]
         outer_end = end.groupby([ops["pid"], ops["tid"]]).cummax().groupby([ops["pid"], ops["tid"]]).shift()
         top = ops[~(ops["ts_us"] < outer_end)]

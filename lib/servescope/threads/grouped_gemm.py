@@ -1,0 +1,314 @@
+"""Thread 6: MoE grouped GEMM: which MoE kernel path runs, its share of device time, and what a grouped GEMM would
+save where experts run one by one.
+
+From a profiled point of the engine's defaults (a kernel table stored with the point: nsys on a GPU, the PyTorch
+profiler on a CPU build): kernel time by category, the MoE path by kernel or op name (Triton fused_moe, CUTLASS or
+FlashInfer grouped GEMM, DeepGEMM, torch `_grouped_mm`, vLLM CPU fused MoE, ...), its share of the time, and launches
+per MoE layer per forward step; a per-expert loop shows as dense matrix products, many per layer per step. A ceiling
+probe on the model's own expert shapes times a per-expert loop against one grouped product for the sweep's token
+counts. Verdict: already grouped, per-expert (with what it costs), or not MoE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .. import probes
+from ..analysis import kernels as ak
+from ..errors import ServescopeError, SpecError
+from ..experiment import engine_identity
+from ..findings import Finding
+from ..models import EXPERT_KEYS, TOP_K_KEYS, model_config
+from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
+from ..store import Store
+from ..study import Arm, Study, _drop_empty, run_study
+
+THREAD = "06_grouped_gemm"
+DEFAULTS = "engine default"
+# MoE paths that run the experts as one grouped or fused product (profile/kernel_categories.csv names them)
+GROUPED_PATHS = {"triton_fused_moe", "flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl", "deep_gemm",
+                 "sgl_kernel_cutlass", "triton_kernel_ogs", "torch_grouped_mm", "cpu_experts"}
+# dense products a transformer layer launches per step besides its experts: q, k, v, o (or fused), the router, and
+# up to three of a shared expert; more than this plus one per routed expert means the experts loop one by one
+DENSE_PER_LAYER = 8
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """The model's MoE facts: experts, top-k, hidden and expert intermediate sizes, layers with experts."""
+
+    experts: int
+    top_k: int
+    hidden: int
+    inter: int
+    layers: int
+    moe_layers: int
+    dtype: str
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the model routes tokens to experts at all."""
+        return self.experts > 1 and self.moe_layers > 0
+
+
+def shape_of(model: ModelSpec) -> MoeShape | None:
+    """The MoE facts of a generated model (from its spec) or of a local model folder (its config.json); None where
+    nothing can be read (a hub id not on disk)."""
+    if model.tiny is not None:
+        t = model.tiny
+        return MoeShape(t.num_experts, t.top_k, t.hidden_size, t.moe_intermediate_size, t.num_layers, t.num_layers,
+                        t.dtype)
+    cfg = model_config(model.path or "")
+    if not cfg:
+        return None
+    experts = next((int(cfg[k]) for k in EXPERT_KEYS if cfg.get(k)), 0)
+    top_k = next((int(cfg[k]) for k in TOP_K_KEYS if cfg.get(k)), 0)
+    layers = int(cfg.get("num_hidden_layers") or 0)
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    dense = set(cfg.get("mlp_only_layers") or []) | set(range(int(cfg.get("first_k_dense_replace") or 0)))
+    moe_layers = sum(1 for i in range(layers) if (i + 1) % step == 0 and i not in dense) if experts > 1 else 0
+    inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    return MoeShape(experts, top_k, int(cfg.get("hidden_size") or 0), inter, layers, moe_layers, dtype)
+
+
+def path_of(kernels: pd.DataFrame, shape: MoeShape | None, window_steps: float | None = None) -> dict[str, Any]:
+    """What the kernel table says about the MoE path: kernel time and share of the MoE category, the path(s) by name,
+    forward steps in the window (the most frequent attention kernel's launches per layer, else the window's load),
+    launches per MoE layer per step, and dense products per layer per step (a per-expert loop's sign)."""
+    k = ak.with_categories(kernels)
+    total_ms = float(k["dur_ns"].sum()) / 1e6
+    cats = ak.categories(k)
+    paths = ak.moe_path(k)
+    moe = k[k["category"] == "moe_grouped_gemm"]
+    dense = k[k["category"] == "dense_gemm"]
+    layers = shape.layers if shape else 0
+    moe_layers = shape.moe_layers if shape else 0
+    att = k[k["category"] == "attention"]
+    steps, how = float("nan"), ""
+    if len(att) and layers:
+        top = att["name"].astype(str).value_counts()
+        steps, how = float(top.iloc[0]) / layers, f"launches of {top.index[0][:60]!r} per layer"
+    elif window_steps:
+        steps, how = float(window_steps), "requests x output tokens / concurrency of the profiled window"
+    per_step = (lambda n, per: n / (per * steps)) if steps == steps and steps > 0 else (lambda n, per: float("nan"))
+    grouped = [p for p in paths["moe_path"] if p in GROUPED_PATHS] if len(paths) else []
+    return {"total_ms": total_ms, "categories": cats, "paths": paths, "grouped_paths": grouped,
+            "moe_ms": float(moe["dur_ns"].sum()) / 1e6, "moe_share": float(moe["dur_ns"].sum()) / 1e6 / total_ms
+            if total_ms else float("nan"), "moe_kernels": int(len(moe)),
+            "dense_ms": float(dense["dur_ns"].sum()) / 1e6, "dense_kernels": int(len(dense)),
+            "steps": steps, "steps_from": how,
+            "moe_launches_per_layer_step": per_step(len(moe), moe_layers) if moe_layers else float("nan"),
+            "dense_launches_per_layer_step": per_step(len(dense), layers) if layers else float("nan"),
+            "device": "CPU" if (k["device"] < 0).all() else "GPU"}
+
+
+def verdict(info: dict[str, Any], shape: MoeShape | None, probe: pd.DataFrame | None = None) -> dict[str, Any]:
+    """'not MoE', 'already grouped', 'per-expert' (with the estimated cost), or 'undecided', with the numbers."""
+    if shape is not None and not shape.is_moe:
+        return {"verdict": "not MoE", "why": f"the model has {shape.experts} experts in {shape.moe_layers} layers"}
+    if shape is None:
+        return {"verdict": "undecided", "why": "the model's config (experts, top-k, layers) could not be read"}
+    if info["grouped_paths"]:
+        return {"verdict": "already grouped", "paths": info["grouped_paths"]}
+    per = info["dense_launches_per_layer_step"]
+    threshold = DENSE_PER_LAYER + shape.top_k
+    if per == per and per > threshold:
+        # the products beyond a dense layer's are the experts': their time, and what a grouped product saves on it
+        expert_share_of_dense = max(0.0, (per - DENSE_PER_LAYER) / per)
+        expert_ms = info["dense_ms"] * expert_share_of_dense
+        speedup = float("nan")
+        if probe is not None and len(probe):
+            speedup = float(probe.sort_values("tokens")["speedup"].iloc[-1])
+        saving = expert_ms * (1 - 1 / speedup) / info["total_ms"] if speedup == speedup and speedup > 0 else float(
+            "nan")
+        return {"verdict": "per-expert", "dense_per_layer_step": per, "threshold": threshold,
+                "expert_ms": expert_ms, "expert_share": expert_ms / info["total_ms"] if info["total_ms"] else np.nan,
+                "probe_speedup": speedup, "saving_share": saving}
+    if info["moe_kernels"]:
+        return {"verdict": "undecided", "why": "MoE kernels ran under a name servescope does not classify "
+                f"({', '.join(info['paths']['moe_path'])}), and dense products per layer per step "
+                f"({per:.1f}) do not show a per-expert loop"}
+    return {"verdict": "undecided", "why": f"no MoE kernel by name, and {per:.1f} dense products per layer per step "
+            f"(threshold {threshold}) do not show a per-expert loop"}
+
+
+@dataclass
+class MoeStudy:
+    """The profiled point of the engine's defaults, the model's MoE shape, and the ceiling probe (or why not)."""
+
+    study: Study
+    shape: MoeShape | None
+    output_len: int = 64  # tokens per request of the load (and of its profiled window)
+    probe: pd.DataFrame = field(default_factory=pd.DataFrame)
+    probe_info: dict[str, Any] = field(default_factory=dict)
+
+    def kernels(self) -> pd.DataFrame:
+        """The stored kernel table(s) of the profiled point, with categories and MoE path."""
+        return self.study.kernels()
+
+    def window_steps(self) -> float | None:
+        """Forward steps the profiled window's load implies (requests x output tokens / concurrency)."""
+        w = self.study.results.profiles
+        if w.empty:
+            return None
+        r = w.iloc[0]
+        return float(r.get("requests", 0)) * self.output_len / max(1, float(r.get("concurrency", 1)))
+
+    def info(self) -> dict[str, Any] | None:
+        """path_of on the first profiled repetition's kernels, or None when nothing was profiled."""
+        k = self.kernels()
+        if k.empty:
+            return None
+        first = k[k["rep"] == k["rep"].min()]
+        return path_of(first, self.shape, self.window_steps())
+
+    def categories(self) -> pd.DataFrame:
+        """Kernel time by category (ms, launches, share of all kernel time)."""
+        i = self.info()
+        return i["categories"] if i else pd.DataFrame()
+
+    def moe_paths(self) -> pd.DataFrame:
+        """Each MoE path that ran: its kernel time, launches, share and an example kernel name."""
+        i = self.info()
+        return i["paths"] if i else pd.DataFrame()
+
+    def launches(self) -> pd.DataFrame:
+        """Launches per MoE layer per step (and dense products per layer per step), with how steps were counted."""
+        i = self.info()
+        if not i:
+            return pd.DataFrame()
+        return pd.DataFrame([{"device": i["device"], "kernel_ms": i["total_ms"], "moe_kernels": i["moe_kernels"],
+                              "moe_share": i["moe_share"], "steps": i["steps"], "steps_from": i["steps_from"],
+                              "moe_launches_per_layer_step": i["moe_launches_per_layer_step"],
+                              "dense_launches_per_layer_step": i["dense_launches_per_layer_step"]}])
+
+    def top_kernels(self, n: int = 12) -> pd.DataFrame:
+        """The kernels (or CPU ops) with the most time."""
+        k = self.kernels()
+        return _drop_empty(ak.top_kernels(k, n)) if len(k) else k
+
+    def verdict(self) -> dict[str, Any]:
+        """See verdict()."""
+        i = self.info()
+        if self.shape is not None and not self.shape.is_moe:
+            return verdict({}, self.shape)
+        if i is None:
+            return {"verdict": "undecided", "why": "no kernel table: the profiled point was not measured"}
+        return verdict(i, self.shape, self.probe)
+
+
+def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
+        store_dir: str = "", offline: bool = False, force: bool = False, progress: bool = True,
+        telemetry: dict[str, Any] | TelemetrySpec | None = None,
+        profile: dict[str, Any] | ProfileSpec | None = None, probe: bool = True) -> MoeStudy:
+    """Measure (or read) one profiled point of the engine's defaults and run the ceiling probe on the model's expert
+    shapes for the sweep's token counts (kept in the store for offline renders)."""
+    e = parse(EngineSpec, engine, "engine")
+    m = parse(ModelSpec, model, "model")
+    ld = parse(LoadSpec, load, "load")
+    prof = parse(ProfileSpec, profile or {}, "profile")
+    if prof.kind == "none":
+        raise SpecError("thread 06 reads a kernel profile: give profile {kind: torch} (CPU build, or a GPU without "
+                        "Nsight Systems) or {kind: nsys}")
+    study = run_study(THREAD, e, m, ld, [Arm(DEFAULTS, Knobs(), "the engine's defaults, profiled")], repetitions=1,
+                      store_dir=store_dir, offline=offline, force=force, progress=progress, telemetry=telemetry,
+                      profile=prof)
+    ms = MoeStudy(study, shape_of(m), output_len=ld.output_len)
+    if probe and ms.shape is not None and ms.shape.is_moe:
+        _probe(ms, e, ld, Store(store_dir or None), offline)
+    return ms
+
+
+def _probe(ms: MoeStudy, e: EngineSpec, load: LoadSpec, store: Store, offline: bool) -> None:
+    s = ms.shape
+    assert s is not None
+    parts = {"engine": engine_identity(e), "shape": s.__dict__, "tokens": sorted(set(load.concurrency))}
+    saved = store.note("moe_ceiling", parts)
+    if saved is not None and not ms.study.results.points.empty and offline:
+        ms.probe, ms.probe_info = pd.DataFrame(saved["rows"]), saved["info"]
+        return
+    install = ms.study.install
+    if install is None or offline:
+        if saved is not None:
+            ms.probe, ms.probe_info = pd.DataFrame(saved["rows"]), saved["info"]
+        else:
+            ms.probe_info = {"skipped": "offline, and the measuring run kept no probe" if offline else
+                             "nothing was measured, so the engine's environment is not known"}
+        return
+    device = "cuda" if install.platform == "cuda" else "cpu"
+    dtype = s.dtype if s.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
+    try:
+        ms.probe, ms.probe_info = probes.moe_ceiling(install.python, s.experts, s.top_k, s.hidden, s.inter,
+                                                     sorted(set(load.concurrency)), device=device, dtype=dtype)
+    except ServescopeError as ex:
+        ms.probe_info = {"failed": str(ex)}
+        return
+    store.put_note("moe_ceiling", parts, {"rows": ms.probe.to_dict("records"), "info": ms.probe_info})
+
+
+def findings(ms: MoeStudy) -> list[Finding]:
+    """One finding: the MoE path and its share, launches per layer per step, and the verdict with the probe."""
+    v = ms.verdict()
+    i = ms.info()
+    s = ms.shape
+    probe = _probe_words(ms)
+    ev: dict[str, Any] = {"verdict": v, "shape": s.__dict__ if s else None, "probe": ms.probe.to_dict("records"),
+                          "probe_info": ms.probe_info}
+    if i is not None:
+        ev |= {"categories": i["categories"].to_dict("records"), "paths": i["paths"].to_dict("records"),
+               "launches": ms.launches().to_dict("records")}
+    if v["verdict"] == "not MoE":
+        return [Finding(thread=THREAD, title="Not a mixture-of-experts model", applies=False, confidence="high",
+                        claim=f"Grouped GEMM does not apply: {v['why']}.", reason=v["why"], evidence=ev)]
+    if i is None:
+        errs = ms.study.results.errors
+        first = f": {errs['summary'].iloc[0]}" if len(errs) else ""
+        return [Finding(thread=THREAD, title="MoE path: not measured", applies=False, confidence="none",
+                        claim=f"No kernel table of the engine's defaults was measured{first}.", reason=v["why"],
+                        evidence=ev)]
+    where = f"{i['device']} time"
+    launch = (f"{i['moe_launches_per_layer_step']:.1f} MoE launches per MoE layer per step"
+              if i["moe_launches_per_layer_step"] == i["moe_launches_per_layer_step"] else "")
+    steps = f" ({i['steps']:.0f} forward steps in the window, from {i['steps_from']})" if i["steps"] == i["steps"] \
+        else ""
+    if v["verdict"] == "already grouped":
+        p = i["paths"]
+        names = ", ".join(f"{r.moe_path} ({r.share:.1%} of {where}, {r.kernels} launches)" for r in p.itertuples()
+                          if r.moe_path in v["paths"])
+        claim = (f"The experts already run as one grouped product per layer: {names}; {launch}{steps}. "
+                 f"{probe}")
+        return [Finding(thread=THREAD, title=f"MoE already grouped: {', '.join(v['paths'])}", applies=False,
+                        confidence="high" if launch and i["moe_launches_per_layer_step"] <= 6 else "medium",
+                        reason="already optimal: the MoE path is grouped", claim=claim, evidence=ev)]
+    if v["verdict"] == "per-expert":
+        cost = (f" A grouped product would save about {v['saving_share']:.0%} of {where} (the experts' "
+                f"{v['expert_share']:.0%} share, sped up {v['probe_speedup']:.1f}x as the probe measured at the "
+                f"largest token count)" if v["saving_share"] == v["saving_share"] else
+                f" The experts' products take about {v['expert_share']:.0%} of {where}; the probe did not run, so "
+                "what a grouped product saves is not measured")
+        claim = (f"The experts run one by one: {v['dense_per_layer_step']:.0f} dense matrix products per layer per "
+                 f"step{steps}, above the {v['threshold']} a layer with grouped experts launches (top-{s.top_k if s else '?'}"
+                 f"), and no grouped MoE kernel by name.{cost}. {probe} {ms.study.adapter.grouped_moe_advice()}")
+        return [Finding(thread=THREAD, title="MoE runs per expert: switch to a grouped GEMM", applies=True,
+                        confidence="medium", claim=claim, evidence=ev,
+                        recommended_flags=ms.study.adapter.grouped_moe_flags())]
+    return [Finding(thread=THREAD, title="MoE path: undecided", applies=False, confidence="none",
+                    claim=f"The kernel table does not say how the experts ran: {v['why']}. {probe}",
+                    reason=v["why"], evidence=ev)]
+
+
+def _probe_words(ms: MoeStudy) -> str:
+    p = ms.probe
+    if p.empty:
+        why = ms.probe_info.get("skipped") or ms.probe_info.get("failed") or "not run"
+        return f"Ceiling probe: not run ({why})."
+    rows = "; ".join(f"{int(r.tokens)} tokens: loop {r.loop_ms:.3f} ms vs grouped {r.grouped_ms:.3f} ms "
+                     f"({r.speedup:.1f}x, {int(r.launches_loop)} vs {int(r.launches_grouped)} launches)"
+                     for r in p.itertuples())
+    return (f"Ceiling probe on these expert shapes ({ms.probe_info.get('grouped_method', 'grouped')}, "
+            f"{ms.probe_info.get('device', '')}): {rows}.")
