@@ -56,13 +56,15 @@ def test_report_end_to_end_on_vllm(tmp_path):
              "telemetry": {"host_hz": 20, "metrics_hz": 10},
              "notebooks": [{"id": "00_environment"}, {"id": "01_cuda_graph_disable_reason"},
                            {"id": "02_piecewise_cuda_graphs"},
+                           {"id": "04_data_parallelism", "parameters": {"repetitions": 1}},
                            {"id": "05_torch_compile", "parameters": {"repetitions": 1}},
-                           {"id": "03_clocks_power"}]}
+                           {"id": "06_grouped_gemm"},
+                           {"id": "03_clocks_power"}, {"id": "99_summary"}]}
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump(suite))
     out = run_suite(path, reports_dir=tmp_path / "reports", store_dir=tmp_path / "store").out_dir
     index = (out / "index.html").read_text()
-    assert index.count('class="ok">ok') == 5, index
+    assert index.count('class="ok">ok') == 8, index
     (why,) = json.loads((out / "01_cuda_graph_disable_reason.findings.json").read_text())
     # the real server resolved no CUDA graphs, and the audit of the installed vLLM names the CPU platform rule
     assert why["evidence"]["resolved_mode"] == "NONE" and "vllm/config/vllm.py:" in why["claim"], why
@@ -76,13 +78,25 @@ def test_report_end_to_end_on_vllm(tmp_path):
     (graphs,) = json.loads((out / "02_piecewise_cuda_graphs.findings.json").read_text())
     assert graphs["title"] == "No CUDA graph modes to compare here" and graphs["confidence"] == "high"
     points = [p for p in (tmp_path / "store").iterdir() if not p.name.startswith((".", "_"))]
-    assert len(points) == 3  # thread 1's defaults (also read by threads 2 and 3), thread 5's compiled and eager
+    # thread 1's defaults (also thread 2's and thread 4's one server), thread 4's two replica layouts, thread 5's
+    # compiled and eager, thread 6's profiled defaults
+    assert len(points) == 6
+    ov = json.loads((out / "04_data_parallelism.findings.json").read_text())
+    assert [f["title"] for f in ov[1:3]] == ["2 replicas, round-robin vs 1 server",
+                                              "2 replicas, least-outstanding vs 1 server"]
+    assert any(f["title"] == "dp=2: not available here" and "all_gatherv" in f["claim"] for f in ov)
+    (moe,) = json.loads((out / "06_grouped_gemm.findings.json").read_text())
+    assert moe["title"] == "MoE already grouped: cpu_experts" and moe["reason"].startswith("already optimal")
+    assert moe["evidence"]["launches"][0]["moe_launches_per_layer_step"] == pytest.approx(1.0, abs=0.2)
+    assert moe["evidence"]["probe"] and moe["evidence"]["probe_info"]["device"] == "cpu"
+    (summ,) = json.loads((out / "99_summary.findings.json").read_text())
+    assert summ["evidence"]["ranked"] and 'id="summary"' in index
     (nogpu,) = json.loads((out / "03_clocks_power.findings.json").read_text())
     assert nogpu["title"].startswith("No GPU here") and nogpu["confidence"] == "high"
-    assert "3 points other threads measured" in (out / "03_clocks_power.html").read_text()
+    assert "6 points other threads measured" in (out / "03_clocks_power.html").read_text()
     import pandas as pd
 
-    for p in points:  # telemetry of the real server: its process tree and its own Prometheus metrics, per point
+    for p in [p for p in points if not (p / "replica-1").exists()]:  # telemetry of the real server: its process tree and its own Prometheus metrics, per point
         procs = pd.read_parquet(p / "telemetry_server_procs.parquet")
         assert {"c=1", "c=2"} <= set(procs["phase"]) and procs["name"].str.startswith("VLLM").any()
         metrics = pd.read_parquet(p / "telemetry_server_metrics.parquet")

@@ -170,7 +170,7 @@ def test_thread_03_renders_the_h200_store_offline(tmp_path):
 
     store = tmp_path / "store"
     shutil.copytree(ROOT / "data" / "reference" / "h200" / "store", store)
-    suite = yaml.safe_load((ROOT / "data" / "suites" / "h200-transformers.yaml").read_text())
+    suite = yaml.safe_load((ROOT / "data" / "suites" / "transformers-gpu.yaml").read_text())
     suite["notebooks"] = [{"id": "03_clocks_power"}]
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(suite))
     done = run_suite(tmp_path / "s.yaml", offline=True, reports_dir=tmp_path / "r", store_dir=store, run_id="h",

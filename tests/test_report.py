@@ -224,7 +224,7 @@ def test_h200_threads_02_and_05_render_offline_as_measured(tmp_path):
     offline findings are the ones the H200 run wrote."""
     store = tmp_path / "store"
     shutil.copytree(H200 / "store", store)
-    done = run_suite(ROOT / "data" / "suites" / "h200-transformers.yaml", offline=True, reports_dir=tmp_path / "r",
+    done = run_suite(ROOT / "data" / "suites" / "transformers-gpu.yaml", offline=True, reports_dir=tmp_path / "r",
                      store_dir=store, run_id="h", progress=False)
     assert {r.id: r.status for r in done.runs} == {"02_piecewise_cuda_graphs": "ok", "05_torch_compile": "ok",
                                                    "03_clocks_power": "ok"}

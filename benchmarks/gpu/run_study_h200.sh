@@ -9,7 +9,7 @@ NOTEBOOKS=${NOTEBOOKS:-"02_piecewise_cuda_graphs 05_torch_compile"}
 REPS=${REPS:-2}
 source benchmarks/gpu/setup_h200.sh
 python3 -c "import papermill, nbconvert, scipy, servescope.report, servescope.study" || exit 1
-suite=$PWD/${SUITE:-data/suites/h200-transformers.yaml}
+suite=$PWD/${SUITE:-data/suites/transformers-gpu.yaml}
 entries=""
 for nb in $NOTEBOOKS; do entries+="  - {id: $nb, parameters: {repetitions: $REPS}}"$'\n'; done
 # the reference suite with the notebooks asked for (same engine, model and load, so the store keys match)

@@ -29,7 +29,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
         handler.addFilter(_drop_cell_markers)
         pm_log.addHandler(handler)
         pm_log.propagate = False
-    done = run_suite(a.suite, only=a.only or (), offline=a.offline, hide_code=a.hide_code,
+    done = run_suite(a.suite, only=a.only or (), offline=a.offline, hide_code=not a.show_code,
                      reports_dir=a.reports_dir, store_dir=a.store_dir, run_id=a.run_id, progress=False)
     if done.interrupted:  # the conventional code of a process stopped by that signal
         print(f"servescope: interrupted by {done.interrupted}; report of what ran: {done.out_dir / 'index.html'}",
@@ -259,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("suite", help="suite YAML, e.g. data/suites/default.yaml")
     r.add_argument("--only", action="append", help="run only notebooks whose id starts with this (repeatable)")
     r.add_argument("--offline", action="store_true", help="render from the result store only; launch nothing")
-    r.add_argument("--hide-code", action="store_true", help="leave code cells out of the HTML")
+    r.add_argument("--show-code", action="store_true",
+                   help="keep code cells in the HTML (default: the shared view, answers and evidence without code)")
+    r.add_argument("--hide-code", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for scripts
     r.add_argument("--reports-dir", help="default: <project>/reports")
     r.add_argument("--store-dir", help="default: <project>/data/runs")
     r.add_argument("--run-id", help="default: <timestamp>-<suite name>")

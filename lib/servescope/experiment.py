@@ -68,6 +68,18 @@ class Results:
                        first_signal="" if first is None else str(first.get("signal") or ""),
                        findings_total=len(findings), findings_answering=sum(f.answers for f in findings))
 
+    def select(self, configs: Sequence[str]) -> Results:
+        """The same tables holding only these configurations (planned counts the points kept)."""
+        keep = set(configs)
+        pick = lambda df: df[df["config"].isin(keep)].reset_index(drop=True) if "config" in df else df  # noqa: E731
+        return Results(summary=pick(self.summary), requests=pick(self.requests), startup=pick(self.startup),
+                       points=pick(self.points), errors=pick(self.errors),
+                       resolved={k: v for k, v in self.resolved.items() if k in keep},
+                       telemetry={k: pick(v) for k, v in self.telemetry.items()},
+                       telemetry_status=pick(self.telemetry_status), planned=int(self.points["config"].isin(
+                           keep).sum()) if len(self.points) else 0, kernels=pick(self.kernels),
+                       profiles=pick(self.profiles), runtime=pick(self.runtime))
+
     def client_health(self) -> pd.DataFrame:
         """Per configuration, repetition and point: how busy the load client was, whether it limited the
         measurement, or was starved by an oversubscribed host (NaN for points stored before this was measured)."""

@@ -51,6 +51,8 @@ class Finding(BaseModel):
     reason: str = ""
     effect: Effect | None = None
     recommended_flags: list[str] = Field(default_factory=list)
+    # the change in words where it is not a flag (a model config key, a deployment layout), else ''
+    recommendation: str = ""
     confidence: Confidence = "none"
     evidence: dict[str, Any] = Field(default_factory=dict)
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import pandas as pd
-from IPython.display import Markdown
+from IPython.display import HTML, Markdown
 
 from .experiment import Results
 from .findings import Finding, Outcome, write_findings, write_outcome
@@ -158,3 +159,19 @@ def probe_result(table: pd.DataFrame, info: dict) -> Markdown | pd.DataFrame:
         return table
     why = info.get("skipped") or info.get("failed") or "not run"
     return Markdown(f"Not run: {why}.")
+
+
+def text(words: str) -> Markdown:
+    """A sentence as Markdown."""
+    return Markdown(words)
+
+
+def ranked_table(ranked: pd.DataFrame) -> Markdown | HTML:
+    """The summary's ranking as one table, each evidence cell a link to the thread's answer."""
+    if ranked.empty:
+        return Markdown("No finding to rank: no thread of this run wrote findings.")
+    df = ranked.replace("", pd.NA).dropna(axis=1, how="all").fillna("")
+    df = df.map(lambda v: html.escape(str(v)))
+    df["evidence"] = ranked["evidence"].map(lambda h: f'<a href="{html.escape(h)}">{html.escape(h.split("#")[0])}</a>')
+    style = "<style>table.servescope-ranked td, table.servescope-ranked th { text-align: left; }</style>"
+    return HTML(style + df.to_html(index=False, escape=False, classes="servescope-ranked"))

@@ -21,6 +21,7 @@ import psutil
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from nbconvert import HTMLExporter
 
+from . import summary
 from .errors import SpecError
 from .findings import Finding, Outcome, read_findings, read_outcome
 from .paths import default_reports_dir, default_store_dir
@@ -281,7 +282,16 @@ def _write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_s
                  runs: list[NotebookRun], interrupted: str = "", skipped: Sequence[str] = ()) -> None:
     env = Environment(loader=FileSystemLoader(str(Path(__file__).with_name("templates"))),
                       autoescape=select_autoescape(["html", "j2"]))
+    by_thread = {r.id: r.findings for r in runs if r.id != summary.SELF}
+    ranked = summary.rank(by_thread)
+    html_of = {r.id: r.html for r in runs}
+    recs = summary.recommendations(ranked).to_dict("records")
+    for rec in recs:  # a link only where the thread's HTML exists
+        rec["href"] = rec["evidence"] if html_of.get(rec["thread"]) else ""
+    optimal = ranked[ranked["tier"] == "Already optimal"].to_dict("records")
     page = env.get_template("index.html.j2").render(
+        recs=recs, optimal=optimal, regime=summary.regime(by_thread) if by_thread else "",
+        summary_html=html_of.get(summary.SELF, ""), tiers=ranked["tier"].value_counts().to_dict(),
         suite=suite, suite_path=str(suite_path), run_id=run_id, rows=runs, interrupted=interrupted, skipped=skipped,
         started=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_start)), total_s=time.time() - t_start,
         engine_line=html.unescape(", ".join(f"{k}={v}" for k, v in suite.engine.items() if k != "env")),

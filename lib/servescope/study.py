@@ -430,14 +430,20 @@ class Comparison:
                       "points, so latencies there include scheduling delay (evidence.client_starved).")
         rec_knobs = better if direction == "better" else worse if direction == "worse" else None
         flags, why = self.study.spell(rec_knobs) if rec_knobs is not None else ([], "")
+        reason = ""
         if why:
             claim += f" ({why})"
+        elif rec_knobs is not None and not flags and conf != "none":
+            # the better side needs no flag: the engine's defaults already run that way
+            claim += f" The engine's defaults already run as {self.treatment if direction == 'better' else self.baseline}" \
+                     " (no flag to add)."
+            reason = "already optimal: the engine's defaults are the better side"
         ev = self._evidence(states, errs) | {"short_outputs": short, "client_warnings": client,
                                             "client_starved": starved, "direction": direction,
                                             "noise_pct": {"baseline": _r(peak.baseline_spread_pct),
                                                           "treatment": _r(peak.treatment_spread_pct)}}
         return Finding(thread=thread, title=f"{subject}: {self.treatment} vs {self.baseline}", claim=claim,
-                       effect=effect, recommended_flags=flags, confidence=conf, evidence=ev)
+                       effect=effect, recommended_flags=flags, confidence=conf, evidence=ev, reason=reason)
 
     def _evidence(self, states: dict[str, ResolvedState], errs: list[dict[str, Any]]) -> dict[str, Any]:
         e = self.effects()

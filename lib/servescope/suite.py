@@ -20,7 +20,7 @@ QUESTIONS = {
     "01_cuda_graph_disable_reason": "Why are CUDA graphs off: a flag, an auto-disable rule, or a crash at capture?",
     "02_piecewise_cuda_graphs": "Do piecewise/breakable CUDA graphs (attention graphed, MoE eager) help?",
     "03_clocks_power": "Are the GPUs throttled, or stalled (high utilization, low power)?",
-    "04_data_parallelism": "Would DP replicas or DP attention beat pure tensor parallelism?",
+    "04_data_parallelism": "Which layout serves best: one server, replicas behind a balancer, engine DP, or TP?",
     "05_torch_compile": "Does torch.compile help, and does it exclude piecewise graphs here?",
     "06_grouped_gemm": "Is the MoE path a grouped GEMM, which kernel runs, and what share of GPU time does it take?",
     "99_summary": "Which changes, ranked by measured effect, should we make?",

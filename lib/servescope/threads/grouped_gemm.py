@@ -20,8 +20,9 @@ import pandas as pd
 from .. import probes
 from ..analysis import kernels as ak
 from ..errors import ServescopeError, SpecError
-from ..experiment import engine_identity
+from ..experiment import engine_identity, read_store
 from ..findings import Finding
+from ..launch import find_install
 from ..models import EXPERT_KEYS, TOP_K_KEYS, model_config
 from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
 from ..store import Store
@@ -212,16 +213,42 @@ def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, 
     m = parse(ModelSpec, model, "model")
     ld = parse(LoadSpec, load, "load")
     prof = parse(ProfileSpec, profile or {}, "profile")
-    if prof.kind == "none":
-        raise SpecError("thread 06 reads a kernel profile: give profile {kind: torch} (CPU build, or a GPU without "
-                        "Nsight Systems) or {kind: nsys}")
-    study = run_study(THREAD, e, m, ld, [Arm(DEFAULTS, Knobs(), "the engine's defaults, profiled")], repetitions=1,
-                      store_dir=store_dir, offline=offline, force=force, progress=progress, telemetry=telemetry,
-                      profile=prof)
+    stored = _stored_profile(e, m, Store(store_dir or None))
+    if stored is not None and not force:  # a profiled point another thread measured: nothing to launch
+        study = stored
+    else:
+        if prof.kind == "none":  # the suite asked for none: this thread needs one, of the kind the platform takes
+            prof = ProfileSpec(kind=default_profile(e))
+        study = run_study(THREAD, e, m, ld, [Arm(DEFAULTS, Knobs(), "the engine's defaults, profiled")],
+                          repetitions=1, store_dir=store_dir, offline=offline, force=force, progress=progress,
+                          telemetry=telemetry, profile=prof)
     ms = MoeStudy(study, shape_of(m), output_len=ld.output_len)
     if probe and ms.shape is not None and ms.shape.is_moe:
         _probe(ms, e, ld, Store(store_dir or None), offline)
     return ms
+
+
+def _stored_profile(e: EngineSpec, m: ModelSpec, store: Store) -> Study | None:
+    """A profiled point of this engine and model already in the store (the engine's defaults first, else the first
+    configuration by name), as a one-arm Study; None when the store holds none."""
+    res = read_store(store, engine_identity(e), m.model_dump(mode="json", exclude_none=True))
+    if res.kernels.empty:
+        return None
+    names = sorted(set(res.kernels["config"]))
+    pick = next((n for n in names if n.startswith("engine defaults")), names[0])
+    one = res.select([pick])
+    one.kernels = one.kernels[one.kernels["rep"] == one.kernels["rep"].min()]
+    return Study(THREAD, e, [Arm(pick, Knobs(), f"{pick}: a profiled point read from the store")], one)
+
+
+def default_profile(e: EngineSpec) -> str:
+    """nsys for an engine on CUDA (every engine runs under it), the PyTorch profiler for a CPU build."""
+    try:
+        install = find_install(e, create=False)
+    except ServescopeError as ex:
+        raise SpecError(f"thread 06 needs a kernel profile and cannot tell which kind suits this engine ({ex}): "
+                        "give profile {kind: torch} or {kind: nsys}") from None
+    return "nsys" if install is not None and install.platform == "cuda" else "torch"
 
 
 def _probe(ms: MoeStudy, e: EngineSpec, load: LoadSpec, store: Store, offline: bool) -> None:
@@ -293,10 +320,11 @@ def findings(ms: MoeStudy) -> list[Finding]:
                 "what a grouped product saves is not measured")
         claim = (f"The experts run one by one: {v['dense_per_layer_step']:.0f} dense matrix products per layer per "
                  f"step{steps}, above the {v['threshold']} a layer with grouped experts launches (top-{s.top_k if s else '?'}"
-                 f"), and no grouped MoE kernel by name.{cost}. {probe} {ms.study.adapter.grouped_moe_advice()}")
+                 f"), and no grouped MoE kernel by name.{cost}. {probe}")
         return [Finding(thread=THREAD, title="MoE runs per expert: switch to a grouped GEMM", applies=True,
                         confidence="medium", claim=claim, evidence=ev,
-                        recommended_flags=ms.study.adapter.grouped_moe_flags())]
+                        recommended_flags=ms.study.adapter.grouped_moe_flags(),
+                        recommendation=ms.study.adapter.grouped_moe_advice())]
     return [Finding(thread=THREAD, title="MoE path: undecided", applies=False, confidence="none",
                     claim=f"The kernel table does not say how the experts ran: {v['why']}. {probe}",
                     reason=v["why"], evidence=ev)]

@@ -230,6 +230,8 @@ def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, 
         lays = [Layout(x.arm, x.kind, x.devices, saved["refused"].get(x.arm.name, "")) for x in
                 layouts(None, n, platform)]
     arms = [x.arm for x in lays if not x.refused]
+    if arms == [lays[0].arm]:  # one server alone compares with nothing: launch nothing, say why below
+        arms = []
     study = run_study(THREAD, e, m, ld, arms, repetitions=repetitions, store_dir=store_dir, offline=offline,
                       force=force, progress=progress, telemetry=telemetry)
     ps = ParallelStudy(lays, study, kind, have)
@@ -294,7 +296,7 @@ def findings(ps: ParallelStudy) -> list[Finding]:
         f = cmp.finding(name, name, better=x.arm.knobs, worse=Knobs())
         f.title = f"{name} vs {ONE}" if f.applies else f.title
         if x.kind == "replicas" and f.applies and f.evidence.get("direction") == "better":
-            f.recommended_flags = _replica_recipe(ps, x)
+            f.recommendation = _replica_recipe(ps, x)
         per.append(f)
     refused = [x for x in ps.layouts if x.refused]
     best = [f for f in per if f.applies and f.effect is not None and f.evidence.get("direction") == "better"
@@ -307,6 +309,7 @@ def findings(ps: ParallelStudy) -> list[Finding]:
                              f"{top.effect.text()}." + _balance_words(ps, top.effect.treatment)
                              + (f" Not launched: {notes}." if notes else ""),
                        effect=top.effect, recommended_flags=top.recommended_flags,
+                       recommendation=top.recommendation,
                        evidence={"per_layout": [f.model_dump(mode="json") for f in per],
                                  "refused": {x.arm.name: x.refused for x in refused}})
     elif any(f.applies for f in per):
@@ -323,8 +326,11 @@ def findings(ps: ParallelStudy) -> list[Finding]:
                                  "refused": {x.arm.name: x.refused for x in refused}})
     else:
         errs = ps.study.results.errors
+        only = not [x for x in ps.layouts if not x.refused and x.arm.name != ONE]
         head = Finding(thread=THREAD, title="Layouts: not compared", applies=False, confidence="none",
-                       claim="No layout was measured against one server"
+                       claim=(f"Only one server fits on {ps.device_count} {ps.device_kind}: no other layout could "
+                              "run here, so nothing was launched" if only else
+                              "No layout was measured against one server")
                              + (f": {errs['summary'].iloc[0]}" if len(errs) else "") + "."
                              + (f" Not launched: {notes}." if notes else ""),
                        reason=notes or "no data", evidence={"refused": {x.arm.name: x.refused for x in refused}})
@@ -338,18 +344,20 @@ def findings(ps: ParallelStudy) -> list[Finding]:
     return out
 
 
-def _replica_recipe(ps: ParallelStudy, x: Layout) -> list[str]:
+def _replica_recipe(ps: ParallelStudy, x: Layout) -> str:
     """How to run the replicas the way they were measured: each server's pinning, and the routing."""
     pts = ps.study.results.points
     mine = pts[pts["config"] == x.arm.name] if len(pts) else pts
     if mine.empty:
-        return []
+        return ""
     import json
     from pathlib import Path
 
     man = json.loads((Path(mine["path"].iloc[0]) / "manifest.json").read_text())
     reps = man.get("target", {}).get("replicas", [])
-    return [f"{r['placement']}" for r in reps] + [f"route requests {x.arm.knobs.route or 'round_robin'}"]
+    route = (x.arm.knobs.route or "round_robin").replace("_", "-")
+    return (f"run {len(reps)} servers, one per device share ({'; '.join(r['placement'] for r in reps)}), "
+            f"behind a {route} load balancer")
 
 
 def _balance_words(ps: ParallelStudy, name: str) -> str:

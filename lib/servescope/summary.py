@@ -1,0 +1,109 @@
+"""The run's answer: every finding of every thread ranked by measured effect and confidence, from the findings' data.
+
+Tiers, in order: High, Medium, Low (a change to make, by the confidence of its measured effect; a change no
+measurement backs, such as what a regime suggests, is Low), Already optimal (the current configuration is what the
+measurement recommends), Measured, no change (an answer with nothing to change), Not applicable here (with why), Not
+measured (a thread that could not answer). Within a tier, larger measured effects come first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .findings import Finding, read_findings
+
+TIERS = ("High", "Medium", "Low", "Already optimal", "Measured, no change", "Not applicable here", "Not measured")
+SELF = "99_summary"
+
+
+def tier(f: Finding) -> str:
+    """Which tier a finding falls in (see the module's docstring)."""
+    if not f.answers:
+        return "Not measured"
+    if f.applies and (f.recommended_flags or f.recommendation):
+        if f.effect is None:
+            return "Low"
+        return {"high": "High", "medium": "Medium"}.get(f.confidence, "Low")
+    if f.reason.startswith("already optimal") or f.title.startswith("Keep "):
+        return "Already optimal"
+    if not f.applies:
+        return "Not applicable here"
+    return "Measured, no change"
+
+
+def collect(report_dir: str | Path) -> dict[str, list[Finding]]:
+    """Every thread's findings in a report folder (X.findings.json), the summary's own left out."""
+    out = {}
+    for p in sorted(Path(report_dir).glob("*.findings.json")):
+        thread = p.name[: -len(".findings.json")]
+        if thread != SELF:
+            out[thread] = read_findings(p)
+    return out
+
+
+def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer") -> pd.DataFrame:
+    """One row per finding, ranked: tier, thread, finding, measured effect, confidence, what to change, why, and a
+    link to its evidence in the thread's HTML."""
+    rows = []
+    for thread, fs in findings.items():
+        for i, f in enumerate(fs):
+            t = tier(f)
+            change = " ".join(f.recommended_flags)
+            if f.recommendation:
+                change = f"{change}; {f.recommendation}" if change else f.recommendation
+            effect = f.effect.text() if f.effect is not None else ("not measured: suggested by the readings"
+                                                                   if t == "Low" else "")
+            rows.append({"tier": t, "thread": thread, "finding": f.title, "effect": effect,
+                         "effect_pct": abs(f.effect.value_pct) if f.effect is not None else float("nan"),
+                         "confidence": f.confidence, "change": change,
+                         "why": f.reason if t in ("Not applicable here", "Not measured", "Already optimal")
+                         else f.claim.split(". ")[0][:300], "evidence": link.format(thread=thread), "order": i})
+    cols = ["tier", "thread", "finding", "effect", "confidence", "change", "why", "evidence"]
+    if not rows:
+        return pd.DataFrame(columns=cols)
+    df = pd.DataFrame(rows)
+    df["_t"] = df["tier"].map(TIERS.index)
+    df = df.sort_values(["_t", "effect_pct", "thread", "order"], ascending=[True, False, True, True],
+                        na_position="last", ignore_index=True)
+    return df[cols]
+
+
+def recommendations(ranked: pd.DataFrame, n: int = 5) -> pd.DataFrame:
+    """The top changes to make (tiers High, Medium, Low), best first."""
+    return ranked[ranked["tier"].isin(TIERS[:3])].head(n).reset_index(drop=True)
+
+
+def regime(findings: dict[str, list[Finding]]) -> str:
+    """The regime of the server under load, as thread 03 found it (its headline and per-configuration regimes), or
+    why it is not known."""
+    fs = findings.get("03_clocks_power")
+    if not fs:
+        return "not measured: thread 03 (clocks, power and regimes) did not run"
+    lines = [f.title for f in fs]
+    shown = lines[:4]
+    return "; ".join(shown) + (f"; and {len(lines) - len(shown)} more in 03_clocks_power" if len(lines) > 4 else "")
+
+
+def findings(ranked: pd.DataFrame, by_thread: dict[str, list[Finding]]) -> list[Finding]:
+    """The summary's own answer: the top change with its measured effect, or that nothing measured asks for one."""
+    top = recommendations(ranked, 1)
+    failed = sorted({r.thread for r in ranked.itertuples() if r.tier == "Not measured"})
+    evidence = {"ranked": ranked.to_dict("records"), "regime": regime(by_thread), "not_measured": failed}
+    if len(top):
+        r = top.iloc[0]
+        return [Finding(thread=SELF, title=f"First change: {r.finding}", applies=True,
+                        confidence=r.confidence if r.confidence in ("high", "medium", "low") else "low",
+                        claim=f"{r.finding} ({r.thread}): {r.effect or 'no measured effect'}; change: {r.change}. "
+                              f"{len(recommendations(ranked, 99))} change(s) ranked in all; regime under load: "
+                              f"{regime(by_thread)}.", recommended_flags=[], recommendation=r.change,
+                        evidence=evidence)]
+    answered = int((ranked["tier"] != "Not measured").sum()) if len(ranked) else 0
+    if not answered:
+        return [Finding(thread=SELF, title="Nothing measured to rank", applies=False, confidence="none",
+                        claim="No thread of this run stated an answer.", reason="no findings", evidence=evidence)]
+    return [Finding(thread=SELF, title="No change to recommend", applies=True, confidence="medium",
+                    claim=f"{answered} findings answered and none asks for a change"
+                          + (f" ({', '.join(failed)} could not answer)" if failed else "") + "; regime under load: "
+                          f"{regime(by_thread)}.", evidence=evidence)]

@@ -1,0 +1,99 @@
+"""The 99 summary's ranking (from the findings' data) and the front page, loaded in headless Chromium."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from servescope import summary
+from servescope.findings import Effect, Finding, Outcome, write_findings
+from servescope.report import NotebookRun, _write_index
+from servescope.suite import Suite
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _eff(pct: float, treatment: str = "b") -> Effect:
+    return Effect(metric="output_tok_s", value_pct=pct, n=3, at="c=16", baseline="a", treatment=treatment)
+
+
+FINDINGS = {
+    "02_piecewise_cuda_graphs": [Finding(thread="02", title="Use CUDA graphs: full", claim="full +46%.",
+                                        effect=_eff(45.9), recommended_flags=["--cb-use-cuda-graph"],
+                                        confidence="medium")],
+    "05_torch_compile": [Finding(thread="05", title="compile", claim="compile +80%.", effect=_eff(80.0),
+                                 recommended_flags=["-O3"], confidence="high"),
+                         Finding(thread="05", title="compile: no flag", claim="x.", effect=_eff(5.0),
+                                 confidence="low", reason="already optimal: the engine's defaults are the better side")],
+    "03_clocks_power": [Finding(thread="03", title="Not throttled: most points launch-bound (5 of 6)", claim="x",
+                                applies=False, reason="no point was throttled", confidence="high"),
+                        Finding(thread="03", title="defaults at c=16: launch-bound", claim="launch-bound.",
+                                recommended_flags=["--cb-use-cuda-graph"], confidence="high")],
+    "06_grouped_gemm": [Finding(thread="06", title="MoE runs per expert", claim="loop.", confidence="medium",
+                                recommendation='set "experts_implementation": "grouped_mm"')],
+    "04_data_parallelism": [Finding(thread="04", title="Layouts: not compared", claim="none.", applies=False,
+                                    reason="no data")],
+    "01_cuda_graph_disable_reason": [Finding(thread="01", title="Why CUDA graphs are off", claim="flag.",
+                                             confidence="high")],
+}
+
+
+def test_ranking_comes_from_the_findings_data():
+    r = summary.rank(FINDINGS)
+    tiers = dict(zip(r["finding"], r["tier"], strict=True))
+    assert tiers == {"compile": "High", "Use CUDA graphs: full": "Medium", "defaults at c=16: launch-bound": "Low",
+                     "MoE runs per expert": "Low", "compile: no flag": "Already optimal",
+                     "Why CUDA graphs are off": "Measured, no change",
+                     "Not throttled: most points launch-bound (5 of 6)": "Not applicable here",
+                     "Layouts: not compared": "Not measured"}
+    assert r["finding"].tolist()[:2] == ["compile", "Use CUDA graphs: full"]  # tier first, then effect
+    low = r[r["tier"] == "Low"]
+    assert (low["effect"] == "not measured: suggested by the readings").all()
+    assert r.loc[r["finding"] == "MoE runs per expert", "change"].item() == 'set "experts_implementation": "grouped_mm"'
+    assert r.loc[r["finding"] == "compile", "evidence"].item() == "05_torch_compile.html#Answer"
+    assert summary.regime(FINDINGS).startswith("Not throttled: most points launch-bound")
+    (head,) = summary.findings(r, FINDINGS)
+    assert head.title == "First change: compile" and head.confidence == "high" and "4 change(s)" in head.claim
+
+
+def test_nothing_to_rank_is_said_so():
+    empty = {"05_torch_compile": [Finding(thread="05", title="not measured", claim="x", applies=False)]}
+    (head,) = summary.findings(summary.rank(empty), empty)
+    assert head.title == "Nothing measured to rank" and not head.answers
+
+
+def _front_page(tmp_path: Path) -> Path:
+    runs = []
+    for nb, fs in FINDINGS.items():
+        (tmp_path / f"{nb}.html").write_text(f"<html><body><h2 id='Answer'>Answer</h2>{nb}</body></html>")
+        write_findings(fs, tmp_path / f"{nb}.findings.json")
+        runs.append(NotebookRun(id=nb, status="ok", html=f"{nb}.html", findings=fs,
+                                outcome=Outcome(thread=nb, points_planned=2, points_measured=2, findings_total=1,
+                                                findings_answering=1)))
+    suite = Suite(name="t", notebooks=[{"id": n} for n in FINDINGS])
+    _write_index(tmp_path, suite, tmp_path / "suite.yaml", "run-1", 0.0, runs)
+    return tmp_path / "index.html"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium package is not installed (apt install chromium)")
+def test_front_page_in_headless_chromium_answers_first_with_working_links(tmp_path):
+    index = _front_page(tmp_path)
+    run = lambda *a: subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", *a,  # noqa: E731
+                                     f"file://{index}"], capture_output=True, text=True, timeout=120)
+    dom = run("--dump-dom").stdout
+    answer, notebooks = dom.index('id="answer"'), dom.index('id="notebooks"')
+    assert answer < notebooks  # the answer comes before the list of notebooks
+    table = dom[dom.index('id="summary"'):dom.index("</table>", dom.index('id="summary"'))]
+    rows = re.findall(r"<tr><td>(\d+)</td><td><b>([^<]+)</b>", table)
+    assert [name for _, name in rows] == ["compile", "Use CUDA graphs: full", "defaults at c=16: launch-bound",
+                                          "MoE runs per expert"]
+    links = re.findall(r'href="([^"]+)"', table)
+    assert links and all((tmp_path / h.split("#")[0]).is_file() for h in links)
+    assert "Regime under load:</b> Not throttled" in dom
+    shot = tmp_path / "front.png"
+    run(f"--screenshot={shot}", "--window-size=1200,1000")
+    assert shot.stat().st_size > 10_000  # a rendered page, not an empty canvas
