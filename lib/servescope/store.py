@@ -78,11 +78,18 @@ class Store:
         return json.loads(m.read_text()).get("status") == "complete"
 
     def keys(self) -> list[str]:
-        """Keys of every completed point, oldest first."""
+        """Keys of every completed point, oldest first (by the start its manifest recorded, so the order survives
+        a copy or a clone, which reset file times)."""
         if not self.root.is_dir():
             return []
         done = [p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")) and self.has(p.name)]
-        return [p.name for p in sorted(done, key=lambda p: (p / MANIFEST).stat().st_mtime)]
+
+        def started(p: Path) -> tuple[float, str]:
+            try:
+                return float(json.loads((p / MANIFEST).read_text()).get("started_unix") or 0.0), p.name
+            except (OSError, ValueError):
+                return (p / MANIFEST).stat().st_mtime, p.name
+        return [p.name for p in sorted(done, key=started)]
 
     def get(self, key: str) -> Point:
         """Read a completed point."""
