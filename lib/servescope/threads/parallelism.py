@@ -169,14 +169,16 @@ def layouts(prep: Prepared | None, replicas: int, platform: str) -> list[Layout]
     """The layouts to compare on `replicas` devices' worth of this machine, each checked against the engine version
     and the machine (a refusal is kept with its reason)."""
     n = replicas
-    out = [Layout(Arm(ONE, Knobs(), "one server, the engine's own placement"), "one server", n)]
+    # a CPU build's one server spreads over every core; on GPUs the engine's default is one GPU (tp=1)
+    out = [Layout(Arm(ONE, Knobs(), "one server, the engine's own placement"), "one server",
+                  n if platform == "cpu" else 1)]
     for route, words in (("round_robin", "round-robin"), ("least_outstanding", "least-outstanding")):
         k = Knobs(replicas=n, route=route)
         out.append(Layout(Arm(f"{n} replicas, {words}", k, f"{n} servers, one share of the devices each, requests "
                               f"spread {words}"), "replicas", n, _expressible(k, prep)))
     native = [("engine DP", Knobs(dp=n), f"dp={n}", "the engine's own data parallelism")]
     if platform != "cpu":
-        native.append(("DP attention", Knobs(tp=n, dp=n, attn_dp=n), f"dp attention={n}",
+        native.append(("DP attention", Knobs(tp=n, attn_dp=n), f"dp attention={n}",
                        "attention data-parallel, MoE/MLP tensor-parallel"))
     native.append(("TP", Knobs(tp=n), f"tp={n}", "tensor parallelism over the devices"))
     for kind, k, name, words in native:
@@ -287,14 +289,15 @@ def _run_probe(ps: ParallelStudy, prep: Prepared, load: LoadSpec) -> None:
 def findings(ps: ParallelStudy) -> list[Finding]:
     """The layout to use (the measured layout with the best verified throughput over one server), each layout's
     effect against one server, the refusals, and TP's communication cost where the probe ran."""
-    names = [x.arm.name for x in ps.layouts if not x.refused and x.arm.name != ONE]
+    base = baseline(ps)
+    names = [x.arm.name for x in ps.layouts if not x.refused and x.arm.name not in (ONE, base)]
     per = []
     for name in names:
         x = ps.layout(name)
-        cmp = ps.study.compare(ONE, name, studied=("tp", "dp") if x.kind in ("TP", "engine DP", "DP attention")
+        cmp = ps.study.compare(base, name, studied=("tp", "dp") if x.kind in ("TP", "engine DP", "DP attention")
                                else (), controls=CONTROLS)
         f = cmp.finding(name, name, better=x.arm.knobs, worse=Knobs())
-        f.title = f"{name} vs {ONE}" if f.applies else f.title
+        f.title = f"{name} vs {base}" if f.applies else f.title
         if x.kind == "replicas" and f.applies and f.evidence.get("direction") == "better":
             f.recommendation = _replica_recipe(ps, x)
         per.append(f)
@@ -305,7 +308,7 @@ def findings(ps: ParallelStudy) -> list[Finding]:
     if best:
         top = max(best, key=lambda f: f.effect.value_pct)
         head = Finding(thread=THREAD, title=f"Use {top.effect.treatment}", confidence=top.confidence,
-                       claim=f"{top.effect.treatment} served more than {ONE} on the same {ps.device_kind}: "
+                       claim=f"{top.effect.treatment} served more than {base} on the same {ps.device_kind}: "
                              f"{top.effect.text()}." + _balance_words(ps, top.effect.treatment)
                              + (f" Not launched: {notes}." if notes else ""),
                        effect=top.effect, recommended_flags=top.recommended_flags,
@@ -315,12 +318,12 @@ def findings(ps: ParallelStudy) -> list[Finding]:
     elif any(f.applies for f in per):
         worse = [f for f in per if f.evidence.get("direction") == "worse" and f.confidence in ("high", "medium")]
         if worse and len(worse) == len([f for f in per if f.applies]):
-            title, conf = f"Keep {ONE}: every other layout measured served less", min(
+            title, conf = f"Keep {base}: every other layout measured served less", min(
                 (f.confidence for f in worse), key=("low", "medium", "high").index)
         else:
-            title, conf = f"No layout shown to beat {ONE}", "low"
+            title, conf = f"No layout shown to beat {base}", "low"
         head = Finding(thread=THREAD, title=title, confidence=conf,  # type: ignore[arg-type]
-                       claim="Against one server: " + "; ".join(f.claim.split(".")[0] for f in per if f.applies)
+                       claim=f"Against {base}: " + "; ".join(f.claim.split(".")[0] for f in per if f.applies)
                              + "." + (f" Not launched: {notes}." if notes else ""),
                        evidence={"per_layout": [f.model_dump(mode="json") for f in per],
                                  "refused": {x.arm.name: x.refused for x in refused}})
@@ -342,6 +345,16 @@ def findings(ps: ParallelStudy) -> list[Finding]:
     if len(ps.tp_comm):
         out.append(_tp_finding(ps))
     return out
+
+
+def baseline(ps: ParallelStudy) -> str:
+    """What every layout is compared with: tensor parallelism over all the GPUs where it was measured (the question
+    is DP against TP), else one server."""
+    pts = ps.study.results.points
+    tp = next((x.arm.name for x in ps.layouts if x.kind == "TP" and not x.refused), None)
+    if tp is not None and len(pts) and (pts["config"] == tp).any():
+        return tp
+    return ONE
 
 
 def _replica_recipe(ps: ParallelStudy, x: Layout) -> str:
@@ -390,10 +403,11 @@ def _tp_finding(ps: ParallelStudy) -> Finding:
 def layout_effects(ps: ParallelStudy) -> pd.DataFrame:
     """Paired effects of every measured layout against one server (per metric and concurrency)."""
     frames = []
+    base = baseline(ps)
     for x in ps.layouts:
-        if x.refused or x.arm.name == ONE:
+        if x.refused or x.arm.name in (ONE, base):
             continue
-        e = ps.study.compare(ONE, x.arm.name, (), CONTROLS).effects()
+        e = ps.study.compare(base, x.arm.name, (), CONTROLS).effects()
         if len(e):
             frames.append(e)
     if not frames:

@@ -1,0 +1,52 @@
+"""The shipped suites: each loads, and the SGLang example's every configuration is spelled and accepted by SGLang
+0.5.23's own flags (read from the published wheel, nothing installed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from servescope.engines import get_engine
+from servescope.spec import EngineSpec, Knobs
+from servescope.suite import load_suite
+from servescope.threads import graph_modes, parallelism, torch_compile
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITES = sorted((ROOT / "data" / "suites").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SUITES, ids=[p.stem for p in SUITES])
+def test_every_shipped_suite_loads(path):
+    suite = load_suite(path)
+    assert suite.notebooks
+
+
+def test_the_default_suite_runs_every_thread_that_applies_to_the_embedded_engine():
+    ids = [n.id for n in load_suite(ROOT / "data" / "suites" / "default.yaml").notebooks]
+    assert ids == ["00_environment", "01_cuda_graph_disable_reason", "02_piecewise_cuda_graphs",
+                   "04_data_parallelism", "05_torch_compile", "06_grouped_gemm", "03_clocks_power", "99_summary"]
+
+
+def test_sglang_example_is_valid_for_sglang_0_5_23(wheel_install):
+    suite = load_suite(ROOT / "data" / "suites" / "sglang-example.yaml")
+    assert [n.id for n in suite.notebooks][-1] == "99_summary" and len(suite.notebooks) == 8
+    engine = EngineSpec(**suite.engine)
+    assert engine.name == "sglang" and engine.version == "0.5.23"
+    install = wheel_install("sglang-0.5.23")
+    adapter = get_engine("sglang")
+    modes = graph_modes.modes(engine, install)
+    assert modes["expressible"].all(), modes  # off, decode only, full, piecewise: all spelled by 0.5.23
+    knobs = [Knobs(cuda_graph=m) for m in modes["mode"]]
+    knobs += [a.knobs for a in torch_compile.arms(engine)]
+    lays = parallelism.layouts(None, 8, "cuda")
+    assert {x.kind for x in lays} == {"one server", "replicas", "engine DP", "DP attention", "TP"}
+    knobs += [x.arm.knobs for x in lays]
+    for k in knobs:
+        plan = adapter.plan(install=install, model_path=suite.model["path"], served_name="m", host="127.0.0.1",
+                            port=30000, knobs=k, extra_env={})  # checks every flag against 0.5.23's flag set
+        assert "--model-path" in plan.command and "--port" in plan.command
+    spelled = {x.arm.name: adapter.knob_flags(x.arm.knobs, install) for x in lays}
+    assert spelled["tp=8"] == ["--tp-size", "8"] and spelled["dp=8"] == ["--dp-size", "8"]
+    assert spelled["dp attention=8"] == ["--tp-size", "8", "--attn-dp-size", "8"]
+    assert spelled["8 replicas, round-robin"] == []  # replicas are eight plain servers, one GPU each
