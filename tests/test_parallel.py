@@ -15,7 +15,7 @@ from servescope.errors import KnobError, NotMeasuredError, SpecError
 from servescope.experiment import Config, measure
 from servescope.load.runner import Router
 from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
-from servescope.store import Store
+from servescope.store import Store, export_points
 from servescope.threads import parallelism as t04
 
 LOAD = LoadSpec(concurrency=(1, 4), num_requests=24, output_len=8, warmup_requests=0)
@@ -104,6 +104,9 @@ def test_thread04_on_the_stub_compares_layouts_and_shows_refusals(tmp_path, stub
     again = t04.run(stub_engine, {"path": "stub"}, LOAD, repetitions=2, store_dir=str(tmp_path), offline=True,
                     progress=False)  # offline: the layouts' checks and the probe's answer come from the store
     assert again.overview().equals(ps.overview()) and again.allreduce_info == ps.allreduce_info
+    exported = tmp_path / "exported"  # store-export carries the notes with the points
+    export_points(Store(tmp_path), exported)
+    assert (exported / "_notes" / "layouts").is_dir()
     with pytest.raises(NotMeasuredError, match="never checked"):
         t04.run({**stub_engine, "python": "/nonexistent/python"}, {"path": "stub"}, LOAD, store_dir=str(tmp_path),
                 offline=True)

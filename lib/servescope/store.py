@@ -214,7 +214,8 @@ class Store:
 
 
 def export_points(src: Store, dest: Path, keep_logs: bool = False) -> list[str]:
-    """Copy every complete point of src into dest (e.g. data/reference/store), server logs left out unless asked."""
+    """Copy every complete point of src into dest (e.g. data/reference/store), server logs left out unless asked,
+    and the store's notes."""
     dest = Path(dest)
     copied = []
     for p in sorted(src.root.iterdir()) if src.root.is_dir() else []:
@@ -226,4 +227,6 @@ def export_points(src: Store, dest: Path, keep_logs: bool = False) -> list[str]:
             shutil.rmtree(target)
         shutil.copytree(p, target, ignore=ignore)
         copied.append(p.name)
+    if (src.root / "_notes").is_dir():  # before-launch checks and probe answers: offline renders read them
+        shutil.copytree(src.root / "_notes", dest / "_notes", dirs_exist_ok=True)
     return copied

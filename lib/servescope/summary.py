@@ -71,8 +71,10 @@ def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer")
 
 
 def recommendations(ranked: pd.DataFrame, n: int = 5) -> pd.DataFrame:
-    """The top changes to make (tiers High, Medium, Low), best first."""
-    return ranked[ranked["tier"].isin(TIERS[:3])].head(n).reset_index(drop=True)
+    """The top changes to make (tiers High, Medium, Low), best first, each change once (a thread's headline and its
+    per-mode finding, or a regime's suggestion, may name the same flags: the best-ranked one stands for them)."""
+    recs = ranked[ranked["tier"].isin(TIERS[:3])]
+    return recs.drop_duplicates(subset="change", keep="first").head(n).reset_index(drop=True)
 
 
 def regime(findings: dict[str, list[Finding]]) -> str:
