@@ -52,7 +52,8 @@ def test_cli_reports_bad_suite_as_error(tmp_path, capsys):
 def test_default_suite_is_valid():
     suite = load_suite(ROOT / "data" / "suites" / "default.yaml")
     assert [n.id for n in suite.notebooks] == ["00_environment", "01_cuda_graph_disable_reason",
-                                               "02_piecewise_cuda_graphs", "05_torch_compile", "03_clocks_power"]
+                                               "02_piecewise_cuda_graphs", "04_data_parallelism", "05_torch_compile",
+                                               "06_grouped_gemm", "03_clocks_power", "99_summary"]
 
 
 @pytest.fixture(scope="module")

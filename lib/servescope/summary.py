@@ -91,7 +91,9 @@ def regime(findings: dict[str, list[Finding]]) -> str:
 def findings(ranked: pd.DataFrame, by_thread: dict[str, list[Finding]]) -> list[Finding]:
     """The summary's own answer: the top change with its measured effect, or that nothing measured asks for one."""
     top = recommendations(ranked, 1)
-    failed = sorted({r.thread for r in ranked.itertuples() if r.tier == "Not measured"})
+    # a thread that could not answer: every one of its findings is Not measured
+    failed = sorted(t for t, g in ranked.groupby("thread") if (g["tier"] == "Not measured").all()) if len(ranked) \
+        else []
     evidence = {"ranked": ranked.to_dict("records"), "regime": regime(by_thread), "not_measured": failed}
     if len(top):
         r = top.iloc[0]
