@@ -164,8 +164,9 @@ def test_dcgm_exporter_fields_stand_in_for_gpm():
 
 
 def test_thread_03_renders_the_h200_store_offline(tmp_path):
-    """Thread 03 over the H200 reference store: nothing launched, a regime per point, energy per output token
-    from the GPU's counter, the launch-bound profiled level recommending graphs in transformers' spelling."""
+    """Thread 03 over the H200 reference store (eleven points since the whole suite ran): nothing launched, a regime
+    per point, energy per output token from the GPU's counter, the launch-bound profiled level recommending graphs in
+    transformers' spelling."""
     from servescope.report import run_suite
 
     store = tmp_path / "store"
@@ -178,7 +179,7 @@ def test_thread_03_renders_the_h200_store_offline(tmp_path):
     assert [r.status for r in done.runs] == ["ok"]
     fs = json.loads((done.out_dir / "03_clocks_power.findings.json").read_text())
     head, *rest = fs
-    assert head["title"] == "Not throttled: most points host-bound (20 of 26)" and head["confidence"] == "high"
+    assert head["title"] == "Not throttled: most points host-bound (22 of 29)" and head["confidence"] == "high"
     assert "clock-event reasons seen: none" in head["claim"]
     by = {f["evidence"]["config"]: f for f in rest}
     assert by["cuda_graph=off"]["title"].endswith("host-bound")
