@@ -108,7 +108,7 @@ class Study:
             st = self.states.get(a.name)
             row = {"config": a.name, "requested": a.knobs.label(), "flags": pts["flags"].iloc[0] if len(pts) else ""}
             rows.append(row | (st.row() if st else {"source": "not measured"}))
-        return _drop_empty(pd.DataFrame(rows))
+        return drop_empty(pd.DataFrame(rows))
 
     def verification(self) -> pd.DataFrame:
         """Per arm and pinned field: requested, resolved, and whether it is as requested, differs, or not verified."""
@@ -138,7 +138,7 @@ class Study:
                     ttft_ms_p50=("ttft_ms_p50", "median"), tpot_ms_p50=("tpot_ms_p50", "median"),
                     e2e_ms_p50=("e2e_ms_p50", "median"), mean_output_tokens=("mean_output_tokens", "median"),
                     short_outputs=("short_outputs", "sum"), failed=("failed", "sum")).reset_index()
-        return _drop_empty(out)
+        return drop_empty(out)
 
     def short_outputs(self) -> list[str]:
         """Points whose requests came back shorter than asked (their throughput is mostly prefill)."""
@@ -208,7 +208,7 @@ class Study:
     def regimes(self, per_rep: bool = False) -> pd.DataFrame:
         """The regime verdicts as a table: arm, point, GPU, regime, how many repetitions reached it (or one row per
         repetition), confidence, why, what was missing, action."""
-        return _drop_empty(regime_table(self.regime_verdicts(), per_rep=per_rep))
+        return drop_empty(regime_table(self.regime_verdicts(), per_rep=per_rep))
 
     def metric_points(self) -> pd.DataFrame:
         """Per arm, repetition and point: the engine's own Prometheus metrics (gauges' medians, counters' rates)."""
@@ -473,7 +473,7 @@ def _state_words(st: ResolvedState) -> str:
     return f"compile {comp}, CUDA graphs {graphs}" + (f" ({st.graph_mode})" if st.graph_mode else "")
 
 
-def _drop_empty(df: pd.DataFrame) -> pd.DataFrame:
+def drop_empty(df: pd.DataFrame) -> pd.DataFrame:
     """Tables show the columns that matter: all-empty columns go."""
     if df.empty:
         return df

@@ -26,7 +26,7 @@ from ..launch import find_install
 from ..models import EXPERT_KEYS, TOP_K_KEYS, model_config
 from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
 from ..store import Store
-from ..study import Arm, Study, _drop_empty, run_study
+from ..study import Arm, Study, drop_empty, run_study
 
 THREAD = "06_grouped_gemm"
 DEFAULTS = "engine default"
@@ -191,7 +191,7 @@ class MoeStudy:
     def top_kernels(self, n: int = 12) -> pd.DataFrame:
         """The kernels (or CPU ops) with the most time."""
         k = self.kernels()
-        return _drop_empty(ak.top_kernels(k, n)) if len(k) else k
+        return drop_empty(ak.top_kernels(k, n)) if len(k) else k
 
     def verdict(self) -> dict[str, Any]:
         """See verdict()."""
@@ -256,11 +256,8 @@ def _probe(ms: MoeStudy, e: EngineSpec, load: LoadSpec, store: Store, offline: b
     assert s is not None
     parts = {"engine": engine_identity(e), "shape": s.__dict__, "tokens": sorted(set(load.concurrency))}
     saved = store.note("moe_ceiling", parts)
-    if saved is not None and not ms.study.results.points.empty and offline:
-        ms.probe, ms.probe_info = pd.DataFrame(saved["rows"]), saved["info"]
-        return
     install = ms.study.install
-    if install is None or offline:
+    if install is None or offline:  # what the measuring run kept, where it kept one
         if saved is not None:
             ms.probe, ms.probe_info = pd.DataFrame(saved["rows"]), saved["info"]
         else:

@@ -25,7 +25,7 @@ from ..launch import Prepared, find_install, prepare
 from ..models import model_config, tiny_model_ready
 from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec, parse
 from ..store import Store
-from ..study import Arm, Study, _drop_empty, run_study
+from ..study import Arm, Study, drop_empty, run_study
 
 THREAD = "04_data_parallelism"
 ONE = "1 server"
@@ -91,7 +91,7 @@ class ParallelStudy:
         cols = ["config", "concurrency", "reps", self.device_kind, "output_tok_s", "output_tok_s_min",
                 "output_tok_s_max", f"output_tok_s_per_{self.device_kind.rstrip('s').lower()}", "ttft_ms_p50",
                 "tpot_ms_p50", "failed"]
-        return _drop_empty(t[[c for c in cols if c in t]])
+        return drop_empty(t[[c for c in cols if c in t]])
 
     def balance(self) -> pd.DataFrame:
         """Per replicated layout, repetition and level: each replica's requests and output tokens, and the load
@@ -138,7 +138,7 @@ class ParallelStudy:
             g = gp.groupby(["config", "phase", "gpu"], as_index=False)["mem_used_mib_max"].median()
             g["mem_total_mib"] = g["gpu"].map(total)
             g["headroom_mib"] = g["mem_total_mib"] - g["mem_used_mib_max"]
-            return _drop_empty(g.rename(columns={"phase": "point"}))
+            return drop_empty(g.rename(columns={"phase": "point"}))
         host = self.study.results.telemetry.get("host_cpu", pd.DataFrame())
         procs = self.study.results.telemetry.get("server_procs", pd.DataFrame())
         if host.empty or "mem_available_mib" not in host:
