@@ -145,7 +145,7 @@ def test_audit_finds_sglang_059_compile_excludes_piecewise(wheel_install):
     a = graph_disable_audit(get_engine("sglang").source_tree(wheel_install("sglang-0.5.9")))
     rule = find_rules(a, condition="enable_torch_compile")
     assert len(rule) and (rule["function"].str.contains("can_run_piecewise_cuda_graph")).any()
-    assert (rule["kind"] == "runtime").all()
+    assert (rule["kind"] == "per-batch").all()
 
 
 def test_audit_finds_vllm_enforce_eager_and_no_graph_platform(wheel_install):

@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "audit":
             v.add_argument("--condition", help="only rules whose condition matches this regex")
             v.add_argument("--effect", help="only rules whose effect matches this regex")
-            v.add_argument("--kind", choices=["config", "runtime"])
+            v.add_argument("--kind", choices=["startup", "per-batch"])
             v.add_argument("--out", help="also write the table as CSV")
         else:
             v.add_argument("--all", action="store_true", help="list every flag with file:line")

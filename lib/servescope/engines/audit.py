@@ -1,7 +1,16 @@
 """Graph-disable audit (thread 1): every place in an engine's source that turns CUDA graphs off, narrows them, or
 forces eager execution, found by a static AST scan (nothing imported, so it works on a wheel of an engine that
 cannot run here). One row per place: file:line, enclosing function, the condition under which it fires (the
-enclosing `if` tests, an `else` as `not (...)`), the effect, the statement, and the log message beside it."""
+enclosing `if` tests, an `else` as `not (...)`), the effect, the statement, and the log message beside it ('silent'
+where the engine logs nothing).
+
+Forms read: flags and config fields set to off (`disable_cuda_graph = True`, `enforce_eager`, `cudagraph_mode =
+NONE`); a disabled backend assigned to a phase (`cfg.prefill.backend = Backend.DISABLED`, `_set(Phase.DECODE,
+"backend", Backend.DISABLED)`, `with_phase(cfg, Phase.PREFILL, backend=Backend.DISABLED)`); tables of (name,
+condition) rules applied in a loop, one row per named rule; early returns of a graph runner's initialisation or
+capture; `False` returned by a graph runner's `can_run*` method. kind: 'startup' (resolved once, at start) or
+'per-batch' (a batch or step that runs eager while serving). Not rules, not listed: a predicate that only tests
+whether a phase is disabled, a flag's registration (`add_argument`, a dataclass field's default)."""
 
 from __future__ import annotations
 
@@ -14,14 +23,21 @@ import pandas as pd
 from .logs import call_name, is_log_call, log_template
 from .source import SourceTree, parse_source
 
-AUDIT_COLUMNS = ["file", "line", "function", "kind", "effect", "condition", "statement", "message"]
+AUDIT_COLUMNS = ["file", "line", "function", "kind", "rule", "effect", "condition", "statement", "message"]
+STARTUP, PER_BATCH, SILENT = "startup", "per-batch", "silent"
 
 # files worth parsing: those mentioning one of these (the scan of a whole engine stays a few seconds)
 _KEYWORDS = re.compile(r"disable_cuda_graph|use_cuda_graph|Backend\.DISABLED|cudagraph_mode|enforce_eager|piecewise_cuda_graph|"
                        r"def can_run|disable_prefill_cuda_graph|disable_decode_cuda_graph|CompilationMode\.NONE")
 _SCOPES = {"sglang": ("sglang/srt/",), "vllm": ("vllm/config/", "vllm/v1/", "vllm/platforms/", "vllm/engine/"),
            "transformers": ("transformers/generation/continuous_batching/", "transformers/cli/")}
-_CAN_RUN = re.compile(r"can_run\w*(graph|cuda)|can_run_graph|can_use_cuda_graph", re.IGNORECASE)
+_CAN_RUN = re.compile(r"^(can_run|can_replay|can_use_cuda_graph)", re.IGNORECASE)
+_RUNNER_CLASS = re.compile(r"Graph|ModelRunner|Runner", re.IGNORECASE)
+_INIT_METHOD = re.compile(r"^(__init__|_?init\w*|_?capture\w*)$")
+_OFF_WORDS = re.compile(r"disable|DISABLED|enforce_eager|\bNONE\b|fully_disabled")
+# calls that only test or read a phase's backend (predicates), or register a flag: not rules
+_NOT_A_SETTER = re.compile(r"^(check|is_|has_|get|should|can_|assert|add_argument|Arg$|field$)|disabled$", re.IGNORECASE)
+_PHASE = re.compile(r"\b(decode|prefill)\b", re.IGNORECASE)
 
 
 def _name(target: ast.AST) -> str:
@@ -46,6 +62,15 @@ def _is_false(v: ast.AST) -> bool:
     return isinstance(v, ast.Constant) and v.value is False
 
 
+def _is_disabled(value: ast.AST) -> bool:
+    return ast.unparse(value).endswith("Backend.DISABLED") or _const(value) == "disabled"
+
+
+def _phase_of(text: str) -> str:
+    m = _PHASE.search(text)
+    return m.group(1).lower() if m else "a phase's"
+
+
 def _setting_effect(name: str, value: ast.AST) -> str | None:
     """The effect of setting `name` to `value`, if it concerns graphs or eager execution."""
     v = ast.unparse(value)
@@ -58,8 +83,7 @@ def _setting_effect(name: str, value: ast.AST) -> str | None:
     if (name == "disable_piecewise_cuda_graph" and _is_true(value)) or \
             (name == "enable_piecewise_cuda_graph" and _is_false(value)):
         return "piecewise (prefill) CUDA graphs off"
-    if name in ("cuda_graph_backend_decode", "cuda_graph_backend_prefill") and \
-            (v.endswith("DISABLED") or _const(value) == "disabled"):
+    if name in ("cuda_graph_backend_decode", "cuda_graph_backend_prefill") and _is_disabled(value):
         return f"{name.rsplit('_', 1)[1]} CUDA graph off"
     if name == "cudagraph_mode" and v.endswith("CUDAGraphMode.NONE"):
         return "CUDA graphs off (cudagraph_mode NONE)"
@@ -72,7 +96,11 @@ def _setting_effect(name: str, value: ast.AST) -> str | None:
     return None
 
 
-def _statement_effects(st: ast.stmt, function: str) -> list[tuple[str, str]]:
+def _call_name(node: ast.Call) -> str:
+    return node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+
+
+def _statement_effects(st: ast.stmt, function: str, cls: str = "") -> list[tuple[str, str]]:
     """(kind, effect) pairs of one simple statement."""
     out: list[tuple[str, str]] = []
     pairs: list[tuple[str, ast.AST]] = []
@@ -82,38 +110,72 @@ def _statement_effects(st: ast.stmt, function: str) -> list[tuple[str, str]]:
         # the same keyword in a constructor call or a dataclass default describes a component, not the server
         v = ast.unparse(st.value)
         if any(_name(t) == "use_cuda_graph" for t in st.targets) and v in ("False", "(False, False)", "[False, False]"):
-            out.append(("config", "continuous-batching CUDA graphs off (both paths)" if v != "False"
+            out.append((STARTUP, "continuous-batching CUDA graphs off (both paths)" if v != "False"
                         else "CUDA graphs off (this runner: use_cuda_graph = False)"))
+        for t in st.targets:  # cfg.prefill.backend = Backend.DISABLED
+            if _name(t) == "backend" and _is_disabled(st.value):
+                out.append((STARTUP, f"{_phase_of(ast.unparse(t))} CUDA graph off"))
     elif isinstance(st, (ast.AnnAssign, ast.AugAssign)) and st.value is not None:
         pairs.append((_name(st.target), st.value))
     for node in ast.walk(st):
         if isinstance(node, ast.Call):
-            pairs += [(kw.arg, kw.value) for kw in node.keywords if kw.arg]
-            fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            fn = _call_name(node)
+            if _NOT_A_SETTER.search(fn):
+                continue
+            pairs += [(kw.arg, kw.value) for kw in node.keywords if kw.arg and kw.arg != "backend"]
             if fn == "setattr" and len(node.args) == 3 and _const(node.args[1]):
                 pairs.append((_const(node.args[1]) or "", node.args[2]))
-            text = ast.unparse(node)
-            if "Backend.DISABLED" in text:  # with_phase(cfg, Phase.X, backend=Backend.DISABLED), _set(...), ...
-                phase = "decode" if "DECODE" in text else "prefill" if "PREFILL" in text else "a phase's"
-                out.append(("config", f"{phase} CUDA graph off"))
+            # with_phase(cfg, Phase.X, backend=Backend.DISABLED), _set(Phase.X, "backend", Backend.DISABLED)
+            if any(kw.arg == "backend" and _is_disabled(kw.value) for kw in node.keywords) or \
+                    any(_is_disabled(a) for a in node.args):
+                out.append((STARTUP, f"{_phase_of(' '.join(ast.unparse(a) for a in node.args))} CUDA graph off"))
     for name, value in pairs:
         eff = _setting_effect(name, value)
         if eff:
-            out.append(("config", eff))
+            out.append((STARTUP, eff))
     if isinstance(st, ast.Return) and st.value is not None:
         first = st.value.elts[0] if isinstance(st.value, ast.Tuple) and st.value.elts else st.value
-        if _is_false(first) and _CAN_RUN.search(function.rsplit(".", 1)[-1]):
-            out.append(("runtime", "this batch runs eager (graph not replayed)"))
+        method = function.rsplit(".", 1)[-1]
+        if _is_false(first) and _CAN_RUN.search(method) and _RUNNER_CLASS.search(cls):
+            out.append((PER_BATCH, "this batch runs eager (graph not replayed)"))
         elif ast.unparse(first).endswith("CUDAGraphMode.NONE") and "dispatch" in function:
-            out.append(("runtime", "this step runs eager (no captured graph for it)"))
+            out.append((PER_BATCH, "this step runs eager (no captured graph for it)"))
     # one row per effect even when a call names it twice (with_phase inside declare_resolution)
     return list(dict.fromkeys(out))
+
+
+def _early_return(st: ast.stmt, ctx: _Ctx) -> tuple[str, str] | None:
+    """A bare `return` in a graph runner's initialisation or capture, under a condition that turns graphs off:
+    the runner never captures."""
+    if not (isinstance(st, ast.Return) and (st.value is None or _const(st.value) is None and
+                                            isinstance(st.value, ast.Constant) and st.value.value is None)):
+        return None
+    method = ctx.function.rsplit(".", 1)[-1]
+    if not (ctx.cls and "Graph" in ctx.cls and _INIT_METHOD.match(method) and ctx.conditions and
+            _OFF_WORDS.search(ctx.conditions[-1])):
+        return None
+    return STARTUP, "this graph runner captures nothing (returns before capture)"
 
 
 @dataclass
 class _Ctx:
     function: str = "<module>"
     conditions: list[str] = field(default_factory=list)
+    cls: str = ""  # the class the function belongs to
+    in_function: bool = False
+    rule: str = ""  # the named rule of a rule table this block runs for
+    subst: dict[str, str] = field(default_factory=dict)  # loop variables -> the rule's own name / condition
+
+    def but(self, condition: str | None = None, **kw: object) -> _Ctx:
+        """A copy with one more condition (loop variables replaced by the rule's own text)."""
+        conds = self.conditions
+        if condition is not None:
+            for k, v in self.subst.items():
+                condition = re.sub(rf"(?<![\w.]){re.escape(k)}(?!\w)", v, condition)
+            conds = conds + [condition]
+        base = {"function": self.function, "conditions": conds, "cls": self.cls, "in_function": self.in_function,
+                "rule": self.rule, "subst": self.subst}
+        return _Ctx(**(base | kw))  # type: ignore[arg-type]
 
 
 def _cond_text(conds: list[str]) -> str:
@@ -132,43 +194,78 @@ def _block_message(body: list[ast.stmt]) -> str:
     return ""
 
 
-def _walk(body: list[ast.stmt], ctx: _Ctx, file: str, rows: list[dict]) -> None:
+def _rule_table(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, list[tuple[str | None, str]]]:
+    """Local tables of named rules in a function: `rules = [("name", lambda: cond), ...]` -> (name, cond) rows."""
+    out: dict[str, list[tuple[str | None, str]]] = {}
+    for st in ast.walk(fn):
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name) and \
+                isinstance(st.value, (ast.List, ast.Tuple)) and st.value.elts and \
+                all(isinstance(e, ast.Tuple) and len(e.elts) == 2 for e in st.value.elts):
+            rows = []
+            for e in st.value.elts:
+                name, cond = e.elts  # type: ignore[attr-defined]
+                if not (isinstance(name, ast.Constant) and (name.value is None or isinstance(name.value, str))):
+                    break
+                body = cond.body if isinstance(cond, ast.Lambda) else cond
+                rows.append((name.value, ast.unparse(body)))
+            else:
+                out[st.targets[0].id] = rows
+    return out
+
+
+def _walk(body: list[ast.stmt], ctx: _Ctx, file: str, rows: list[dict],
+          tables: dict[str, list[tuple[str | None, str]]] | None = None) -> None:
     message = None
+    tables = tables or {}
     for st in body:
         if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            _walk(st.body, _Ctx(function=f"{ctx.function}.{st.name}".removeprefix("<module>."), conditions=[]),
-                  file, rows)
+            _walk(st.body, _Ctx(function=f"{ctx.function}.{st.name}".removeprefix("<module>."), cls=ctx.cls,
+                                in_function=True), file, rows, _rule_table(st))
         elif isinstance(st, ast.ClassDef):
-            _walk(st.body, _Ctx(function=f"{ctx.function}.{st.name}".removeprefix("<module>."), conditions=[]),
+            _walk(st.body, _Ctx(function=f"{ctx.function}.{st.name}".removeprefix("<module>."), cls=st.name),
                   file, rows)
         elif isinstance(st, ast.If):
             test = ast.unparse(st.test)
-            _walk(st.body, _Ctx(ctx.function, ctx.conditions + [test]), file, rows)
+            _walk(st.body, ctx.but(test), file, rows, tables)
             if st.orelse:
-                _walk(st.orelse, _Ctx(ctx.function, ctx.conditions + [f"not ({test})"]), file, rows)
+                _walk(st.orelse, ctx.but(f"not ({test})"), file, rows, tables)
+        elif isinstance(st, (ast.For, ast.AsyncFor)) and isinstance(st.iter, ast.Name) and st.iter.id in tables \
+                and isinstance(st.target, ast.Tuple) and len(st.target.elts) == 2:
+            name_var, cond_var = (ast.unparse(t) for t in st.target.elts)
+            for name, cond in tables[st.iter.id]:  # one row per named rule of the table
+                sub = {f"{cond_var}()": f"({cond})", name_var: repr(name)}
+                _walk(st.body, ctx.but(None, rule=name or "(unnamed rule)", subst=ctx.subst | sub), file, rows, tables)
         elif isinstance(st, (ast.For, ast.AsyncFor, ast.While)):
             head = ast.unparse(st.iter if isinstance(st, (ast.For, ast.AsyncFor)) else st.test)
-            _walk(st.body, _Ctx(ctx.function, ctx.conditions + [f"(in loop over {head})"]), file, rows)
-            _walk(st.orelse, ctx, file, rows)
+            _walk(st.body, ctx.but(f"(in loop over {head})"), file, rows, tables)
+            _walk(st.orelse, ctx, file, rows, tables)
         elif isinstance(st, (ast.With, ast.AsyncWith)):
-            _walk(st.body, ctx, file, rows)
+            _walk(st.body, ctx, file, rows, tables)
         elif isinstance(st, ast.Try) or type(st).__name__ == "TryStar":
-            _walk(st.body, ctx, file, rows)  # type: ignore[attr-defined]
+            _walk(st.body, ctx, file, rows, tables)  # type: ignore[attr-defined]
             for h in st.handlers:  # type: ignore[attr-defined]
                 what = ast.unparse(h.type) if h.type is not None else "any exception"
-                _walk(h.body, _Ctx(ctx.function, ctx.conditions + [f"(on {what})"]), file, rows)
-            _walk(st.orelse + st.finalbody, ctx, file, rows)  # type: ignore[attr-defined]
+                _walk(h.body, ctx.but(f"(on {what})"), file, rows, tables)
+            _walk(st.orelse + st.finalbody, ctx, file, rows, tables)  # type: ignore[attr-defined]
         elif isinstance(st, ast.Match):
             for case in st.cases:
-                _walk(case.body, _Ctx(ctx.function, ctx.conditions + [f"(case {ast.unparse(case.pattern)})"]),
-                      file, rows)
+                _walk(case.body, ctx.but(f"(case {ast.unparse(case.pattern)})"), file, rows, tables)
         else:
-            for kind, effect in _statement_effects(st, ctx.function):
+            if not ctx.in_function:
+                continue  # class-body fields and module constants are defaults and registrations, not rules
+            effects = _statement_effects(st, ctx.function, ctx.cls)
+            early = _early_return(st, ctx)
+            if early:
+                effects.append(early)
+            for kind, effect in effects:
                 if message is None:
                     message = _block_message(body)
+                said = message
+                if ctx.rule:  # the loop logs the rule's own name, or nothing for an unnamed one
+                    said = said.replace("%s", ctx.rule, 1) if ctx.rule != "(unnamed rule)" else ""
                 rows.append({"file": file, "line": st.lineno, "function": ctx.function, "kind": kind,
-                             "effect": effect, "condition": _cond_text(ctx.conditions) or "(always)",
-                             "statement": ast.unparse(st)[:300], "message": message})
+                             "rule": ctx.rule, "effect": effect, "condition": _cond_text(ctx.conditions) or "(always)",
+                             "statement": ast.unparse(st)[:300], "message": said or SILENT})
 
 
 def audit_source(source: str, file: str) -> pd.DataFrame:
@@ -180,8 +277,8 @@ def audit_source(source: str, file: str) -> pd.DataFrame:
 
 def graph_disable_audit(tree: SourceTree) -> pd.DataFrame:
     """Every place in the engine's source that turns CUDA graphs off or forces eager execution (a DataFrame with
-    AUDIT_COLUMNS, sorted by file and line). kind: 'config' (a rule applied while resolving the configuration at
-    startup) or 'runtime' (a batch or step that falls back to eager while serving)."""
+    AUDIT_COLUMNS, sorted by file and line). kind: 'startup' (a rule applied while resolving the configuration at
+    startup) or 'per-batch' (a batch or step that falls back to eager while serving)."""
     frames = []
     for prefix in _SCOPES.get(tree.package, (tree.package + "/",)):
         for f in tree.files(prefix):
@@ -201,9 +298,12 @@ def graph_disable_audit(tree: SourceTree) -> pd.DataFrame:
 
 
 def find_rules(audit: pd.DataFrame, condition: str = "", effect: str = "", file: str = "") -> pd.DataFrame:
-    """Rows whose condition / effect / file match these regexes (case-insensitive)."""
+    """Rows whose condition (or rule name) / effect / file match these regexes (case-insensitive)."""
     m = pd.Series(True, index=audit.index)
     for col, rx in (("condition", condition), ("effect", effect), ("file", file)):
         if rx:
-            m &= audit[col].str.contains(rx, case=False, regex=True)
+            hit = audit[col].str.contains(rx, case=False, regex=True)
+            if col == "condition" and "rule" in audit:
+                hit |= audit["rule"].fillna("").str.contains(rx, case=False, regex=True)
+            m &= hit
     return audit[m]

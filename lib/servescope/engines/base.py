@@ -291,12 +291,21 @@ class EngineAdapter(ABC):
         return pd.DataFrame(rows)
 
     def check_flags(self, flags: list[str], install: EngineInstall) -> None:
-        """KnobError before launch if a flag we built is not defined by this version (values are skipped)."""
+        """KnobError before launch if a flag we built is not defined by this version, or its value is not one the
+        version accepts (where the source restricts it)."""
         fs = self.flag_set(install)
-        missing = [f for f in flags if f.startswith("--") and not fs.has(f)]
+        names = [f.split("=", 1)[0] for f in flags if f.startswith("--")]
+        missing = [f for f in names if not fs.has(f)]
         if missing:
             raise KnobError(f"{self.name} {install.version} does not define {', '.join(missing)} "
                             f"(flags read from {fs.origin})")
+        for i, f in enumerate(flags):
+            if not f.startswith("--"):
+                continue
+            if "=" in f:
+                fs.check_value(*f.split("=", 1))
+            elif i + 1 < len(flags) and not flags[i + 1].startswith("-"):
+                fs.check_value(f, flags[i + 1])
 
     def log_patterns(self) -> list[LogPattern]:
         """What to look for in this engine's log (see engines.logs)."""

@@ -6,7 +6,8 @@ Graph intents on SGLang (see ../shared/knob-catalogue.md sections 1, 2):
 - 0.4.x: decode graphs only (prefill always eager); `--disable-cuda-graph`.
 - 0.5.4-0.5.9: piecewise prefill graphs opt-in, `--enable-piecewise-cuda-graph`.
 - ~0.5.10+: piecewise on by default, `--disable-piecewise-cuda-graph`.
-- 0.5.2x: per phase, `--cuda-graph-backend-decode/prefill full|breakable|disabled`.
+- 0.5.14+: per phase, `--cuda-graph-backend-decode/prefill full|breakable|disabled`; what each phase accepts is
+  read from the version (0.5.14 has no full prefill graph, so cuda_graph='full' is refused there).
 """
 
 from __future__ import annotations
@@ -64,9 +65,14 @@ class _Flags:
     def has(self, *flags: str) -> bool:
         return all(self.fs.has(f) for f in flags)
 
-    def add(self, flag: str, value: Any = None) -> None:
+    def add(self, flag: str, value: Any = None, knob: str = "") -> None:
         if not self.fs.has(flag):
             raise KnobError(f"{self.v} does not define {flag}")
+        if value is not None:
+            try:
+                self.fs.check_value(flag, value)
+            except KnobError as e:
+                raise KnobError(f"{knob}: {e}" if knob else str(e)) from None
         self.out += [flag] if value is None else [flag, str(value)]
 
 
@@ -99,8 +105,8 @@ class SglangAdapter(EngineAdapter):
                                         ["piecewise"] if (pcg_opt_in or pcg_default) else [])
         if per_phase:  # 0.5.2x says each phase's backend outright
             decode, prefill = _PHASE_BACKENDS[mode]
-            f.add("--cuda-graph-backend-decode", decode)
-            f.add("--cuda-graph-backend-prefill", prefill)
+            f.add("--cuda-graph-backend-decode", decode, knob=f"cuda_graph={mode!r} needs decode={decode}")
+            f.add("--cuda-graph-backend-prefill", prefill, knob=f"cuda_graph={mode!r} needs prefill={prefill}")
         elif mode == "off":
             f.add("--disable-cuda-graph")
         elif mode == "decode_only":

