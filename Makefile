@@ -10,7 +10,7 @@ ARGS ?=
 LAB_ARGS ?=
 CACHE := $(or $(SERVESCOPE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/servescope)
 
-.PHONY: help venv engine model doctor report lint test test-fast lab clean distclean bench-client bench-agreement bench-telemetry bench-trace
+.PHONY: help venv engine model doctor report lint test test-fast lab check-engines clean distclean bench-client bench-agreement bench-telemetry bench-trace
 
 help:
 	@echo "make report     run the default suite on the embedded engine; open reports/latest/index.html"
@@ -19,6 +19,7 @@ help:
 	@echo "make test-fast  the tests that need no engine"
 	@echo "make lint       ruff over lib/ and tests/ (part of make test)"
 	@echo "make lab        JupyterLab on notebooks/ with the suite's kernel"
+	@echo "make check-engines  every SGLang/vLLM/transformers release from its published source (not in CI; network)"
 	@echo "make bench-client     our streaming client vs vLLM's benchmark client and NVIDIA AIPerf on a zero-work stub"
 	@echo "make bench-agreement  our client vs vLLM's benchmark client measuring the embedded vLLM"
 	@echo "make bench-telemetry  CPU cost of NVML sampling at 10 and 100 Hz (fake NVML without a GPU)"
@@ -61,6 +62,10 @@ test-fast: venv lint
 lab: venv
 	$(PY) -m pip install -q -e '.[dev,lab]'
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+# not part of CI: minutes, ~1 GB of published wheels/sdists fetched once into the per-user cache
+check-engines: venv
+	$(PY) -m servescope.cli check-engines --readme $(ARGS)
 
 bench-client: model
 	$(PY) benchmarks/bench_client.py $(ARGS)

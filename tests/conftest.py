@@ -19,16 +19,24 @@ def stub_engine() -> dict:
 # the published engine versions the adapters and the audit are tested against (wheels fetched once per user into
 # the servescope cache with `pip download --no-deps`, read as zips, never installed or committed)
 ENGINE_WHEELS = {"sglang-0.4.10": ("sglang", "0.4.10"), "sglang-0.5.9": ("sglang", "0.5.9"),
-                 "sglang-0.5.23": ("sglang", "0.5.23"), "vllm-0.32.0": ("vllm", "0.32.0"),
-                 "transformers-5.17.0": ("transformers", "5.17.0")}
+                 "sglang-0.5.14": ("sglang", "0.5.14"), "sglang-0.5.23": ("sglang", "0.5.23"),
+                 "vllm-0.32.0": ("vllm", "0.32.0"), "transformers-5.17.0": ("transformers", "5.17.0"),
+                 "transformers-5.23.0": ("transformers", "5.23.0")}
+# releases read from their source archive (vLLM's sdist is 47 MB against a 336 MB wheel), unpacked once per user
+ENGINE_SDISTS = {"vllm-0.33.0": ("vllm", "0.33.0")}
 
 
 @pytest.fixture(scope="session")
 def wheel_install():
     """EngineInstall reading its source from a published wheel: wheel_install('sglang-0.5.9')."""
-    from servescope.engines.source import fetch_wheel
+    from servescope.engines.source import SourceTree, fetch_sdist, fetch_wheel
 
     def make(key: str) -> EngineInstall:
+        if key in ENGINE_SDISTS:
+            dist, version = ENGINE_SDISTS[key]
+            tree = SourceTree.from_sdist(fetch_sdist(dist, version), dist)
+            return EngineInstall(python=sys.executable, version=version, distribution=dist, platform="cuda",
+                                 source=tree.location)
         dist, version = ENGINE_WHEELS[key]
         return EngineInstall(python=sys.executable, version=version, distribution=dist, platform="cuda",
                              source=str(fetch_wheel(dist, version)))

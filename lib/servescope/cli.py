@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 from .errors import ServescopeError
 
@@ -249,6 +250,37 @@ def _cmd_flags(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_check_engines(a: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .engines.matrix import CI_SUBSET, check_engines, readme_table, write_readme_table
+    from .paths import project_root
+
+    engines = a.engine or ["sglang", "vllm", "transformers"]
+    versions: dict[str, list[str]] = {e: list(CI_SUBSET[e]) for e in engines} if a.subset else {}
+    for spec in a.version or []:
+        eng, _, vs = spec.partition("=")
+        if eng not in engines or not vs:
+            raise ServescopeError(f"--version wants ENGINE=V1,V2 for one of {', '.join(engines)}, not {spec!r}")
+        versions[eng] = vs.split(",")
+    for out in (a.csv, a.knobs_csv):
+        _check_out(out, folder=False)
+    matrix, knobs = check_engines(engines, versions)
+    Path(a.csv).parent.mkdir(parents=True, exist_ok=True)
+    matrix.to_csv(a.csv, index=False)
+    knobs.to_csv(a.knobs_csv, index=False)
+    with pd.option_context("display.width", 250, "display.max_colwidth", 60, "display.max_rows", 500):
+        print(matrix.drop(columns=["problems", "phases", "declared"]).to_string(index=False))
+    bad = matrix[matrix["problems"] != ""]
+    print(f"\n{len(matrix)} releases, {len(bad)} with problems; matrix in {a.csv}, knob plans in {a.knobs_csv}")
+    for r in bad.itertuples():
+        print(f"  {r.engine} {r.version}: {r.problems}")
+    if a.readme and not len(bad) and not a.subset:
+        write_readme_table(project_root() / "README.md", readme_table(matrix))
+        print("README.md engine table written")
+    return 1 if len(bad) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `servescope` command."""
     p = argparse.ArgumentParser(prog="servescope", description=__doc__)
@@ -306,6 +338,17 @@ def main(argv: list[str] | None = None) -> int:
     kk.add_argument("--range", help="only this NVTX range (e.g. 'servescope c=8')")
     kk.add_argument("--top", type=int, default=15, help="how many kernels to list (default 15)")
     kk.set_defaults(fn=_cmd_kernels)
+
+    ce = sub.add_parser("check-engines", help="every SGLang / vLLM / transformers release from its published source: "
+                                             "flags, each knob's plan, audit rows (network to the package index)")
+    ce.add_argument("--engine", action="append", choices=["sglang", "vllm", "transformers"],
+                    help="only this engine (repeatable; default all three)")
+    ce.add_argument("--version", action="append", help="only these releases, e.g. sglang=0.5.14,0.5.23 (repeatable)")
+    ce.add_argument("--subset", action="store_true", help="the releases CI reads: one per declaration and audit form")
+    ce.add_argument("--csv", default="data/engines/matrix.csv", help="matrix CSV (default data/engines/matrix.csv)")
+    ce.add_argument("--knobs-csv", default="data/engines/knobs.csv", help="every release's knob plans")
+    ce.add_argument("--readme", action="store_true", help="write the README's engine table (full run, clean only)")
+    ce.set_defaults(fn=_cmd_check_engines)
 
     for name, fn, what in (("audit", _cmd_audit, "list every place in an engine's source that turns CUDA graphs off"),
                            ("flags", _cmd_flags, "the CLI flags an engine version defines and how each knob maps")):

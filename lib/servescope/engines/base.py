@@ -18,7 +18,7 @@ from ..errors import KnobError, ProfilingUnavailable, ServescopeError, SpecError
 from ..server import ReadyCheck
 from ..spec import Knobs
 from .envs import EngineEnvSpec
-from .flagscan import FlagSet, scan_flags
+from .flagscan import FlagSet, help_flags, scan_flags
 from .logs import LogPattern
 from .source import SourceTree
 from .state import FIELDS, ResolvedState, expected_state
@@ -272,10 +272,29 @@ class EngineAdapter(ABC):
             return tree
         return SourceTree.from_installed(install.python, self.package, self.distributions or (self.package,))
 
+    # how to ask an installed server for its flags (argv after the interpreter); () where it has no --help
+    help_command: ClassVar[tuple[str, ...]] = ()
+
     def flag_set(self, install: EngineInstall) -> FlagSet:
-        """The CLI flags this install defines, from a static scan of its source (cached per source)."""
+        """The CLI flags this install defines. A release `make check-engines` has read is taken from a static scan
+        of its source (cached per source). An installed version it has not read is asked for its `--help` where it
+        runs here: that list is the truth, the scan's choices and file:line are kept where it agrees, and every
+        disagreement is listed in `FlagSet.disagreements` (and logged), not hidden."""
         tree = self.source_tree(install)
-        return _scan_cached(tree)
+        try:
+            static, failed = _scan_cached(tree), None
+        except ServescopeError as e:
+            static, failed = None, e
+        if install.source or not self.help_command or known_release(self.name, install.version):
+            if static is None:
+                raise failed  # type: ignore[misc]
+            return static
+        helped = _help_cached(install.python, self.name, install.version, self.help_command)
+        if helped is None:
+            if static is None:
+                raise failed  # type: ignore[misc]
+            return static
+        return reconcile_flags(static, helped, failed)
 
     def knob_capabilities(self, install: EngineInstall) -> pd.DataFrame:
         """For each knob and value, the flags this version uses for it, or why it cannot (one row each)."""
@@ -333,6 +352,71 @@ KNOB_PROBES: list[dict[str, Any]] = [
 @cache
 def _scan_cached(tree: SourceTree) -> FlagSet:
     return scan_flags(tree)
+
+
+@cache
+def known_release(engine: str, version: str) -> bool:
+    """Whether `make check-engines` read this release (data/engines/matrix.csv): its static scan is trusted."""
+    from ..paths import project_root
+
+    path = project_root() / "data" / "engines" / "matrix.csv"
+    if not path.is_file():
+        return False
+    m = pd.read_csv(path, dtype=str, keep_default_na=False)
+    return bool(((m["engine"] == engine) & (m["version"] == version) & (m["problems"] == "")).any())
+
+
+@cache
+def _help_cached(python: str, engine: str, version: str, argv: tuple[str, ...]) -> FlagSet | None:
+    """The flags an installed engine's `--help` lists, or None where it cannot run here (logged)."""
+    import logging
+    import os
+
+    try:
+        res = subprocess.run([python, *argv], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "COLUMNS": "200"})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        logging.getLogger(__name__).warning("%s %s --help did not run (%s): using the static scan", engine, version, e)
+        return None
+    if res.returncode != 0 or "usage" not in res.stdout.lower():
+        logging.getLogger(__name__).warning("%s %s --help failed: %s", engine, version, res.stderr.strip()[-300:])
+        return None
+    return help_flags(res.stdout, engine, version, f"--help of {engine} {version} under {python}")
+
+
+_WARNED: set[tuple[str, str, str]] = set()
+
+
+def reconcile_flags(static: FlagSet | None, helped: FlagSet, scan_error: Exception | None = None) -> FlagSet:
+    """`--help` as the source of truth: its flags, with choices/file/line/deprecation from the static scan where it
+    knows the flag (choices `--help` prints win); the flags each lists that the other does not, in disagreements."""
+    import logging
+
+    table = helped.table.copy()
+    if static is not None:
+        known = static.table.set_index("flag")
+        for col in ("dest", "file", "line", "deprecated"):
+            table[col] = [known.at[f, col] if f in known.index else v for f, v in zip(table["flag"], table[col],
+                                                                                      strict=True)]
+        table["choices"] = [c if c is not None else (known.at[f, "choices"] if f in known.index else None)
+                            for f, c in zip(table["flag"], table["choices"], strict=True)]
+        a, b = set(static.table["flag"]), set(helped.table["flag"])
+        rows = [{"flag": f, "in": "source only"} for f in sorted(a - b) if len(f) > 2 and not f.startswith("<")] + \
+               [{"flag": f, "in": "--help only"} for f in sorted(b - a) if not f.startswith("--no-") and f != "--help"]
+        origin = f"{helped.origin} (the truth; static scan of {static.origin}: {len(a & b)} flags in both)"
+    else:
+        rows = [{"flag": "(all)", "in": f"--help only: the static scan failed ({scan_error})"}]
+        origin = f"{helped.origin} (the truth; the static scan failed)"
+    dis = pd.DataFrame(rows, columns=["flag", "in"])
+    if len(dis) and (helped.engine, helped.version, helped.origin) not in _WARNED:
+        _WARNED.add((helped.engine, helped.version, helped.origin))
+        logging.getLogger(__name__).warning("%s %s: --help and the static scan disagree on %d flags (%s)",
+                                            helped.engine, helped.version, len(dis),
+                                            ", ".join(f"{f} ({w})" for f, w in zip(dis["flag"].head(8),
+                                                                                   dis["in"].head(8), strict=True)))
+    return FlagSet(engine=helped.engine, version=helped.version, table=table, origin=origin,
+                   phases=static.phases if static else {}, enums=static.enums if static else {},
+                   disagreements=dis)
 
 
 _VERSION_PROBE = r"""

@@ -41,6 +41,8 @@ class FlagSet:
     origin: str  # what was read: 'sglang 0.5.23 (wheel)', '--help of ...'
     phases: dict[str, list[str]] = field(default_factory=dict)  # per-phase allowed values, where the version has them
     enums: dict[str, list[str]] = field(default_factory=dict)  # members of enums whose names are knob values
+    # where `--help` was the truth: flags it and the static scan do not share (flag, in: 'source only'/'--help only')
+    disagreements: pd.DataFrame | None = None
 
     def check_value(self, flag: str, value: Any) -> None:
         """KnobError if the version restricts this flag's values and this one is not among them."""
@@ -511,11 +513,13 @@ def help_flags(help_text: str, engine: str, version: str, origin: str) -> FlagSe
             break
     options = [re.split(r"\s{2,}", ln.strip(), maxsplit=1)[0] for ln in lines if ln.strip().startswith("-")]
     rows = []
-    for chunk in usage + options:
+    for chunk in options + usage:  # option lines first: they carry the choices ('--x {a,b}')
         for m in _HELP_FLAG.finditer(chunk):
             flag = m.group(1).rstrip(".,")
+            after = re.match(r"[ =]?\{([^{}]+)\}", chunk[m.end():])
+            choices = [c.strip() for c in after.group(1).split(",")] if after else None
             if flag != "-h" and len(flag) > 2:
                 rows.append({"flag": flag, "dest": None, "file": None, "line": None, "deprecated": False,
-                             "kind": "help", "choices": None})
+                             "kind": "help", "choices": choices})
     table = pd.DataFrame(rows, columns=FLAG_COLUMNS).drop_duplicates("flag", ignore_index=True)
     return FlagSet(engine=engine, version=version, table=table, origin=origin)

@@ -4,7 +4,7 @@ version cannot express raises an error that says what it can do instead.
 
 Graph intents on SGLang (see ../shared/knob-catalogue.md sections 1, 2):
 - 0.4.x: decode graphs only (prefill always eager); `--disable-cuda-graph`.
-- 0.5.4-0.5.9: piecewise prefill graphs opt-in, `--enable-piecewise-cuda-graph`.
+- 0.5.3.post2-0.5.9: piecewise prefill graphs opt-in, `--enable-piecewise-cuda-graph`.
 - ~0.5.10+: piecewise on by default, `--disable-piecewise-cuda-graph`.
 - 0.5.14+: per phase, `--cuda-graph-backend-decode/prefill full|breakable|disabled`; what each phase accepts is
   read from the version (0.5.14 has no full prefill graph, so cuda_graph='full' is refused there).
@@ -80,6 +80,7 @@ class SglangAdapter(EngineAdapter):
     """SGLang, launched as `python -m sglang.launch_server`."""
 
     name = "sglang"
+    help_command = ("-m", "sglang.launch_server", "--help")
     # SGLang compiles the model inside its decode CUDA-graph runner: with graphs off, --enable-torch-compile does
     # nothing, so compile is compared with decode graphs on both sides
     compile_study_graphs = "decode_only"
@@ -120,8 +121,8 @@ class SglangAdapter(EngineAdapter):
                 f.add("--enable-piecewise-cuda-graph")
             elif not pcg_default:
                 raise KnobError(f"{f.v} has no piecewise CUDA graphs: prefill always runs eager (it can: "
-                                f"{', '.join(can)}); piecewise prefill graphs arrived in 0.5.4 "
-                                "(--enable-piecewise-cuda-graph)")
+                                f"{', '.join(can)}); piecewise prefill graphs arrived in "
+                                "0.5.3.post2 (--enable-piecewise-cuda-graph)")
             # else: piecewise is this version's default (auto-disable rules may still turn it off: thread 1)
 
     def knob_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:

@@ -21,6 +21,7 @@ class TransformersAdapter(EngineAdapter):
     batches concurrent requests)."""
 
     name = "transformers"
+    help_command = ("-m", "transformers.cli.transformers", "serve", "--help")
     package = "transformers"
     accepts_ignore_eos = False  # its request validation answers 422 to fields it does not know
     distributions = ("transformers",)

