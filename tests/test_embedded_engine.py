@@ -177,6 +177,28 @@ def test_static_flag_scan_agrees_with_the_real_help():
 
 
 @pytest.mark.slow
+def test_an_unread_version_takes_its_real_help_as_the_truth(monkeypatch):
+    """A transformers the matrix has not read (the engine environment's 5.19, treated as unread): its own
+    `serve --help` gives the flags, and what it and the static scan disagree on is listed (the real case behind the
+    reconciliation's unit tests): its global options are --help only, and the hidden --non-blocking source only."""
+    from servescope.engines import base
+    from servescope.engines.envs import ensure_engine_env
+    from servescope.threads import environment as t00
+
+    python = str(ensure_engine_env(get_engine("vllm").managed_env(None)))
+    monkeypatch.setattr(base, "known_release", lambda engine, version: False)
+    ad = get_engine("transformers")
+    inst = ad.probe(python)
+    fs = ad.flag_set(inst)
+    assert fs.origin.startswith(f"--help of transformers {inst.version}") and fs.has("--cb-use-cuda-graph")
+    dis = dict(zip(fs.disagreements["flag"], fs.disagreements["in"], strict=True))
+    assert dis.get("--format") == "--help only" and dis.get("--non-blocking") == "source only"
+    assert ad.knob_flags(Knobs(cuda_graph="full", torch_compile=True), inst) == ["--cb-use-cuda-graph", "--compile"]
+    check = t00.flags_check({"name": "transformers", "python": python})
+    assert set(check["flag"]) >= {"--format", "--non-blocking"}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["sglang-0.4.10", "sglang-0.5.9", "sglang-0.5.23", "vllm-0.32.0",
                                  "transformers-5.17.0"])
 def test_log_patterns_match_the_engines_own_message_templates(wheel_install, key):

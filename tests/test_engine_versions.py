@@ -182,6 +182,12 @@ AUDIT_SRC = textwrap.dedent('''
     class Sampler:
         def can_run(self, batch):
             return False
+
+    class OldCudaGraphRunner:
+        def can_run(self, forward_batch):
+            is_bs_supported = forward_batch.batch_size <= self.max_bs
+            is_bs_supported = is_bs_supported and forward_batch.can_run_dp_cuda_graph
+            return is_bs_supported and self.other_ok
 ''')
 
 
@@ -199,7 +205,11 @@ def test_audit_forms_on_a_small_source():
     early = a[a["function"] == "DraftCudaGraphRunner._init_and_capture"]
     assert list(early["effect"]) == ["this graph runner captures nothing (returns before capture)"]
     batch = a[a["kind"] == PER_BATCH]
-    assert list(batch["function"]) == ["DraftCudaGraphRunner.can_run"]  # a plain can_run of a runner; not Sampler's
+    # a plain can_run of a runner (not Sampler's); a verdict returned as `a and b`: one row per conjunct
+    assert list(batch["function"]) == ["DraftCudaGraphRunner.can_run"] + ["OldCudaGraphRunner.can_run"] * 2
+    assert list(batch["condition"].iloc[1:]) == [
+        "not (is_bs_supported := (forward_batch.batch_size <= self.max_bs) and forward_batch.can_run_dp_cuda_graph)",
+        "not (self.other_ok)"]
     assert not a["function"].isin(["cuda_graph_fully_disabled", "add_cli_args", "ServerArgs"]).any()
 
 
@@ -212,6 +222,12 @@ def test_audit_of_sglang_0514_reads_silent_rule_tables_and_phase_assignments(whe
     assert set(native["file"]) == {"sglang/srt/server_args.py"}
     assert (find_rules(a, effect="captures nothing")["kind"] == STARTUP).all()
     assert not a["function"].str.endswith("cuda_graph_fully_disabled").any()
+
+
+def test_audit_of_sglang_0410_reads_its_can_run_verdict(wheel_install):
+    a = graph_disable_audit(get_engine("sglang").source_tree(wheel_install("sglang-0.4.10")))
+    bs = find_rules(a, condition=r"cuda_graph_bs <= self\.max_bs", file="cuda_graph_runner.py")
+    assert len(bs) and (bs["kind"] == PER_BATCH).all() and (bs["function"] == "CudaGraphRunner.can_run").any()
 
 
 def test_audit_of_sglang_0523_names_each_rule_of_its_tables(wheel_install):
@@ -287,6 +303,13 @@ def test_check_engines_on_one_release_per_form():
     refused = knobs[(knobs["version"] == "0.5.14") & (knobs["status"] == "refused")]
     assert list(refused["knobs"]) == ["cuda_graph=full"] and "it takes breakable" in refused["reason"].iloc[0]
     assert set(knobs["status"]) <= {"built", "refused"}
+    # the committed matrix (the README's table) is what this code reads from these releases today
+    committed = pd.read_csv(project_root() / "data" / "engines" / "matrix.csv", dtype={"version": str},
+                            keep_default_na=False).set_index(["engine", "version"])
+    cols = ["flags", "choices", "knobs_built", "knobs_refused", "audit_startup", "audit_per_batch",
+            "audit_named_rules", "audit_silent", "graph_intents", "declared"]
+    now = matrix.set_index(["engine", "version"])[cols]
+    pd.testing.assert_frame_equal(now, committed.loc[now.index, cols], check_dtype=False)
 
 
 def test_readme_engine_table_is_the_committed_matrix():

@@ -144,6 +144,36 @@ def _statement_effects(st: ast.stmt, function: str, cls: str = "") -> list[tuple
     return list(dict.fromkeys(out))
 
 
+def _can_run_verdict(st: ast.stmt, ctx: _Ctx) -> list[str]:
+    """The conjuncts of a graph runner's `can_run*` verdict returned as an expression (SGLang 0.4.x: `return
+    is_bs_supported and is_encoder_lens_supported and ...`), each local name shown with what it was assigned."""
+    method = ctx.function.rsplit(".", 1)[-1]
+    if not (isinstance(st, ast.Return) and st.value is not None and _CAN_RUN.search(method) and
+            ctx.cls and _RUNNER_CLASS.search(ctx.cls)):
+        return []
+    value = st.value.elts[0] if isinstance(st.value, ast.Tuple) and st.value.elts else st.value
+    if isinstance(value, ast.Constant):
+        return []
+    parts = value.values if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.And) else [value]
+    return [f"{ast.unparse(p)} := {ctx.assigned[p.id]}" if isinstance(p, ast.Name) and p.id in ctx.assigned
+            else ast.unparse(p) for p in parts]
+
+
+def _assignments(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, str]:
+    """Local names of a function and the (last) expression assigned to each, for conditions that name them."""
+    out: dict[str, str] = {}
+    found = [st for st in ast.walk(fn) if isinstance(st, ast.Assign) and len(st.targets) == 1 and
+             isinstance(st.targets[0], ast.Name)]
+    for st in sorted(found, key=lambda x: x.lineno):
+        name = st.targets[0].id  # type: ignore[attr-defined]
+        text = ast.unparse(st.value)
+        if name in out:  # `x = x and more`: the earlier value in its place
+            prev = f"({out[name]})"
+            text = re.sub(rf"(?<![\w.]){re.escape(name)}(?!\w)", lambda _m, p=prev: p, text)
+        out[name] = text if len(text) <= 300 else text[:297] + "..."
+    return out
+
+
 def _early_return(st: ast.stmt, ctx: _Ctx) -> tuple[str, str] | None:
     """A bare `return` in a graph runner's initialisation or capture, under a condition that turns graphs off:
     the runner never captures."""
@@ -165,6 +195,7 @@ class _Ctx:
     in_function: bool = False
     rule: str = ""  # the named rule of a rule table this block runs for
     subst: dict[str, str] = field(default_factory=dict)  # loop variables -> the rule's own name / condition
+    assigned: dict[str, str] = field(default_factory=dict)  # local names of the function -> what they hold
 
     def but(self, condition: str | None = None, **kw: object) -> _Ctx:
         """A copy with one more condition (loop variables replaced by the rule's own text)."""
@@ -174,7 +205,7 @@ class _Ctx:
                 condition = re.sub(rf"(?<![\w.]){re.escape(k)}(?!\w)", v, condition)
             conds = conds + [condition]
         base = {"function": self.function, "conditions": conds, "cls": self.cls, "in_function": self.in_function,
-                "rule": self.rule, "subst": self.subst}
+                "rule": self.rule, "subst": self.subst, "assigned": self.assigned}
         return _Ctx(**(base | kw))  # type: ignore[arg-type]
 
 
@@ -220,7 +251,7 @@ def _walk(body: list[ast.stmt], ctx: _Ctx, file: str, rows: list[dict],
     for st in body:
         if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
             _walk(st.body, _Ctx(function=f"{ctx.function}.{st.name}".removeprefix("<module>."), cls=ctx.cls,
-                                in_function=True), file, rows, _rule_table(st))
+                                in_function=True, assigned=_assignments(st)), file, rows, _rule_table(st))
         elif isinstance(st, ast.ClassDef):
             _walk(st.body, _Ctx(function=f"{ctx.function}.{st.name}".removeprefix("<module>."), cls=st.name),
                   file, rows)
@@ -253,18 +284,21 @@ def _walk(body: list[ast.stmt], ctx: _Ctx, file: str, rows: list[dict],
         else:
             if not ctx.in_function:
                 continue  # class-body fields and module constants are defaults and registrations, not rules
-            effects = _statement_effects(st, ctx.function, ctx.cls)
+            effects = [(k, e, ctx.conditions) for k, e in _statement_effects(st, ctx.function, ctx.cls)]
             early = _early_return(st, ctx)
             if early:
-                effects.append(early)
-            for kind, effect in effects:
+                effects.append((*early, ctx.conditions))
+            for part in _can_run_verdict(st, ctx):  # `return a and b`: each false conjunct is an eager batch
+                effects.append((PER_BATCH, "this batch runs eager (graph not replayed)",
+                                ctx.conditions + [f"not ({part})"]))
+            for kind, effect, conds in effects:
                 if message is None:
                     message = _block_message(body)
                 said = message
                 if ctx.rule:  # the loop logs the rule's own name, or nothing for an unnamed one
                     said = said.replace("%s", ctx.rule, 1) if ctx.rule != "(unnamed rule)" else ""
                 rows.append({"file": file, "line": st.lineno, "function": ctx.function, "kind": kind,
-                             "rule": ctx.rule, "effect": effect, "condition": _cond_text(ctx.conditions) or "(always)",
+                             "rule": ctx.rule, "effect": effect, "condition": _cond_text(conds) or "(always)",
                              "statement": ast.unparse(st)[:300], "message": said or SILENT})
 
 

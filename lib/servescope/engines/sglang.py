@@ -102,7 +102,8 @@ class SglangAdapter(EngineAdapter):
         per_phase = f.has("--cuda-graph-backend-decode", "--cuda-graph-backend-prefill")
         pcg_opt_in = f.has("--enable-piecewise-cuda-graph") and not f.has("--disable-piecewise-cuda-graph")
         pcg_default = f.has("--disable-piecewise-cuda-graph")
-        can = ["off", "decode_only"] + (["full", "piecewise"] if per_phase else
+        prefill_ok = f.fs.choices("--cuda-graph-backend-prefill") or ["full"] if per_phase else []
+        can = ["off", "decode_only"] + ((["full"] if "full" in prefill_ok else []) + ["piecewise"] if per_phase else
                                         ["piecewise"] if (pcg_opt_in or pcg_default) else [])
         if per_phase:  # 0.5.2x says each phase's backend outright
             decode, prefill = _PHASE_BACKENDS[mode]
@@ -239,7 +240,8 @@ class SglangAdapter(EngineAdapter):
             pre = (cfg.get("prefill") or {}).get("backend") or r.get("cuda_graph_backend_prefill")
             if dec is not None or pre is not None:  # 0.5.2x per-phase backends
                 dec, pre = dec or "full", pre or "disabled"
-                phase = {"disabled": "off", "full": "full", "breakable": "piecewise", "piecewise": "piecewise"}
+                phase = {"disabled": "off", "full": "full", "breakable": "piecewise", "piecewise": "piecewise",
+                         "tc_piecewise": "piecewise"}
                 st.graph_decode, st.graph_prefill = phase.get(dec, dec), phase.get(pre, pre)
                 st.graph_mode = f"decode={dec} prefill={pre}"
             elif r.get("disable_cuda_graph"):
