@@ -325,3 +325,32 @@ def test_source_tree_of_a_release_is_the_sdist_for_vllm(wheel_install):
     tree = source_tree(get_engine("vllm"), "0.33.0")
     assert tree.origin == "sdist" and tree.exists("vllm/entrypoints/common/cli_args.py")
     assert tree.label() == "vllm 0.33.0 (sdist)"
+
+
+def test_check_engines_exits_non_zero_on_an_inconsistency(monkeypatch, tmp_path, capsys):
+    from servescope import cli
+    from servescope.engines import matrix as mx
+
+    real = mx.check_release
+
+    def broken(adapter, tree):
+        res = real(adapter, tree)
+        res.row["problems"] = "cuda_graph=full: AttributeError: boom"
+        return res
+
+    args = ["check-engines", "--engine", "transformers", "--version", "transformers=5.23.0",
+            "--csv", str(tmp_path / "m.csv"), "--knobs-csv", str(tmp_path / "k.csv")]
+    assert cli.main(args) == 0
+    monkeypatch.setattr(mx, "check_release", broken)
+    assert cli.main(args) == 1
+    out = capsys.readouterr().out
+    assert "1 releases, 1 with problems" in out and "transformers 5.23.0: cuda_graph=full: AttributeError" in out
+    assert pd.read_csv(tmp_path / "m.csv")["problems"].iloc[0].startswith("cuda_graph=full")
+
+
+def test_flags_cli_reads_vllm_from_its_sdist(wheel_install, capsys):
+    from servescope import cli
+
+    wheel_install("vllm-0.33.0")  # cached
+    assert cli.main(["flags", "vllm", "--wheel", "vllm==0.33.0"]) == 0
+    assert "vllm 0.33.0: 371 flags (vllm 0.33.0 (" in capsys.readouterr().out
