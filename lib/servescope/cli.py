@@ -237,7 +237,8 @@ def _cmd_audit(a: argparse.Namespace) -> int:
         audit = audit[audit["kind"] == a.kind]
     with pd.option_context("display.width", 200, "display.max_colwidth", 90, "display.max_rows", 500):
         print(f"{ad.name} {inst.version}: {len(audit)} places that turn CUDA graphs off or force eager")
-        print(audit[["file", "line", "function", "kind", "effect", "condition"]].to_string(index=False))
+        print(audit[["file", "line", "function", "kind", "rule", "effect", "condition", "message"]]
+              .to_string(index=False))
     if a.out:
         audit.to_csv(a.out, index=False)
     return 0

@@ -204,18 +204,6 @@ class Constants:
         return got or None
 
 
-def literal_lists(source: str) -> dict[str, list[str]]:
-    """Module-level `NAME = [\"a\", \"b\", ...]` assignments of one file."""
-    c = Constants().add(source)
-    out = {}
-    for name, (node, cls) in c.nodes.items():
-        if cls is None and isinstance(node, (ast.List, ast.Tuple)):
-            got = c.resolve(node)
-            if got:
-                out[name] = got
-    return out
-
-
 def _choices(node: ast.AST | None, constants: Constants | None) -> list[str] | None:
     if node is None:
         return None
