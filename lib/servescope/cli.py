@@ -198,7 +198,6 @@ def _install_for(a: argparse.Namespace):
     environment."""
     from .engines import get_engine
     from .engines.base import EngineInstall
-    from .engines.source import fetch_wheel
     from .launch import find_install
     from .spec import EngineSpec
 
@@ -211,14 +210,11 @@ def _install_for(a: argparse.Namespace):
         if dist.lower().replace("_", "-") not in names:
             raise ServescopeError(f"--wheel {a.wheel} is not a {ad.name} wheel (it reads {' or '.join(names)}); "
                                   f"did you mean `{dist.split('-')[0]}` as the engine?")
-        from .engines.matrix import PREFER_SDIST
-        from .engines.source import SourceTree, fetch_sdist
+        from .engines.matrix import source_tree
 
-        # vLLM's wheel is 336 MB of compiled code around its Python source: its published sdist is read instead
-        source = SourceTree.from_sdist(fetch_sdist(dist, version), ad.package).location \
-            if ad.name in PREFER_SDIST else str(fetch_wheel(dist, version))
+        # the release's published source as check-engines reads it (vLLM: its sdist, not the 336 MB wheel)
         return ad, EngineInstall(python=sys.executable, version=version, distribution=dist, platform="cuda",
-                                 source=source)
+                                 source=source_tree(ad, version).location)
     if not a.python and ad.managed_env(None) is None:
         raise ServescopeError(f"engine {a.engine!r} has no managed environment: give --python or --wheel")
     return ad, find_install(EngineSpec(name=a.engine, python=a.python))

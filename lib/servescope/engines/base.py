@@ -366,22 +366,39 @@ def known_release(engine: str, version: str) -> bool:
     return bool(((m["engine"] == engine) & (m["version"] == version) & (m["problems"] == "")).any())
 
 
-@cache
-def _help_cached(python: str, engine: str, version: str, argv: tuple[str, ...]) -> FlagSet | None:
-    """The flags an installed engine's `--help` lists, or None where it cannot run here (logged)."""
-    import logging
+def run_help(python: str, engine: str, version: str, argv: tuple[str, ...], timeout_s: float = 300.0) -> FlagSet:
+    """The flags an installed engine's `--help` lists; ServescopeError where it does not run."""
     import os
 
     try:
-        res = subprocess.run([python, *argv], capture_output=True, text=True, timeout=300,
+        res = subprocess.run([python, *argv], capture_output=True, text=True, timeout=timeout_s,
                              env={**os.environ, "COLUMNS": "200"})
     except (OSError, subprocess.TimeoutExpired) as e:
-        logging.getLogger(__name__).warning("%s %s --help did not run (%s): using the static scan", engine, version, e)
-        return None
+        raise ServescopeError(f"{engine} --help did not run: {e}") from e
     if res.returncode != 0 or "usage" not in res.stdout.lower():
-        logging.getLogger(__name__).warning("%s %s --help failed: %s", engine, version, res.stderr.strip()[-300:])
-        return None
+        raise ServescopeError(f"{engine} --help failed: {res.stderr.strip()[-300:]}")
     return help_flags(res.stdout, engine, version, f"--help of {engine} {version} under {python}")
+
+
+@cache
+def _help_cached(python: str, engine: str, version: str, argv: tuple[str, ...]) -> FlagSet | None:
+    """run_help once per install, or None where it cannot run here (logged: the static scan is used)."""
+    import logging
+
+    try:
+        return run_help(python, engine, version, argv)
+    except ServescopeError as e:
+        logging.getLogger(__name__).warning("%s %s: %s; using the static scan", engine, version, e)
+        return None
+
+
+def flag_disagreements(static: FlagSet, helped: FlagSet) -> pd.DataFrame:
+    """The flags the static scan and `--help` do not share (flag, in: 'source only' / '--help only'); `--no-x`
+    negations and positionals aside."""
+    a, b = set(static.table["flag"]), set(helped.table["flag"])
+    rows = [{"flag": f, "in": "source only"} for f in sorted(a - b) if len(f) > 2 and not f.startswith("<")] + \
+           [{"flag": f, "in": "--help only"} for f in sorted(b - a) if not f.startswith("--no-") and f != "--help"]
+    return pd.DataFrame(rows, columns=["flag", "in"])
 
 
 _WARNED: set[tuple[str, str, str]] = set()
@@ -400,14 +417,12 @@ def reconcile_flags(static: FlagSet | None, helped: FlagSet, scan_error: Excepti
                                                                                       strict=True)]
         table["choices"] = [c if c is not None else (known.at[f, "choices"] if f in known.index else None)
                             for f, c in zip(table["flag"], table["choices"], strict=True)]
-        a, b = set(static.table["flag"]), set(helped.table["flag"])
-        rows = [{"flag": f, "in": "source only"} for f in sorted(a - b) if len(f) > 2 and not f.startswith("<")] + \
-               [{"flag": f, "in": "--help only"} for f in sorted(b - a) if not f.startswith("--no-") and f != "--help"]
-        origin = f"{helped.origin} (the truth; static scan of {static.origin}: {len(a & b)} flags in both)"
+        dis = flag_disagreements(static, helped)
+        both = len(set(static.table["flag"]) & set(helped.table["flag"]))
+        origin = f"{helped.origin} (the truth; static scan of {static.origin}: {both} flags in both)"
     else:
-        rows = [{"flag": "(all)", "in": f"--help only: the static scan failed ({scan_error})"}]
+        dis = pd.DataFrame([{"flag": "(all)", "in": f"--help only: the static scan failed ({scan_error})"}])
         origin = f"{helped.origin} (the truth; the static scan failed)"
-    dis = pd.DataFrame(rows, columns=["flag", "in"])
     if len(dis) and (helped.engine, helped.version, helped.origin) not in _WARNED:
         _WARNED.add((helped.engine, helped.version, helped.origin))
         logging.getLogger(__name__).warning("%s %s: --help and the static scan disagree on %d flags (%s)",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 from typing import Any
 
 import pandas as pd
@@ -13,8 +12,8 @@ import psutil
 
 from .. import hostcpu
 from ..engines import get_engine
-from ..engines.base import EngineInstall
-from ..engines.flagscan import FlagSet, help_flags
+from ..engines.base import EngineInstall, flag_disagreements, run_help
+from ..engines.flagscan import FlagSet
 from ..errors import ServescopeError
 from ..findings import Finding
 from ..launch import find_install
@@ -90,20 +89,14 @@ def flags_check(engine: dict[str, Any] | EngineSpec, timeout_s: float = 180.0) -
         return out
     helped = engine_help(e.name, inst, timeout_s)
     a, b = set(static.table["flag"]), set(helped.table["flag"])
-    rows = [{"flag": f, "in": "source only"} for f in sorted(a - b) if len(f) > 2] + \
-           [{"flag": f, "in": "--help only"} for f in sorted(b - a) if not f.startswith("--no-") and f != "--help"]
-    out = pd.DataFrame(rows, columns=["flag", "in"])
+    out = flag_disagreements(static, helped)
     out.attrs["summary"] = f"{len(a)} flags in the source, {len(b)} in --help, {len(a & b)} in both"
     return out
 
 
 def engine_help(name: str, inst: EngineInstall, timeout_s: float = 180.0) -> FlagSet:
     """Flags from running the engine's `--help`."""
-    res = subprocess.run([inst.python, *get_engine(name).help_command], capture_output=True, text=True, timeout=timeout_s,
-                         env={**os.environ, "COLUMNS": "200"})
-    if res.returncode != 0:
-        raise ServescopeError(f"{name} --help failed: {res.stderr.strip()[-300:]}")
-    return help_flags(res.stdout, name, inst.version, f"{name} --help")
+    return run_help(inst.python, name, inst.version, get_engine(name).help_command, timeout_s)
 
 
 def capabilities(engine: dict[str, Any] | EngineSpec) -> pd.DataFrame:
