@@ -62,11 +62,17 @@ def test_missing_engine_is_a_failure_that_says_what_to_run(tmp_path):
     assert checks["token: eager"].status == "fail"
 
 
-def test_cpu_check_warns_for_a_bfloat16_model_on_amx(monkeypatch):
+def test_cpu_check_says_what_amx_means_and_warns_only_when_the_permission_is_turned_off(monkeypatch):
     monkeypatch.setattr(hostcpu, "isa", lambda: {f: True for f in hostcpu.ISA_FLAGS})
-    warn = doctor.check_cpu(ModelSpec(tiny={"dtype": "bfloat16"}), EngineSpec())
-    assert warn.status == "warn" and "SIGILL" in warn.detail and "float32" in warn.detail
-    assert doctor.check_cpu(ModelSpec(tiny={}), EngineSpec()).status == "ok"  # the default tiny model is float32
+    monkeypatch.setattr(hostcpu, "amx_tile_data_supported_by_kernel", lambda: True)
+    ok = doctor.check_cpu(ModelSpec(tiny={}), EngineSpec())
+    assert ok.status == "ok" and "asks at start" in ok.detail
+    monkeypatch.setenv("SERVESCOPE_AMX_PERMISSION", "0")
+    warn = doctor.check_cpu(ModelSpec(tiny={}), EngineSpec())
+    assert warn.status == "warn" and "SIGILL" in warn.detail
+    monkeypatch.setattr(hostcpu, "isa", lambda: {f: f not in ("amx_tile", "amx_bf16", "amx_int8") for f in
+                                                 hostcpu.ISA_FLAGS})
+    assert doctor.check_cpu(ModelSpec(tiny={}), EngineSpec()).status == "ok"  # no AMX: nothing to warn about
 
 
 def test_table_lists_every_check():

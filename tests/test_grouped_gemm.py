@@ -66,4 +66,4 @@ def test_not_moe_and_model_facts(tmp_path):
     s = t06.shape_of(ModelSpec(path=str(tmp_path)))
     assert (s.experts, s.top_k, s.layers, s.moe_layers, s.inter) == (8, 2, 6, 4, 32) and s.is_moe
     tiny = t06.shape_of(ModelSpec(tiny={}))
-    assert (tiny.experts, tiny.top_k, tiny.moe_layers, tiny.dtype) == (16, 4, 4, "float32")
+    assert (tiny.experts, tiny.top_k, tiny.moe_layers, tiny.dtype) == (16, 4, 4, "bfloat16")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 import shutil
 import sys
@@ -138,13 +139,11 @@ def check_disk(engine_ready: bool) -> Check:
 
 
 def check_cpu(model: ModelSpec, engine: EngineSpec) -> Check:
-    """CPU model, the extensions that pick a CPU engine's kernels, and what AMX means for the model's dtype."""
+    """CPU model, the extensions that pick a CPU engine's kernels, and what AMX means for the engine's processes."""
     detail = f"{hostcpu.cpu_model()}; {hostcpu.isa_text()}; fingerprint {hostcpu.fingerprint()}; {hostcpu.amx_note()}"
-    risky = (model.tiny is not None and model.tiny.dtype in ("bfloat16", "float16") and hostcpu.isa()["amx_tile"]
-             and engine.name == "vllm")
-    if risky:
-        return Check("CPU", "warn", detail + f"; this tiny model is {model.tiny.dtype}: eager vLLM CPU workers run AMX "
-                     "kernels without the permission and die from SIGILL (use dtype float32)")
+    if hostcpu.isa()["amx_tile"] and os.environ.get("SERVESCOPE_AMX_PERMISSION", "1") == "0" and engine.name == "vllm":
+        return Check("CPU", "warn", detail + "; but SERVESCOPE_AMX_PERMISSION=0: eager vLLM CPU workers running "
+                     "bfloat16 will die from SIGILL at their first AMX attention call")
     return Check("CPU", "ok", detail)
 
 
@@ -205,13 +204,23 @@ def token_check(cls: str, engine: EngineSpec, model: ModelSpec, log_root: Path) 
         prep = prepare(engine, model, say=lambda m: None)
         with serve(prep, TOKEN_CLASSES[cls], log_dir) as target:
             first = target.startup.get("first_token_s")
-        return Check(f"token: {cls}", "ok", f"first token {first:.0f} s after launch ({' '.join(target.flags) or 'no flags'})",
-                     time.monotonic() - t0)
+            st = get_engine(engine.name).resolved_state(target.resolved_config)
+        served = f"; weights served in {st.dtype_words()}" if st.dtype else f"; dtype {st.why_missing('dtype')}"
+        return Check(f"token: {cls}", "ok", f"first token {first:.0f} s after launch "
+                     f"({' '.join(target.flags) or 'no flags'}){served}{amx_evidence(log_dir)}", time.monotonic() - t0)
     except ServerError as e:
         head = e.deaths[0].text().replace("\n", "; ") if e.deaths else str(e).splitlines()[0]
         return Check(f"token: {cls}", "fail", f"{head} (logs: {log_dir})", time.monotonic() - t0)
     except ServescopeError as e:
         return Check(f"token: {cls}", "fail", str(e).splitlines()[0], time.monotonic() - t0)
+
+
+def amx_evidence(log_dir: Path) -> str:
+    """How many processes of the server's tree logged that they asked for the AMX tile permission (empty: none did,
+    as on a CPU without AMX)."""
+    text = "\n".join(p.read_text(errors="replace") for p in Path(log_dir).glob("server.*.log"))
+    granted = len(re.findall(r"servescope: AMX tile permission granted", text))
+    return f"; AMX tile permission granted to {granted} engine process(es)" if granted else ""
 
 
 def cache_path(env_key: str, model: ModelSpec) -> Path:

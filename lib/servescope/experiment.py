@@ -58,6 +58,7 @@ class Results:
     kernels: pd.DataFrame = field(default_factory=pd.DataFrame)  # kernel tables of profiled points (config, rep)
     profiles: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per profiled window: level, seconds, ...
     runtime: pd.DataFrame = field(default_factory=pd.DataFrame)  # launch/runtime API calls of profiled points
+    stopped: str = ""  # why the repetitions ended (resolved after n, a budget, the store's extent offline)
 
     def outcome(self, thread: str, findings: list[Finding]) -> Outcome:
         """Points planned, measured and failed, the first error (and signal), and how many findings answer."""
@@ -78,7 +79,7 @@ class Results:
                        telemetry={k: pick(v) for k, v in self.telemetry.items()},
                        telemetry_status=pick(self.telemetry_status), planned=int(self.points["config"].isin(
                            keep).sum()) if len(self.points) else 0, kernels=pick(self.kernels),
-                       profiles=pick(self.profiles), runtime=pick(self.runtime))
+                       profiles=pick(self.profiles), runtime=pick(self.runtime), stopped=self.stopped)
 
     def client_health(self) -> pd.DataFrame:
         """Per configuration, repetition and point: how busy the load client was, whether it limited the
@@ -209,51 +210,150 @@ def point_parts(engine: EngineSpec, model: ModelSpec, knobs: Knobs, load: LoadSp
     return parts
 
 
+@dataclass(frozen=True)
+class RepetitionPlan:
+    """How many repetitions: at least min_reps; more, one at a time, while the study's `until` callback names
+    configurations whose headline effect is not resolved, up to max_reps and while the next repetition fits in
+    budget_s of wall time (0: no time limit)."""
+
+    min_reps: int = 3
+    max_reps: int = 3
+    budget_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.min_reps < 1:
+            raise ServescopeError("repetitions must be at least 1")
+        if self.max_reps < self.min_reps:
+            raise ServescopeError(f"max_repetitions ({self.max_reps}) is below repetitions ({self.min_reps})")
+        if self.budget_s < 0:
+            raise ServescopeError("budget_s must be 0 (no limit) or more")
+
+
+# until(results so far) -> the configurations that need another repetition (empty: every headline is resolved)
+Until = Callable[[Results], set[str]]
+
+
 def measure(
     engine: EngineSpec, model: ModelSpec, configs: Sequence[Config], load: LoadSpec, repetitions: int = 3,
     store: Store | None = None, offline: bool = False, force: bool = False, progress: bool = False,
     say: Callable[[str], None] = _say, telemetry: TelemetrySpec | None = None, profile: ProfileSpec | None = None,
+    plan: RepetitionPlan | None = None, until: Until | None = None,
 ) -> Results:
-    """Each repetition launches every configuration once, alternating their order (ABBA...) so drift cancels.
-
-    Completed points come from the store; a failing point is recorded and the rest go on."""
-    if repetitions < 1:
-        raise ServescopeError("repetitions must be at least 1")
+    """Each repetition launches every configuration once, alternating their order (ABBA...) so drift cancels; past
+    the plan's minimum, a repetition runs only the configurations `until` names, and the loop ends when it names
+    none, at the plan's maximum, or when the next repetition would not fit the time budget (Results.stopped says
+    which). Completed points come from the store; a failing point is recorded and the rest go on."""
+    plan = plan or RepetitionPlan(repetitions, repetitions)
     if len({c.name for c in configs}) != len(configs):
         raise ServescopeError("configuration names must be unique")
     store = store or Store()
     prep: Prepared | None = None
     telemetry = telemetry or TelemetrySpec()
     acc = _Tables()
-    for rep in range(repetitions):
-        order = list(configs) if rep % 2 == 0 else list(reversed(configs))
+    t0, planned, rep_s = time.monotonic(), 0, 0.0
+    active, stopped = list(configs), ""
+    rep = 0
+    while rep < plan.max_reps:
+        if rep >= plan.min_reps:
+            need = until(acc.results(planned)) if until is not None else set()
+            active = [c for c in configs if c.name in need]
+            if not active:
+                stopped = f"resolved after {rep} repetitions"
+                break
+            if plan.budget_s and time.monotonic() - t0 + rep_s > plan.budget_s:
+                stopped = (f"time budget spent: {time.monotonic() - t0:.0f} s of budget_s={plan.budget_s:.0f}, and "
+                           f"a repetition takes about {rep_s:.0f} s")
+                break
+        order = active if rep % 2 == 0 else list(reversed(active))
+        t_rep, launched, missing = time.monotonic(), False, False
         for cfg in order:
             parts = point_parts(engine, model, cfg.knobs, load, rep, profile)
             key = store.key(parts)
-            tag = f"rep {rep + 1}/{repetitions} {cfg.name}"
+            tag = f"rep {rep + 1} {cfg.name}" + (f" (of at least {plan.min_reps})" if plan.max_reps > plan.min_reps
+                                                 else f"/{plan.max_reps}")
             try:
                 if store.has(key) and not force:
                     say(f"{tag}: from store ({key})")
+                elif rep >= 1 and offline:  # a repetition the measuring run did not take (or an older, shorter run)
+                    missing = True
+                    continue
                 else:
                     if offline:
                         raise NotMeasuredError(f"{tag}: not in the store ({key}) and offline=True")
                     if prep is None:
                         prep = prepare(engine, model, say)
                         _check_all(prep, configs)  # before the first launch, every configuration at once
-                    if force:
-                        store.drop_partial(key)
-                    _run_point(store, key, parts, prep, cfg, load, progress, tag, say, telemetry, profile)
+                    shared = None if force else _shared_point(store, key, parts, prep, cfg, profile)
+                    if shared is not None:
+                        say(f"{tag}: the same launch as stored point {shared} (one configuration, measured once)")
+                    else:
+                        if force:
+                            store.drop_partial(key)
+                        launched = True
+                        _run_point(store, key, parts, prep, cfg, load, progress, tag, say, telemetry, profile)
                 pt = store.get(key)
             except SpecError:  # bad input (model path, a knob this version or machine cannot run): stop, launch nothing
                 raise
             except Exception as e:  # a failed point must not lose the others
+                planned += 1
                 acc.errors.append(error_row(cfg.name, rep, key, e))
                 say(f"{tag}: FAILED: {acc.errors[-1]['summary']}")
                 if acc.errors[-1]["death"]:
                     say("  " + acc.errors[-1]["death"].replace("\n", "\n  "))
                 continue
+            planned += 1
             acc.add(pt, key, {"config": cfg.name, "rep": rep})
-    return acc.results(planned=repetitions * len(configs))
+        if missing:
+            stopped = f"the store holds {rep} repetition{'s' if rep > 1 else ''} (offline: nothing more is measured)"
+            break
+        if launched:
+            rep_s = time.monotonic() - t_rep
+        rep += 1
+    else:
+        stopped = f"max_repetitions={plan.max_reps} reached" if plan.max_reps > plan.min_reps else \
+            f"{plan.max_reps} repetitions, as asked"
+    res = acc.results(planned)
+    # the measuring run's reason stands in offline renders of the same store (a budget is not seen from the data)
+    note = {"points": [point_parts(engine, model, c.knobs, load, 0, profile) for c in configs],
+            "plan": [plan.min_reps, plan.max_reps, plan.budget_s]}
+    if offline:
+        said = store.note("repetitions", note)
+        res.stopped = said["stopped"] if said and said.get("reps") == rep else stopped
+    else:
+        store.put_note("repetitions", note, {"stopped": stopped, "reps": rep})
+        res.stopped = stopped
+    return res
+
+
+def launch_identity(prep: Prepared, cfg: Config, parts: dict[str, Any]) -> dict[str, Any]:
+    """What makes two points the same measurement: the command and environment the adapter builds for the
+    configuration (port and paths left out), how many servers and how requests are routed, and everything else of
+    the point's key but the knobs (engine, model, load, repetition, profile)."""
+    adapter = get_engine(prep.engine.name)
+    plan = adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
+                        host=prep.engine.host, port=1, knobs=cfg.knobs, extra_env=dict(prep.engine.env))
+    cmd = ["{port}" if a == "1" and i and plan.command[i - 1] == "--port" else a for i, a in enumerate(plan.command)]
+    cmd = [a.replace(prep.model_path, "{model}") for a in cmd]
+    return {**{k: v for k, v in parts.items() if k != "knobs"}, "command": cmd, "env": dict(sorted(plan.env.items())),
+            "replicas": cfg.knobs.replicas, "route": cfg.knobs.route or "round_robin"}
+
+
+def _shared_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config,
+                  profile: ProfileSpec | None) -> str | None:
+    """A stored point that is the same launch as this one (another thread asked for it with other knobs): recorded as
+    an alias of this key so that both read one measurement, and returned; None when there is none."""
+    if not get_engine(prep.engine.name).launches or (profile is not None and profile.kind != "none"):
+        return None  # an external server is not launched; a profiled launch carries its own output paths
+    try:
+        ident = store.key(launch_identity(prep, cfg, parts))
+    except (ServescopeError, OSError, ValueError):
+        return None
+    other = store.launch_point(ident)
+    if other is None or other == key:
+        store.index_launch(ident, key)  # this key will be the measurement of that launch
+        return None
+    store.put_alias(key, other)
+    return other
 
 ERROR_COLUMNS = ("config", "rep", "key", "error_type", "summary", "signal", "death", "error", "traceback")
 
@@ -437,4 +537,5 @@ def python_version() -> str:
     return sys.version.split()[0]
 
 
-__all__ = ["Config", "Results", "measure", "point_parts", "engine_identity", "Path"]
+__all__ = ["Config", "Results", "RepetitionPlan", "measure", "point_parts", "engine_identity", "launch_identity",
+           "Path"]

@@ -30,12 +30,16 @@ class Effect(BaseModel):
     at: str = ""
     baseline: str = ""
     treatment: str = ""
+    per_rep_pct: list[float] = Field(default_factory=list, description="the effect in each paired repetition")
+    status: str = ""  # 'better' | 'worse' | 'no change' | 'unresolved' (analysis.ab.Headline)
+    stopped: str = ""  # how the repetitions ended: resolved after n, or a budget spent
+    method: str = ""  # the statistics behind the interval
 
     def text(self) -> str:
         """'+12.3% output_tok_s (90% CI +8.1..+15.0%, n=3, at c=16)'."""
         ci = (f"90% CI {self.ci_low_pct:+.1f}..{self.ci_high_pct:+.1f}%, " if self.ci_low_pct is not None
               and self.ci_high_pct is not None and self.ci_low_pct == self.ci_low_pct else "")
-        at = f", at {self.at}" if self.at else ""
+        at = f", {self.at}" if self.at.startswith(("mean", "at ")) else f", at {self.at}" if self.at else ""
         return f"{self.value_pct:+.1f}% {self.metric} ({ci}n={self.n}{at})"
 
 

@@ -61,11 +61,13 @@ def amx_tile_data_supported_by_kernel() -> bool | None:
 def amx_note() -> str:
     """What AMX means for a CPU engine here, in one sentence."""
     if not isa()["amx_tile"]:
-        return "no AMX: CPU engines take their AVX-512/AVX2 paths"
+        return "no AMX: CPU engines take their AVX-512/AVX2 paths; servescope asks for nothing"
     kernel = amx_tile_data_supported_by_kernel()
-    offered = "Linux offers tile data to processes that ask" if kernel else "Linux does not offer tile data"
-    return (f"AMX reported ({offered}): a process must ask (arch_prctl ARCH_REQ_XCOMP_PERM) before its first tile "
-            "instruction or it dies from SIGILL; vLLM CPU's bfloat16 kernels do not ask")
+    if not kernel:
+        return "AMX reported, but Linux does not offer tile data: CPU engines cannot use AMX here"
+    return ("AMX reported and offered by Linux: a process must ask (arch_prctl ARCH_REQ_XCOMP_PERM) before its first "
+            "tile instruction or it dies from SIGILL; vLLM CPU's bfloat16 kernels do not ask, so every Python process "
+            "of a server servescope launches asks at start (engine_site/sitecustomize.py)")
 
 
 def fingerprint() -> str:

@@ -105,6 +105,18 @@ def model_config(path: str) -> dict[str, Any]:
     return {**cfg, **text}
 
 
+def config_dtype(path: str) -> str | None:
+    """The dtype a local model folder's config.json declares ('bfloat16'), or None where it says none or is not here."""
+    cfg = model_config(path)
+    d = cfg.get("dtype") or cfg.get("torch_dtype")
+    return short_dtype(d) if d else None
+
+
+def short_dtype(value: object) -> str:
+    """'torch.bfloat16' -> 'bfloat16'."""
+    return str(value).removeprefix("torch.")
+
+
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token")
 

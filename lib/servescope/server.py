@@ -78,6 +78,16 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
+ENGINE_SITE = Path(__file__).with_name("engine_site")
+
+
+def engine_site_path(pythonpath: str = "") -> str:
+    """PYTHONPATH for a launched server: servescope's engine_site first (its sitecustomize asks Linux for the AMX tile
+    permission in every Python process of the tree, which vLLM's CPU kernels need and never ask for), then the rest."""
+    rest = [p for p in pythonpath.split(os.pathsep) if p and Path(p) != ENGINE_SITE]
+    return os.pathsep.join([str(ENGINE_SITE), *rest])
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that is free now on host, below the kernel's ephemeral range (client sockets, such as a load
     generator's or another launch's readiness polls, take ephemeral ports and could take it before the server
@@ -244,6 +254,7 @@ class ManagedServer:
         self._files = [out, err]
         # plain logs (they are parsed and shown in reports); faulthandler so a Python process dying from a signal says so
         env = {**os.environ, "NO_COLOR": "1", **_deaths.env_for_python_servers(), **self.env}
+        env["PYTHONPATH"] = engine_site_path(env.get("PYTHONPATH", ""))  # each Python process may use its CPU's AMX
         self.watch = TreeWatch(oom_kills_at_start=_deaths.oom_kill_count())
         self._t0 = time.monotonic()
         self.proc = subprocess.Popen(

@@ -42,10 +42,10 @@ class TinyModelSpec(_Spec):
     top_k: int = Field(4, ge=1)
     vocab_size: int = Field(512, ge=300, description="BPE target size; the byte alphabet alone is 256")
     max_position_embeddings: int = Field(4096, ge=256)
-    # float32 by default: vLLM CPU's bfloat16 attention and fused-MoE kernels run AMX tile instructions on CPUs that
-    # report AMX without asking Linux for the tile permission, so eager workers die from SIGILL there
-    # (lib/servescope/engines/vllm_cpu.md); in float32 no kernel of the engine touches AMX, on any x86 CPU
-    dtype: Literal["bfloat16", "float16", "float32"] = "float32"
+    # bfloat16, what LLM servers run; vLLM CPU serves float32 configs in bfloat16 anyway ("Attempted to load weight
+    # ... float32 into parameter with dtype torch.bfloat16"), and its bfloat16 kernels take AMX paths on CPUs that
+    # report AMX: servescope's engine_site asks Linux for the tile permission in every engine process
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     # False: the model and generation configs carry no end-of-sequence token (the tokenizer keeps its own), so an
     # engine that cannot be told ignore_eos (transformers serve) still answers with the requested length
     stops_at_eos: bool = False

@@ -71,11 +71,39 @@ class Store:
         return self.root / key
 
     def has(self, key: str) -> bool:
-        """True when a completed point is stored under key."""
-        m = self.path(key) / MANIFEST
+        """True when a completed point is stored under key (or under the key it is an alias of)."""
+        m = self.path(self.resolve(key)) / MANIFEST
         if not m.is_file():
             return False
         return json.loads(m.read_text()).get("status") == "complete"
+
+    # -- one launch, one measurement: keys whose configurations launch the same server share a point ----------
+    def resolve(self, key: str) -> str:
+        """The key whose folder holds key's measurement: key itself, or the point it is an alias of."""
+        if (self.root / key).is_dir():
+            return key
+        p = self.root / "_notes" / "aliases" / f"{key}.json"
+        return str(json.loads(p.read_text())["data"]["key"]) if p.is_file() else key
+
+    def put_alias(self, key: str, target: str) -> None:
+        """Record that key is measured by target's point (the same launch asked for with other knobs)."""
+        p = self.root / "_notes" / "aliases" / f"{key}.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(p, {"parts": {"alias_of": target}, "data": {"key": target}})
+
+    def launch_point(self, launch_key: str) -> str | None:
+        """The completed point that measured this launch (see experiment.launch_identity), or None."""
+        p = self.root / "_notes" / "launches" / f"{launch_key}.json"
+        if not p.is_file():
+            return None
+        key = str(json.loads(p.read_text())["data"]["key"])
+        return key if self.has(key) else None
+
+    def index_launch(self, launch_key: str, key: str) -> None:
+        """Note that key is (or is about to be) the measurement of this launch."""
+        p = self.root / "_notes" / "launches" / f"{launch_key}.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(p, {"parts": {"launch": launch_key}, "data": {"key": key}})
 
     def keys(self) -> list[str]:
         """Keys of every completed point, oldest first (by the start its manifest recorded, so the order survives
@@ -92,9 +120,10 @@ class Store:
         return [p.name for p in sorted(done, key=started)]
 
     def get(self, key: str) -> Point:
-        """Read a completed point."""
-        p = self.path(key)
-        return Point(key, p, json.loads((p / MANIFEST).read_text()))
+        """Read a completed point (an alias reads the point it names)."""
+        real = self.resolve(key)
+        p = self.path(real)
+        return Point(real, p, json.loads((p / MANIFEST).read_text()))
 
     # -- levels written as they finish, kept across failed attempts until the point completes ------------------
     def partial_dir(self, key: str) -> Path:

@@ -23,12 +23,13 @@ import pandas as pd
 from . import plots
 from .analysis import kernels as ak
 from .analysis import telemetry as at
-from .analysis.ab import higher_is_better, paired_effects, verdict
+from .analysis.ab import EQUIVALENCE_PCT, Headline, headline_effect, higher_is_better, paired_effects, verdict
 from .analysis.regime import Regime, point_regimes, regime_table
 from .engines import get_engine
 from .engines.base import EngineAdapter, EngineInstall
 from .engines.state import FIELDS, ResolvedState, differences, verify
-from .experiment import Config, Results, measure
+from .errors import ServescopeError, SpecError
+from .experiment import Config, RepetitionPlan, Results, measure
 from .findings import Confidence, Effect, Finding, Outcome
 from .plots import Figure
 from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
@@ -51,18 +52,42 @@ def run_study(thread: str, engine: dict[str, Any] | EngineSpec, model: dict[str,
               load: dict[str, Any] | LoadSpec, arms: Sequence[Arm], repetitions: int = 3, store_dir: str = "",
               offline: bool = False, force: bool = False, progress: bool = True,
               telemetry: dict[str, Any] | TelemetrySpec | None = None,
-              profile: dict[str, Any] | ProfileSpec | None = None) -> Study:
+              profile: dict[str, Any] | ProfileSpec | None = None, max_repetitions: int | None = None,
+              budget_s: float = 0.0, equivalence_pct: float = EQUIVALENCE_PCT,
+              headlines: Sequence[tuple[str, str]] | None = None) -> Study:
     """Validate every input (before anything launches), measure the arms in alternating repetitions through the
-    store (each point with a kernel profile if profile asks for one), and return the Study over them."""
+    store (each point with a kernel profile if profile asks for one), and return the Study over them.
+
+    repetitions is the minimum; up to max_repetitions (default: repetitions), one more repetition runs while a
+    headline effect (each (baseline, treatment) pair of headlines; default: every arm against the first) is not
+    resolved (study.Headline), as long as it fits budget_s seconds (0: no limit)."""
     e = parse(EngineSpec, engine, "engine")
     m = parse(ModelSpec, model, "model")
     ld = parse(LoadSpec, load, "load")
     tel = parse(TelemetrySpec, telemetry or {}, "telemetry")
     prof = parse(ProfileSpec, profile or {}, "profile")
+    try:
+        plan = RepetitionPlan(repetitions, max(repetitions, max_repetitions or repetitions), float(budget_s))
+    except ServescopeError as ex:
+        raise SpecError(str(ex)) from None
+    names = [a.name for a in arms]
+    pairs = list(headlines) if headlines is not None else [(names[0], n) for n in names[1:]] if names else []
+    for b, t in pairs:
+        if b not in names or t not in names:
+            raise SpecError(f"headline ({b!r}, {t!r}) names an arm the study does not have ({', '.join(names)})")
+
+    def until(res: Results) -> set[str]:
+        need: set[str] = set()
+        for b, t in pairs:
+            h = headline_effect(res.summary, "output_tok_s", b, t, equivalence_pct) if len(res.summary) else None
+            if h is not None and not h.resolved:
+                need |= {b, t}
+        return need
+
     res = measure(e, m, [Config(a.name, a.knobs) for a in arms], ld, repetitions=repetitions,
                   store=Store(store_dir or None), offline=offline, force=force, progress=progress, telemetry=tel,
-                  profile=prof)
-    return Study(thread, e, list(arms), res)
+                  profile=prof, plan=plan, until=until)
+    return Study(thread, e, list(arms), res, equivalence_pct=equivalence_pct, plan=plan)
 
 
 @dataclass
@@ -73,6 +98,8 @@ class Study:
     engine: EngineSpec
     arms: list[Arm]
     results: Results
+    equivalence_pct: float = EQUIVALENCE_PCT
+    plan: RepetitionPlan | None = None
 
     @property
     def adapter(self) -> EngineAdapter:
@@ -366,6 +393,14 @@ class Comparison:
         e = e[(e["metric"] == metric) & (e["n_pairs"] > 0)]
         return None if e.empty else e.loc[e["concurrency"].idxmax()]
 
+    def headline(self, metric: str = "output_tok_s") -> Headline | None:
+        """The comparison's headline effect (analysis.ab.headline_effect): one value per repetition, its interval,
+        and whether it is resolved (None when no repetition measured both sides)."""
+        s = self.study.results.summary
+        if s.empty:
+            return None
+        return headline_effect(s, metric, self.baseline, self.treatment, self.study.equivalence_pct)
+
     def finding(self, title: str, subject: str, better: Knobs | None = None, worse: Knobs | None = None,
                 extra: str = "") -> Finding:
         """The headline: subject's measured effect on throughput per level (verdict, CI, confidence), what each
@@ -389,14 +424,20 @@ class Comparison:
         e = self.effects()
         tok = e[(e["metric"] == "output_tok_s") & (e["n_pairs"] > 0)]
         direction, words = verdict(tok)
+        h = self.headline()
+        assert h is not None  # a peak level with pairs means the headline has pairs too
+        direction, words = _headline_words(h, direction, words)
         levels = "; ".join(f"c={int(r.concurrency)}: {r.effect_pct:+.0f}% ({_ci(r)}, {r.confidence})"
                            for r in tok.itertuples())
         sides = "; ".join(f"{n} ran as {_state_words(st)}" for n, st in states.items())
-        effect = Effect(metric="output_tok_s", value_pct=_r(peak.effect_pct), ci_low_pct=_r(peak.ci_low_pct),
-                        ci_high_pct=_r(peak.ci_high_pct), range_low_pct=_r(peak.low_pct),
-                        range_high_pct=_r(peak.high_pct), p_value=_r(peak.p_value, 4), n=int(peak.n_pairs),
-                        at=f"c={int(peak.concurrency)}", baseline=self.baseline, treatment=self.treatment)
-        conf: Confidence = peak.confidence
+        stopped = self.study.results.stopped
+        effect = Effect(metric="output_tok_s", value_pct=_r(h.effect_pct), ci_low_pct=_r(h.ci_low_pct),
+                        ci_high_pct=_r(h.ci_high_pct), range_low_pct=_r(min(h.per_rep_pct)),
+                        range_high_pct=_r(max(h.per_rep_pct)), p_value=_r(h.p_value, 4), n=h.n, at=h.scope,
+                        baseline=self.baseline, treatment=self.treatment,
+                        per_rep_pct=[round(v, 1) for v in h.per_rep_pct], status=h.status, stopped=stopped,
+                        method=h.method)
+        conf: Confidence = h.confidence
         if not varied:
             return Finding(thread=thread, title=f"{subject}: not compared", applies=False, confidence="none",
                            claim=f"The arms did not resolve to what was asked, so this is not a measurement of "
@@ -404,8 +445,9 @@ class Comparison:
                            evidence=self._evidence(states, errs))
         if cap is not None and _LEVELS.index(conf) > _LEVELS.index(cap):
             conf = cap
-        claim = (f"{subject} {words}. Output tok/s, {self.treatment} vs {self.baseline}, ratio of medians over "
-                 f"{effect.n} paired repetitions (90% CI, confidence): {levels}. {sides}.")
+        per_rep = ", ".join(f"{v:+.0f}%" for v in h.per_rep_pct)
+        claim = (f"{subject} {words}. Per repetition ({h.scope}): {per_rep}; {stopped or f'{h.n} repetitions'}. "
+                 f"Per level, ratio of medians (90% CI, confidence): {levels}. {sides}.")
         if says:
             claim += " Not verified or also different: " + "; ".join(says) + "."
         else:
@@ -465,6 +507,24 @@ def _evidence(folder: Path) -> tuple[dict[str, Any] | None, str]:
     resolved = json.loads(rc.read_text()) if rc.is_file() else None
     logs = [p for p in (folder / "server.stdout.log", folder / "server.stderr.log") if p.is_file()]
     return resolved, "\n".join(p.read_text(errors="replace") for p in logs)
+
+
+def _headline_words(h: Headline, direction: str, words: str) -> tuple[str, str]:
+    """The comparison's direction and its words from the headline: a per-level mix (helps at one load, hurts at
+    another) stays mixed; otherwise the headline decides, and an effect that pointed one way everywhere is never
+    called no change."""
+    if direction == "mixed":
+        return direction, words
+    if h.status in ("better", "worse"):
+        return h.status, f"{'helps' if h.status == 'better' else 'hurts'}: {h.words()}"
+    if h.status == "no change":
+        return "no change", (f"makes no difference: its 90% interval ({h.ci_low_pct:+.1f}..{h.ci_high_pct:+.1f}%, "
+                             f"n={h.n}) lies inside +-{h.equivalence_pct:g}%")
+    if h.same_sign:
+        way = "up" if h.effect_pct > 0 else "down"
+        return "unresolved", (f"moved throughput {way} in every repetition at every level ({h.words()}), but the "
+                              "interval does not exclude no change yet")
+    return "unresolved", f"is not resolved: {h.words()}"
 
 
 def _state_words(st: ResolvedState) -> str:

@@ -46,7 +46,7 @@ def paired_effects(summary: pd.DataFrame, metric: str, baseline: str, treatment:
         })
     out = pd.DataFrame(rows)
     if len(out):
-        out["confidence"] = [confidence(r.p_value, r.n_pairs) for r in out.itertuples()]
+        out["confidence"] = [interval_confidence(r.ci_low_pct, r.ci_high_pct, r.n_pairs) for r in out.itertuples()]
     return out
 
 
@@ -81,6 +81,112 @@ def _spread_pct(x: pd.Series) -> float:
         return float("nan")
     med = float(np.median(x))
     return float((x.max() - x.min()) / med * 100) if med else float("nan")
+
+
+EQUIVALENCE_PCT = 5.0  # an effect whose whole 90% interval lies inside +-5% is "no change"
+METHOD = ("paired t on per-repetition log ratios (df = n-1, 90% interval), the log ratio of each repetition averaged "
+          "over the load levels when every level's median ratio has one sign, else taken at the highest level")
+
+
+@dataclass(frozen=True)
+class Headline:
+    """A comparison's headline effect on one metric, built for small n: one log ratio per repetition (averaged over
+    the load levels when they agree in sign, since levels of one launch are not independent), a t interval over the
+    repetitions, and whether that resolves it: better / worse (the interval excludes no change), no change (the
+    interval lies inside the equivalence band) or unresolved."""
+
+    metric: str
+    baseline: str
+    treatment: str
+    n: int  # paired repetitions
+    scope: str  # 'mean over c=1, 8, 32' or 'at c=32'
+    effect_pct: float  # geometric mean over repetitions
+    ci_low_pct: float
+    ci_high_pct: float
+    p_value: float
+    per_rep_pct: tuple[float, ...]
+    same_sign: bool  # every paired ratio, at every level and repetition, on one side of 1
+    status: str  # 'better' | 'worse' | 'no change' | 'unresolved'
+    equivalence_pct: float = EQUIVALENCE_PCT
+    method: str = METHOD
+
+    @property
+    def resolved(self) -> bool:
+        """Whether more repetitions would not change the call: better, worse or no change."""
+        return self.status != "unresolved"
+
+    @property
+    def confidence(self) -> Confidence:
+        """How sure the call is (interval_confidence); 'no change' is medium: the interval sits inside the band."""
+        if self.status == "no change":
+            return "medium"
+        return interval_confidence(self.ci_low_pct, self.ci_high_pct, self.n, self.equivalence_pct)
+
+    def words(self) -> str:
+        """'+45.1% (90% CI +30.2..+61.9%, n=3, mean over c=1, 8, 32)'."""
+        ci = (f"90% CI {self.ci_low_pct:+.1f}..{self.ci_high_pct:+.1f}%, " if np.isfinite(self.ci_low_pct) else "")
+        return f"{self.effect_pct:+.1f}% ({ci}n={self.n}, {self.scope})"
+
+
+def headline_effect(summary: pd.DataFrame, metric: str, baseline: str, treatment: str,
+                    equivalence_pct: float = EQUIVALENCE_PCT, level: float = 0.90) -> Headline | None:
+    """The headline effect of treatment vs baseline on metric (None when no repetition measured both)."""
+    s = summary[summary["config"].isin([baseline, treatment])]
+    if s.empty:
+        return None
+    wide = s.pivot_table(index=["rep", "concurrency"], columns="config", values=metric, aggfunc="first")
+    if not {baseline, treatment} <= set(wide.columns):
+        return None
+    logr = np.log(wide[treatment] / wide[baseline]).replace([np.inf, -np.inf], np.nan).dropna()
+    if logr.empty:
+        return None
+    by_level = logr.groupby(level="concurrency").median()
+    one_sign = bool((by_level > 0).all() or (by_level < 0).all())
+    if one_sign and len(by_level) > 1:
+        per_rep = logr.unstack("concurrency").dropna().mean(axis=1)  # repetitions that measured every level
+        scope = "mean over c=" + ", ".join(str(int(c)) for c in by_level.index)
+        if per_rep.empty:
+            one_sign = False
+    if not one_sign or len(by_level) == 1:
+        top = by_level.index.max()
+        per_rep = logr.xs(top, level="concurrency")
+        scope = f"at c={int(top)}"
+    x = np.asarray(per_rep, dtype=float)
+    test = _t(x, level)
+    same_sign = bool((logr > 0).all() or (logr < 0).all())
+    hib = higher_is_better(metric)
+    lo, hi = test.ci_low_pct, test.ci_high_pct
+    if np.isfinite(lo) and (lo > 0 or hi < 0):
+        status = "better" if (lo > 0) == hib else "worse"
+    elif np.isfinite(lo) and -equivalence_pct < lo and hi < equivalence_pct and not same_sign:
+        status = "no change"  # never for an effect that pointed one way in every repetition at every level
+    else:
+        status = "unresolved"
+    return Headline(metric=metric, baseline=baseline, treatment=treatment, n=int(x.size), scope=scope,
+                    effect_pct=float((np.exp(x.mean()) - 1) * 100), ci_low_pct=lo, ci_high_pct=hi,
+                    p_value=test.p_value, per_rep_pct=tuple(float((np.exp(v) - 1) * 100) for v in x),
+                    same_sign=same_sign, status=status, equivalence_pct=equivalence_pct)
+
+
+def _t(x: np.ndarray, level: float) -> PairedTest:
+    return paired_test(pd.Series(np.exp(x)), level)
+
+
+def interval_confidence(ci_low_pct: float, ci_high_pct: float, n_pairs: int,
+                        band_pct: float = EQUIVALENCE_PCT) -> Confidence:
+    """How sure an effect is, from its 90% interval, so that it does not flip between runs on a p-value boundary:
+    high: the whole interval lies beyond the equivalence band on one side (it surely matters); medium: it excludes
+    no change but reaches into the band; low: it includes no change, or there is one pair (no interval); none:
+    nothing paired."""
+    if n_pairs == 0:
+        return "none"
+    if n_pairs == 1 or not np.isfinite(ci_low_pct) or not np.isfinite(ci_high_pct):
+        return "low"
+    if ci_low_pct > band_pct or ci_high_pct < -band_pct:
+        return "high"
+    if ci_low_pct > 0 or ci_high_pct < 0:
+        return "medium"
+    return "low"
 
 
 def confidence(p_value: float, n_pairs: int) -> Confidence:

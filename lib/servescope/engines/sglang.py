@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KnobError
+from ..models import config_dtype, short_dtype
 from ..server import ReadyCheck
 from ..spec import Knobs
 from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, installed_version, post
@@ -260,6 +261,9 @@ class SglangAdapter(EngineAdapter):
             st.moe_backend = moe if moe not in (None, "auto") else None
             st.attention_backend = r.get("attention_backend") or None
             st.device = r.get("device")
+            st.config_dtype = config_dtype(str(r.get("model_path") or ""))
+            given = r.get("dtype")  # 'auto' (the default) serves the config's dtype
+            st.dtype = short_dtype(given) if given and given != "auto" else st.config_dtype
             keys = ("attention_backend", "deepep_mode", "moe_a2a_backend", "enable_torch_compile",
                     "disaggregation_mode", "enable_two_batch_overlap", "pp_size", "cuda_graph_max_bs",
                     "max_running_requests", "moe_runner_backend", "version", "enable_dp_attention")
@@ -280,7 +284,7 @@ class SglangAdapter(EngineAdapter):
             "moe_backend": "moe_runner_backend is 'auto' or absent and the log names none",
             "attention_backend": "attention_backend unset (chosen at run time) and the log names none",
             **{f: no_info if not r else "this version's server args do not carry it"
-               for f in ("compile", "graph_decode", "graph_prefill", "tp", "dp", "ep", "device")}})
+               for f in ("compile", "graph_decode", "graph_prefill", "tp", "dp", "ep", "device", "dtype")}})
 
     def fact_rules(self, state: ResolvedState) -> list[tuple[str, str]]:
         """Attention backend, DeepEP mode, compile, PD disaggregation, two-batch overlap, pipeline parallelism."""

@@ -40,6 +40,8 @@ class ResolvedState:
     moe_backend: str | None = None
     attention_backend: str | None = None
     device: str | None = None
+    dtype: str | None = None  # the dtype the server runs the weights in ('bfloat16')
+    config_dtype: str | None = None  # what the model's config.json declares, where the folder is readable here
     not_reported: dict[str, str] = field(default_factory=dict)  # field -> why the engine does not say
     facts: dict[str, Any] = field(default_factory=dict)  # further engine facts the audit's rules may test
 
@@ -80,11 +82,19 @@ class ResolvedState:
                 "graph_prefill": self.shown("graph_prefill"), "graph_mode": self.graph_mode or "",
                 "eager": self.shown("eager"), "tp": self.shown("tp"), "dp": self.shown("dp"), "ep": self.shown("ep"),
                 "moe_backend": self.shown("moe_backend"), "attention_backend": self.shown("attention_backend"),
-                "device": self.shown("device")}
+                "device": self.shown("device"), "dtype": self.dtype_words()}
+
+    def dtype_words(self) -> str:
+        """The served dtype, and what the model declared where the engine changed it."""
+        if self.dtype is None:
+            return NOT_REPORTED
+        if self.config_dtype and self.config_dtype != self.dtype:
+            return f"{self.dtype} (the engine changed it: the model declares {self.config_dtype})"
+        return self.dtype
 
     def complete_missing(self, reasons: dict[str, str]) -> ResolvedState:
         """Record why each still-missing field is missing (reasons the adapter knows), leaving the others."""
-        for name in (*FIELDS, "device"):
+        for name in (*FIELDS, "device", "dtype"):
             if getattr(self, name) is None and name not in self.not_reported and name in reasons:
                 self.not_reported[name] = reasons[name]
         return self

@@ -8,6 +8,7 @@ import subprocess
 from typing import Any
 
 from ..errors import KnobError
+from ..models import config_dtype, short_dtype
 from ..server import ReadyCheck
 from ..spec import Knobs
 from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version
@@ -67,8 +68,10 @@ class TransformersAdapter(EngineAdapter):
                 add("--no-cb-use-cuda-graph")
             else:
                 add("--cb-use-cuda-graph")
-        if knobs.torch_compile is not None:
-            add("--compile" if knobs.torch_compile else "--no-compile")
+        if knobs.torch_compile:
+            add("--compile")
+        # compile off is its default (it compiles only with --compile), so compile off adds no flag: the command is
+        # the same as leaving compile unset, and thread 02's graphs-off server is thread 05's eager one, measured once
         if knobs.chunked_prefill_size is not None:
             add("--cb-max-batch-tokens", knobs.chunked_prefill_size)
         if knobs.mem_fraction is not None:
@@ -143,6 +146,11 @@ class TransformersAdapter(EngineAdapter):
             st.tp = st.dp = 1  # one process on one device, by construction
             st.attention_backend = args.get("attn_implementation") or None
             st.device = args.get("device")
+            model = args.get("force_model") or args.get("model")
+            st.config_dtype = config_dtype(str(model or ""))
+            given = args.get("dtype")
+            # 'auto' (its default) loads the dtype the config declares
+            st.dtype = short_dtype(given) if given and given != "auto" else st.config_dtype
             st.facts = {k: args.get(k) for k in ("continuous_batching", "device", "dtype", "attn_implementation")
                         if k in args}
         lines = analyze_log(log_text, self.log_patterns()) if log_text else None
@@ -166,7 +174,8 @@ class TransformersAdapter(EngineAdapter):
             "ep": "transformers serve has no expert parallelism", "moe_backend": "transformers serve does not report "
             "its MoE implementation", "attention_backend": "--attn-implementation not given (the model's default)",
             "compile": "no command line recorded", "tp": "no command line recorded", "dp": "no command line recorded",
-            "device": "--device not given"})
+            "device": "--device not given",
+            "dtype": "--dtype not given and the model's config is not readable here"})
 
     def fact_rules(self, state: ResolvedState) -> list[tuple[str, str]]:
         """No CUDA device: continuous batching turns its graphs off."""

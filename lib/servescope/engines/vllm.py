@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import KnobError, ServescopeError
-from ..models import is_moe
+from ..models import config_dtype, is_moe, short_dtype
 from ..server import ReadyCheck
 from ..spec import Knobs
 from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, installed_version, post
@@ -255,6 +255,9 @@ class VllmAdapter(EngineAdapter):
             att = (vc.get("attention_config") or {}).get("backend")
             st.attention_backend = att if att not in (None, "auto") else None
             st.device = (vc.get("device_config") or {}).get("device")
+            if mc.get("dtype"):
+                st.dtype = short_dtype(mc["dtype"])
+            st.config_dtype = config_dtype(str(mc.get("model") or ""))
             st.facts = {"device": st.device, "enforce_eager": st.eager, "compilation_mode": cc.get("mode"),
                         "cudagraph_capture_sizes": cc.get("cudagraph_capture_sizes"),
                         "TORCH_COMPILE_DISABLE": (resolved.get("vllm_env") or {}).get("TORCH_COMPILE_DISABLE")}
@@ -268,7 +271,7 @@ class VllmAdapter(EngineAdapter):
             "moe_backend": "kernel_config.moe_backend is 'auto' and the log names no MoE backend",
             "attention_backend": "attention_config.backend is 'auto' and the log names no attention backend",
             **{f: "no /server_info (VLLM_SERVER_DEV_MODE=1 serves it) and no engine config line in the log"
-               for f in ("compile", "graph_decode", "graph_prefill", "eager", "tp", "dp", "ep", "device")}})
+               for f in ("compile", "graph_decode", "graph_prefill", "eager", "tp", "dp", "ep", "device", "dtype")}})
 
     def fact_rules(self, state: ResolvedState) -> list[tuple[str, str]]:
         """Device, --enforce-eager and TORCH_COMPILE_DISABLE, against vLLM's config-time rules."""

@@ -17,7 +17,7 @@ from ..engines.flagscan import FlagSet
 from ..errors import ServescopeError
 from ..findings import Finding
 from ..launch import find_install
-from ..spec import EngineSpec, parse
+from ..spec import EngineSpec, ModelSpec, parse
 
 THREAD = "00_environment"
 
@@ -66,6 +66,44 @@ def engine_info(engine: dict[str, Any] | EngineSpec) -> pd.DataFrame:
     fs = ad.flag_set(inst)
     facts = {"engine": e.name, "version": inst.version, "distribution": inst.distribution, "platform": inst.platform,
              "python": inst.python, "source": tree.location, "cli_flags_in_source": len(fs)}
+    return pd.DataFrame({"fact": list(facts), "value": [str(v) for v in facts.values()]})
+
+
+def model_facts(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec,
+                store_dir: str = "") -> pd.DataFrame:
+    """The model the suite serves: where it is, what its config declares (dtype, experts), and the dtype the engine
+    served it in as read back from this engine's stored points (not measured until a thread has launched it)."""
+    from ..experiment import engine_identity
+    from ..models import config_dtype, model_config, tiny_model_dir
+    from ..store import Store
+
+    e, m = parse(EngineSpec, engine, "engine"), parse(ModelSpec, model, "model")
+    path = str(tiny_model_dir(m.tiny)) if m.tiny is not None else (m.path or "")
+    cfg = model_config(path)
+    declared = config_dtype(path) or (m.tiny.dtype if m.tiny is not None else None)
+    facts: dict[str, Any] = {"model": path + ("" if cfg or not path else " (not readable here)"),
+                             "architecture": ", ".join(cfg.get("architectures") or []) or "not readable here",
+                             "declared_dtype": declared or "not declared"}
+    served = []
+    try:
+        ident = engine_identity(e)
+    except ServescopeError:
+        ident = None
+    store = Store(store_dir or None)
+    want = m.model_dump(mode="json", exclude_none=True)
+    for key in store.keys():
+        man = store.get(key).manifest
+        parts = man.get("parts") or {}
+        if parts.get("model") == want and (ident is None or parts.get("engine") == ident):
+            d = (man.get("resolved") or {}).get("dtype")
+            if d:
+                served.append(d)
+    if served:
+        kinds = sorted(set(served))
+        changed = f" (the engine changed it from {declared})" if declared and kinds != [declared] else ""
+        facts["served_dtype"] = f"{', '.join(kinds)}{changed}: read back from {len(served)} stored launch(es)"
+    else:
+        facts["served_dtype"] = "not measured yet: every launch reads it back from the server (thread 01 shows it)"
     return pd.DataFrame({"fact": list(facts), "value": [str(v) for v in facts.values()]})
 
 

@@ -49,7 +49,9 @@ def requested_vs_resolved(study: Study) -> pd.DataFrame:
     rows = [{"setting": "cuda_graph", "requested": knobs.cuda_graph or "engine default",
              "resolved": st.graphs or "not reported", "engine_says": st.graph_mode or st.why_missing("graph_decode")},
             {"setting": "torch_compile", "requested": {None: "engine default", True: "on", False: "off"}[knobs.torch_compile],
-             "resolved": st.shown("compile"), "engine_says": st.compile_mode or st.why_missing("compile")}]
+             "resolved": st.shown("compile"), "engine_says": st.compile_mode or st.why_missing("compile")},
+            {"setting": "dtype", "requested": st.config_dtype or "the model's config", "resolved": st.shown("dtype"),
+             "engine_says": st.dtype_words() if st.dtype else st.why_missing("dtype")}]
     df = pd.DataFrame(rows)
     df["differs"] = [r.requested not in ("engine default", r.resolved) and r.resolved != "not reported"
                      for r in df.itertuples()]
@@ -141,6 +143,8 @@ def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding
         claim = f"CUDA graphs resolved to {state.graphs} ({mode})."
     if state.graphs == "off" and state.eager:
         claim += " The server was started with the engine's eager switch, which turns graphs off: drop it."
+    if state.dtype:
+        claim += f" Weights served in {state.dtype_words()}."
     asked = knobs.cuda_graph
     differs = asked is not None and state.graphs not in (asked, None)
     return [Finding(thread=THREAD, title="Why CUDA graphs are " + ("not as requested" if differs else state.graphs),

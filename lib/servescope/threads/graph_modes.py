@@ -112,9 +112,11 @@ class GraphStudy:
 def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
         repetitions: int = 3, store_dir: str = "", offline: bool = False, force: bool = False,
         progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None,
-        profile: dict[str, Any] | ProfileSpec | None = None) -> GraphStudy:
-    """Measure every expressible graph mode in alternating repetitions; with fewer than two modes, only the
-    engine-defaults point (thread 1's) is read or measured, for its resolved configuration."""
+        profile: dict[str, Any] | ProfileSpec | None = None, max_repetitions: int | None = None,
+        budget_s: float = 0.0) -> GraphStudy:
+    """Measure every expressible graph mode in alternating repetitions (at least `repetitions`; more, up to
+    max_repetitions within budget_s, while a mode's effect against graphs off is not resolved); with fewer than two
+    modes, only the engine-defaults point (thread 1's) is read or measured, for its resolved configuration."""
     e = parse(EngineSpec, engine, "engine")
     m = parse(ModelSpec, model, "model")
     ld = parse(LoadSpec, load, "load")
@@ -130,7 +132,8 @@ def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, 
         arms = [Arm(mode, Knobs(cuda_graph=mode), f"CUDA graphs: {mode}") for mode in can]
         return GraphStudy(table, run_study(THREAD, e, m, ld, arms, repetitions=repetitions, store_dir=store_dir,
                                            offline=offline, force=force, progress=progress, telemetry=telemetry,
-                                           profile=prof))
+                                           profile=prof, max_repetitions=max_repetitions, budget_s=budget_s,
+                                           headlines=[(BASELINE, mode) for mode in can if mode != BASELINE]))
     # the same store key as thread 1's launch (engine defaults, this load, repetition 0, no profile): nothing new is
     # launched when thread 1 ran first
     study = run_study(THREAD, e, m, ld, [Arm(DEFAULTS, Knobs(), "the engine's defaults")], repetitions=1,

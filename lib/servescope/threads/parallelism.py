@@ -191,7 +191,7 @@ def layouts(prep: Prepared | None, replicas: int, platform: str) -> list[Layout]
 def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
         replicas: int | None = None, repetitions: int = 3, store_dir: str = "", offline: bool = False,
         force: bool = False, progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None,
-        allreduce: bool = True) -> ParallelStudy:
+        allreduce: bool = True, max_repetitions: int | None = None, budget_s: float = 0.0) -> ParallelStudy:
     """Check every layout before anything launches, measure the ones this engine and machine can run (the one-server
     layout is thread 1's engine-defaults point: its first repetition comes from the store when thread 1 ran), and
     run the all-reduce probe when there are two or more GPUs."""
@@ -234,8 +234,12 @@ def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, 
     arms = [x.arm for x in lays if not x.refused]
     if arms == [lays[0].arm]:  # one server alone compares with nothing: launch nothing, say why below
         arms = []
+    tp = next((x.arm.name for x in lays if x.kind == "TP" and not x.refused), None)
+    base = tp or ONE  # what findings compare every layout with (baseline())
+    heads = [(base, a.name) for a in arms if a.name not in (ONE, base)] if any(a.name == base for a in arms) else None
     study = run_study(THREAD, e, m, ld, arms, repetitions=repetitions, store_dir=store_dir, offline=offline,
-                      force=force, progress=progress, telemetry=telemetry)
+                      force=force, progress=progress, telemetry=telemetry, max_repetitions=max_repetitions,
+                      budget_s=budget_s, headlines=heads)
     ps = ParallelStudy(lays, study, kind, have)
     if allreduce:
         _probe(ps, prep, m, ld, store, note_parts)

@@ -35,11 +35,14 @@ def arms(engine: dict[str, Any] | EngineSpec) -> list[Arm]:
 def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
         repetitions: int = 3, store_dir: str = "", offline: bool = False, force: bool = False,
         progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None,
-        profile: dict[str, Any] | ProfileSpec | None = None) -> Study:
-    """Measure both arms in alternating repetitions (inputs are validated before anything launches)."""
+        profile: dict[str, Any] | ProfileSpec | None = None, max_repetitions: int | None = None,
+        budget_s: float = 0.0) -> Study:
+    """Measure both arms in alternating repetitions (inputs are validated before anything launches): at least
+    `repetitions`, more up to max_repetitions within budget_s while compile's effect is not resolved."""
     return run_study(THREAD, engine, model, load, arms(engine), repetitions=repetitions, store_dir=store_dir,
                      offline=offline, force=force, progress=progress, telemetry=telemetry,
-                     profile=profile)
+                     profile=profile, max_repetitions=max_repetitions, budget_s=budget_s,
+                     headlines=[(BASELINE, TREATMENT)])
 
 
 def comparison(study: Study) -> Comparison:
