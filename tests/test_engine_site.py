@@ -70,8 +70,12 @@ def test_the_recorded_amx_cpu_shows_the_permission_is_what_keeps_tiles_alive():
     permission a tile instruction dies from SIGILL (what killed eager vLLM CPU workers); with engine_site on the
     PYTHONPATH it runs, in the process, in a spawned interpreter (how vLLM starts workers) and in a forked child."""
     text = (FIXTURES / "site_check_xeon_amx_vm.txt").read_text()
-    cases = dict(ln.split(" ", 1)[0].removeprefix("case=").split("=", 1)[0:1] + [ln.split("result=", 1)[1]]
-                 for ln in text.splitlines() if ln.startswith("case="))
-    assert "amx_tile" in text and "sitecustomize_says=granted" in text
-    assert cases["without_permission"].startswith("signal SIGILL")
+    cases = {ln.split()[0].removeprefix("case="): ln.split("result=", 1)[1] for ln in text.splitlines()
+             if ln.startswith("case=")}
+    assert "amx_flags=amx_bf16 amx_tile amx_int8" in text and "sitecustomize_says=granted" in text
+    assert cases["without_permission"] == "signal SIGILL"
     assert all(cases[c].startswith("exit 0") for c in ("with_permission", "spawn_child", "fork_child")), cases
+    assert cases["spawn_child"].count("permission granted") == 3  # the parent, spawn's helper, and the child
+    # the development VM (EPYC, no AMX): nothing asked, nothing run
+    epyc = (FIXTURES / "site_check_epyc_no_amx.txt").read_text()
+    assert "sitecustomize_says=not asked: no AMX tile data on this CPU" in epyc and "result=skipped" in epyc

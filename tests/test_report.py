@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -238,8 +239,10 @@ def test_h200_suite_renders_offline_as_measured(tmp_path):
     levels = {k: v for k, v in full["evidence"]["effects"].items() if k.startswith("output_tok_s@")}
     assert len(levels) == 3 and all(v["effect_pct"] > 30 for v in levels.values())
     assert "Both sides resolved as asked in graph_decode, graph_prefill" in full["claim"]
+    assert full["effect"]["status"] == "better" and full["effect"]["n"] == 2 and full["confidence"] == "high"
     f, excl = json.loads((done.out_dir / "05_torch_compile.findings.json").read_text())
-    assert f["claim"].startswith("torch.compile makes no difference that this measurement can resolve")
+    assert f["claim"].startswith("torch.compile is not resolved") and f["effect"]["status"] == "unresolved"
+    assert "the store holds 2 repetitions" in f["claim"]  # recorded before the suite asked for 3
     assert "compiled ran as compile on (torch.compile), CUDA graphs off" in f["claim"]
     assert excl["title"].endswith("not expressible")
     (moe,) = json.loads((done.out_dir / "06_grouped_gemm.findings.json").read_text())
@@ -262,6 +265,37 @@ def test_h200_suite_renders_offline_as_measured(tmp_path):
     assert sorted(x["title"] for x in offline) == sorted(x["title"] for x in recorded)
     index = (done.out_dir / "index.html").read_text()
     assert index.index('id="answer"') < index.index('id="notebooks"') and "--cb-use-cuda-graph" in index
+
+
+def test_a_second_cold_h200_recording_ranks_the_same_first_change(tmp_path):
+    """data/reference/h200/run2: threads 02 and 05 measured again on the H200 from an empty store (issue 20), at
+    least three repetitions per arm, 05's eager side read from 02's graphs-off launches. Both recordings put
+    --cb-use-cuda-graph first, and each arm of the second has n >= 3; the offline render here is what was recorded."""
+    store = tmp_path / "store"
+    shutil.copytree(H200 / "run2" / "store", store)
+    done = run_suite(ROOT / "data" / "suites" / "transformers-gpu.yaml", only=("02", "05", "99"), offline=True,
+                     reports_dir=tmp_path / "r", store_dir=store, run_id="h2", progress=False)
+    assert [r.status for r in done.runs] == ["ok", "ok", "ok"]
+    first = [json.loads((d / "99_summary.findings.json").read_text())[0] for d in (H200 / "report", done.out_dir)]
+    assert [f["title"] for f in first] == ["First change: Use CUDA graphs: full"] * 2
+    assert [f["recommendation"] for f in first] == ["--cb-use-cuda-graph"] * 2
+    assert [f["confidence"] for f in first] == ["high", "high"]
+    head, full = json.loads((done.out_dir / "02_piecewise_cuda_graphs.findings.json").read_text())
+    assert full["effect"]["n"] >= 3 and full["effect"]["stopped"] == "resolved after 3 repetitions"
+    comp, _ = json.loads((done.out_dir / "05_torch_compile.findings.json").read_text())
+    assert comp["effect"]["n"] >= 3 and comp["effect"]["stopped"] == "max_repetitions=4 reached"
+    reps = pd.DataFrame([json.loads(p.read_text())["parts"] for p in store.glob("*/manifest.json")])
+    per_folder = reps.assign(k=reps["knobs"].astype(str)).groupby("k")["rep"].nunique().to_dict()
+    # one launch per configuration: eager's first three repetitions are 02's graphs-off launches (aliases), only
+    # its fourth launched; 11 launches = off/eager x4 + full x3 + compiled x4
+    assert per_folder == {"{'cuda_graph': 'full'}": 3, "{'cuda_graph': 'off'}": 3,
+                          "{'cuda_graph': 'off', 'torch_compile': False}": 1,
+                          "{'cuda_graph': 'off', 'torch_compile': True}": 4}
+    assert len(list((store / "_notes" / "aliases").glob("*.json"))) == 3
+    for nb in ("02_piecewise_cuda_graphs", "05_torch_compile", "99_summary"):
+        recorded = json.loads((H200 / "run2" / "report" / f"{nb}.findings.json").read_text())
+        offline = json.loads((done.out_dir / f"{nb}.findings.json").read_text())
+        assert [(x["title"], x["claim"]) for x in offline] == [(x["title"], x["claim"]) for x in recorded], nb
 
 
 def test_h200_profiled_graph_modes_render_kernel_rates_offline(tmp_path):

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,27 +26,35 @@ sys.path.insert(0, str(ROOT / "lib"))
 from servescope.server import engine_site_path  # noqa: E402
 
 USE = "import ctypes, sys; ctypes.CDLL(sys.argv[1]).servescope_use_tiles()"
+# a spawned child imports the parent's main module, so this one runs from a file, not -c
 SPAWN = ("import multiprocessing as mp, ctypes, sys\n"
-         "def use(so): ctypes.CDLL(so).servescope_use_tiles()\n"
+         "def use(so):\n    ctypes.CDLL(so).servescope_use_tiles()\n"
          "if __name__ == '__main__':\n"
          "    p = mp.get_context('spawn').Process(target=use, args=(sys.argv[1],)); p.start(); p.join()\n"
-         "    sys.exit(0 if p.exitcode == 0 else 100 + abs(p.exitcode or 0))\n")
+         "    code = p.exitcode or 0\n"
+         "    sys.exit(0 if code == 0 else 100 - code if code < 0 else 50 + code)\n")
 FORK = ("import os, ctypes, sys\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    ctypes.CDLL(sys.argv[1]).servescope_use_tiles(); os._exit(0)\n"
-        "_, st = os.waitpid(pid, 0); sys.exit(0 if st == 0 else 100 + (st & 0x7f))\n")
+        "_, st = os.waitpid(pid, 0)\n"
+        "sys.exit(0 if st == 0 else 100 + (st & 0x7f) if st & 0x7f else 50 + (st >> 8))\n")
 
 
 def run(name: str, code: str, so: str, permission: bool) -> str:
     env = {**os.environ, "PYTHONPATH": engine_site_path(os.environ.get("PYTHONPATH", ""))}
     if not permission:
         env["SERVESCOPE_AMX_PERMISSION"] = "0"
-    r = subprocess.run([sys.executable, "-c", code, so], env=env, capture_output=True, text=True, timeout=120)
+    with tempfile.TemporaryDirectory() as d:
+        script = Path(d) / f"{name}.py"
+        script.write_text(code)
+        r = subprocess.run([sys.executable, str(script), so], env=env, capture_output=True, text=True, timeout=120)
     if r.returncode < 0:
         result = f"signal {signal.Signals(-r.returncode).name}"
     elif r.returncode > 100:
         result = f"child signal {signal.Signals(r.returncode - 100).name}"
+    elif r.returncode > 50:
+        result = f"child exit {r.returncode - 50}: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''}"
     else:
         result = f"exit {r.returncode}"
     said = " | ".join(ln for ln in r.stderr.splitlines() if ln.startswith("servescope:"))
