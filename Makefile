@@ -10,7 +10,7 @@ ARGS ?=
 LAB_ARGS ?=
 CACHE := $(or $(SERVESCOPE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/servescope)
 
-.PHONY: help venv engine model doctor report lint test test-fast lab check-engines clean distclean bench-client bench-agreement bench-telemetry bench-trace
+.PHONY: help venv engine model doctor report lint test test-fast lab check-engines clean distclean bench-client bench-agreement bench-telemetry bench-trace bench-report bench-stability bench-openloop browser
 
 help:
 	@echo "make report     run the default suite on the embedded engine; open reports/latest/index.html"
@@ -24,6 +24,9 @@ help:
 	@echo "make bench-agreement  our client vs vLLM's benchmark client measuring the embedded vLLM"
 	@echo "make bench-telemetry  CPU cost of NVML sampling at 10 and 100 Hz (fake NVML without a GPU)"
 	@echo "make bench-trace      parse a 1,000,000-kernel nsys sqlite timeline into the kernel table"
+	@echo "make bench-report     the default suite cold, timed (goal: 900 s), launches against configurations x repetitions"
+	@echo "make bench-stability  the default suite twice from empty stores: same headline and tier per thread?"
+	@echo "make bench-openloop   the load client's achieved open-loop rate against a zero-work stub (1,000 req/s asked)"
 	@echo "make clean      remove reports, results and caches of this clone (keeps the shared engine/model cache)"
 	@echo "make distclean  clean, plus .venv and the per-user cache ($(CACHE))"
 
@@ -53,10 +56,17 @@ report: model
 lint: venv
 	$(VENV)/bin/ruff check lib tests benchmarks
 
-test: model lint
+# the front-page test drives a real headless browser: Debian's chromium, installed where it is missing
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  echo "installing Debian's chromium for the front-page test (apt-get)"; \
+	  if [ "$$(id -u)" = 0 ]; then APT=; else APT=sudo; fi; \
+	  $$APT apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$APT apt-get install -y -qq chromium >/dev/null; }
+
+test: model lint browser
 	$(PY) -m pytest $(ARGS)
 
-test-fast: venv lint
+test-fast: venv lint browser
 	$(PY) -m pytest -m "not slow" $(ARGS)
 
 lab: venv
@@ -78,6 +88,15 @@ bench-telemetry: venv
 
 bench-trace: venv
 	$(PY) benchmarks/bench_trace.py $(ARGS)
+
+bench-report: model
+	$(PY) benchmarks/bench_report.py $(ARGS)
+
+bench-stability: model
+	$(PY) benchmarks/bench_stability.py $(ARGS)
+
+bench-openloop: venv
+	$(PY) benchmarks/bench_openloop.py $(ARGS)
 
 clean:
 	rm -rf reports data/runs .pytest_cache

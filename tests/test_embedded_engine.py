@@ -49,6 +49,32 @@ def test_vllm_launch_token_teardown(tmp_path):
     assert port_is_free("127.0.0.1", port)
 
 
+def test_an_eager_bfloat16_server_answers_the_one_token_probe_first(tmp_path):
+    """Issue 20: on an AMX Xeon an eager vLLM CPU worker died from SIGILL at the readiness probe ("Hello", one token,
+    temperature 0: the first request a server sees) because its bfloat16 attention ran AMX tiles without the Linux
+    permission. engine_site asks for it in every engine process. On a CPU that offers AMX tile data this test also
+    launches the same server with SERVESCOPE_AMX_PERMISSION=0 and expects the death, so it fails without the fix
+    there; on a CPU without AMX it checks that nothing was asked."""
+    from servescope import hostcpu
+    from servescope.errors import ServerError
+    from servescope.launch import serve
+
+    eager = Knobs(torch_compile=False, cuda_graph="off")
+    prep = prepare(EngineSpec(), ModelSpec(tiny={}))
+    with serve(prep, eager, tmp_path / "with") as t:
+        assert t.startup["first_token_s"] > 0  # the probe's token: ReadyCheck sends it before anything else
+        st = get_engine("vllm").resolved_state(t.resolved_config)
+        assert st.eager is True and st.dtype == "bfloat16" and st.config_dtype == "bfloat16"
+    log = (tmp_path / "with" / "server.stderr.log").read_text()
+    amx = hostcpu.amx_tile_data_supported_by_kernel()
+    assert ("AMX tile permission granted" in log) == bool(amx)
+    if amx:
+        off = EngineSpec(env={"SERVESCOPE_AMX_PERMISSION": "0"})
+        with pytest.raises(ServerError) as died, serve(prepare(off, ModelSpec(tiny={})), eager, tmp_path / "without"):
+            pass
+        assert died.value.deaths and died.value.deaths[0].signal == "SIGILL", str(died.value)[-2000:]
+
+
 def test_report_end_to_end_on_vllm(tmp_path):
     """`servescope run` on a small suite: real launches of both configurations, papermill, HTML, index."""
     suite = {"name": "e2e", "engine": {"name": "vllm"}, "model": {"tiny": {}},
@@ -225,7 +251,9 @@ def test_doctor_on_the_embedded_engine():
     assert [k for k, c in checks.items() if c.status == "fail"] == [], doctor.table(list(checks.values()))
     assert checks["token: eager"].status == "ok" and "--enforce-eager" in checks["token: eager"].detail
     assert checks["token: compiled"].status == "ok"
-    assert "float32" in checks["model"].detail
+    assert "bfloat16" in checks["model"].detail
+    assert "weights served in bfloat16" in checks["token: eager"].detail and "weights served in bfloat16" in \
+        checks["token: compiled"].detail
     quick = {c.check: c for c in doctor.run_doctor(quick=True)}
     assert quick["token: eager"].cached and quick["token: eager"].status == "ok"
     assert _vllm_processes() == []

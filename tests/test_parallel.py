@@ -115,3 +115,13 @@ def test_thread04_on_the_stub_compares_layouts_and_shows_refusals(tmp_path, stub
 def test_spec_errors_before_launch(tmp_path, stub_engine):
     with pytest.raises(SpecError, match="at least two replicas"):
         t04.run(stub_engine, {"path": "stub"}, LOAD, replicas=1, store_dir=str(tmp_path))
+    with pytest.raises(SpecError, match="routes: give one or more of round_robin, least_outstanding"):
+        t04.run(stub_engine, {"path": "stub"}, LOAD, routes=["random"], store_dir=str(tmp_path))
+    assert not any(tmp_path.iterdir())  # refused before anything was checked, launched or noted
+
+
+def test_layouts_take_the_routes_asked_for():
+    names = [x.arm.name for x in t04.layouts(None, 2, "cpu", ("round_robin",)) if x.kind == "replicas"]
+    assert names == ["2 replicas, round-robin"]
+    both = [x.arm.knobs.route for x in t04.layouts(None, 2, "cpu") if x.kind == "replicas"]
+    assert both == ["round_robin", "least_outstanding"]

@@ -79,8 +79,8 @@ def _front_page(tmp_path: Path) -> Path:
     return tmp_path / "index.html"
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium package is not installed (apt install chromium)")
 def test_front_page_in_headless_chromium_answers_first_with_working_links(tmp_path):
+    assert CHROMIUM is not None, "Debian's chromium is not installed: `make browser` (part of make test) installs it"
     index = _front_page(tmp_path)
     run = lambda *a: subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", *a,  # noqa: E731
                                      f"file://{index}"], capture_output=True, text=True, timeout=120)

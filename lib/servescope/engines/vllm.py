@@ -96,7 +96,10 @@ class VllmAdapter(EngineAdapter):
         else:
             if knobs.torch_compile is False:
                 cc["mode"] = 0  # CompilationMode.NONE
-            if knobs.cuda_graph is not None:
+            # the CPU build resolves every graph mode to NONE, so graphs off restates its default: no flag, and a
+            # compiled server with graphs off is the engine-defaults launch (thread 05's compiled side on CPU is
+            # thread 01's point, measured once)
+            if knobs.cuda_graph is not None and not (install.platform == "cpu" and knobs.cuda_graph == "off"):
                 cc["cudagraph_mode"] = _GRAPH_MODE[knobs.cuda_graph]
         if knobs.cuda_graph_max_bs is not None:
             if eager or knobs.cuda_graph == "off":

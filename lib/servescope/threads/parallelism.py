@@ -165,14 +165,18 @@ def _expressible(knobs: Knobs, prep: Prepared | None) -> str:
     return ""
 
 
-def layouts(prep: Prepared | None, replicas: int, platform: str) -> list[Layout]:
-    """The layouts to compare on `replicas` devices' worth of this machine, each checked against the engine version
-    and the machine (a refusal is kept with its reason)."""
+ROUTES = ("round_robin", "least_outstanding")
+
+
+def layouts(prep: Prepared | None, replicas: int, platform: str, routes: tuple[str, ...] = ROUTES) -> list[Layout]:
+    """The layouts to compare on `replicas` devices' worth of this machine (replicas behind each of `routes`), each
+    checked against the engine version and the machine (a refusal is kept with its reason)."""
     n = replicas
     # a CPU build's one server spreads over every core; on GPUs the engine's default is one GPU (tp=1)
     out = [Layout(Arm(ONE, Knobs(), "one server, the engine's own placement"), "one server",
                   n if platform == "cpu" else 1)]
-    for route, words in (("round_robin", "round-robin"), ("least_outstanding", "least-outstanding")):
+    for route in routes:
+        words = route.replace("_", "-")
         k = Knobs(replicas=n, route=route)
         out.append(Layout(Arm(f"{n} replicas, {words}", k, f"{n} servers, one share of the devices each, requests "
                               f"spread {words}"), "replicas", n, _expressible(k, prep)))
@@ -191,7 +195,8 @@ def layouts(prep: Prepared | None, replicas: int, platform: str) -> list[Layout]
 def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
         replicas: int | None = None, repetitions: int = 3, store_dir: str = "", offline: bool = False,
         force: bool = False, progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None,
-        allreduce: bool = True, max_repetitions: int | None = None, budget_s: float = 0.0) -> ParallelStudy:
+        allreduce: bool = True, max_repetitions: int | None = None, budget_s: float = 0.0,
+        routes: tuple[str, ...] | list[str] = ROUTES) -> ParallelStudy:
     """Check every layout before anything launches, measure the ones this engine and machine can run (the one-server
     layout is thread 1's engine-defaults point: its first repetition comes from the store when thread 1 ran), and
     run the all-reduce probe when there are two or more GPUs."""
@@ -200,6 +205,9 @@ def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, 
     ld = parse(LoadSpec, load, "load")
     if replicas is not None and replicas < 2:
         raise SpecError("replicas: compare at least two replicas against one server")
+    routes = tuple(routes)
+    if not routes or set(routes) - set(ROUTES):
+        raise SpecError(f"routes: give one or more of {', '.join(ROUTES)} (got {list(routes)})")
     adapter = get_engine(e.name)
     if not adapter.launches:
         raise SpecError("layouts are launched by servescope: an external server runs as it was started")
@@ -224,13 +232,13 @@ def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, 
         platform = prep.install.platform
         have, kind = _devices(prep)
         n = replicas or (have if platform == "cuda" and have >= 2 else 2)
-        lays = layouts(prep, n, platform)
+        lays = layouts(prep, n, platform, routes)
         store.put_note("layouts", note_parts, {"platform": platform, "have": have, "kind": kind, "n": n,
                                                "refused": {x.arm.name: x.refused for x in lays}})
     else:
         platform, have, kind, n = saved["platform"], saved["have"], saved["kind"], saved["n"]
         lays = [Layout(x.arm, x.kind, x.devices, saved["refused"].get(x.arm.name, "")) for x in
-                layouts(None, n, platform)]
+                layouts(None, n, platform, routes)]
     arms = [x.arm for x in lays if not x.refused]
     if arms == [lays[0].arm]:  # one server alone compares with nothing: launch nothing, say why below
         arms = []

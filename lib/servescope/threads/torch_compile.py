@@ -127,7 +127,9 @@ def findings(study: Study, exclusion: Exclusion | None = None) -> list[Finding]:
     st = dict(zip(start["config"], start["first_token_s"], strict=True)) if len(start) else {}
     extra = ""
     if TREATMENT in st and BASELINE in st:
-        extra = f" Compile adds {st[TREATMENT] - st[BASELINE]:+.0f} s to startup (median launch to first token)."
+        cost = st[TREATMENT] - st[BASELINE]
+        extra = (f" Compile adds {cost:.0f} s to startup (median launch to first token)." if cost >= 0.5 else
+                 f" Compile adds no startup time here ({cost:+.1f} s, median launch to first token).")
     f = cmp.finding("torch.compile", "torch.compile", better=Knobs(torch_compile=True),
                     worse=Knobs(torch_compile=False), extra=extra)
     if f.applies and TREATMENT in st and BASELINE in st:

@@ -1,0 +1,74 @@
+"""`make bench-stability` (not in CI: two cold runs of the default suite, about half an hour on 2 cores): does a second
+run give each thread the same headline and tier?
+
+Each run starts from an empty store. Per thread (every notebook that wrote findings, 00 aside): its headline (the
+first finding's title and the change it recommends) and the summary tier of that finding. Prints each thread's pair,
+then `stability: threads=N same_headline=K same_tier=K` last. Goal (issue 20): K = N.
+
+Usage: python benchmarks/bench_stability.py [--suite data/suites/default.yaml] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "lib"))
+
+from bench_report import run_cold  # noqa: E402
+
+from servescope.findings import Finding, read_findings  # noqa: E402
+from servescope.summary import tier  # noqa: E402
+
+
+def headlines(out_dir: Path) -> dict[str, tuple[str, str, str]]:
+    """thread -> (headline title, recommended change, tier) of a rendered run."""
+    out = {}
+    for p in sorted(out_dir.glob("*.findings.json")):
+        thread = p.name[: -len(".findings.json")]
+        if thread.startswith("00_"):
+            continue
+        fs: list[Finding] = read_findings(p)
+        if fs:
+            f = fs[0]
+            change = " ".join(f.recommended_flags) or f.recommendation
+            out[thread] = (f.title, change, tier(f))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", default=str(ROOT / "data" / "suites" / "default.yaml"))
+    ap.add_argument("--keep", help="keep both stores and reports in this folder")
+    a = ap.parse_args()
+    work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="servescope-bench-stability-"))
+    try:
+        runs = []
+        for tag in ("first", "second"):
+            done, wall, n = run_cold(Path(a.suite), work, tag)
+            print(f"run {tag}: wall_s={wall:.0f} launches={n['launches']} "
+                  f"configurations_x_repetitions={n['configuration_repetitions']}", flush=True)
+            runs.append(headlines(done.out_dir))
+        threads = sorted(set(runs[0]) | set(runs[1]))
+        same_head = same_tier = 0
+        for t in threads:
+            a1, a2 = runs[0].get(t), runs[1].get(t)
+            h = a1 is not None and a2 is not None and a1[:2] == a2[:2]
+            ti = a1 is not None and a2 is not None and a1[2] == a2[2]
+            same_head += h
+            same_tier += ti
+            print(f"{t}: {'same' if h and ti else 'DIFFERS'}: {a1} | {a2}")
+        print(f"stability: threads={len(threads)} same_headline={same_head} same_tier={same_tier}")
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
