@@ -7,8 +7,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from servescope import summary
 from servescope.findings import Effect, Finding, Outcome, write_findings
 from servescope.report import NotebookRun, _write_index
