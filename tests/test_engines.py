@@ -177,11 +177,12 @@ def test_vllm_config_from_its_startup_log():
     """Without /server_info, the resolved graph mode comes from the recorded real log's config line."""
     from pathlib import Path
 
-    log = Path(__file__).parents[1] / "data/reference/store/1fa249983d7e7af5/server.stdout.log"
+    log = Path(__file__).parents[1] / "data/reference/store/b2b276ef2ad94ba5/server.stdout.log"
     st = get_engine("vllm").resolved_state(None, log.read_text())
     assert (st.graphs, st.graph_mode, st.compile, st.compile_mode) == ("off", "NONE", "on", "DYNAMO_TRACE_ONCE")
     assert st.facts["device"] == "cpu" and st.facts["enforce_eager"] is False and st.source.startswith("log")
     assert st.moe_backend == "CPU" and st.tp is None and "no /server_info" in st.why_missing("tp")
+    assert st.dtype == "bfloat16"  # the config line's dtype=torch.bfloat16
 
 
 def test_sglang_059_explains_piecewise_off_by_torch_compile(wheel_install):

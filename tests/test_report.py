@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -73,9 +74,12 @@ def test_index_lists_each_notebook_with_status_and_finding(offline_run):
     index = (offline_run / "index.html").read_text()
     assert 'class="failed">failed' in index and 'class="ok">ok' in index
     assert "RuntimeError: boom from the fixture" in index  # the failing notebook's error excerpt
-    assert "torch.compile helps at c=1, 4; not resolved at c=16" in index
-    assert "ratio of medians over 3 paired repetitions" in index
-    assert "confidence: low" in index  # the ranked effect is at peak load, where the three pairs disagree
+    # the headline: one value per repetition averaged over the levels, resolved at the minimum of three
+    assert "torch.compile helps: +71.0% (90% CI +57.4..+85.8%, n=3, mean over c=1, 4, 16)" in index
+    assert "Per repetition (mean over c=1, 4, 16): +80%, +70%, +63%; resolved after 3 repetitions" in index
+    assert "c=16: -4% (-19..+119%, low)" in index  # the one level it cannot resolve alone, shown as such
+    assert "already run as compiled (no flag to add)" in index  # the better side is the default
+    assert re.search(r"Already optimal:</b>\s*torch.compile: compiled vs eager", index)
     assert "oversubscribed" in index  # the client health caveat travels with the finding
     assert (offline_run.parent / "latest").resolve() == offline_run.resolve()
 

@@ -14,8 +14,9 @@ Confidence = Literal["high", "medium", "low", "none"]
 
 
 class Effect(BaseModel):
-    """A measured relative effect: ratio of medians over paired repetitions, its 90% confidence interval
-    (t-test on log ratios), and the min..max of the per-repetition effects."""
+    """A measured relative effect: the geometric mean of paired per-repetition ratios (analysis.ab.Headline), its 90%
+    confidence interval (t over the repetitions' log ratios), the per-repetition effects and their min..max, whether
+    it is resolved, and how the repetitions ended."""
 
     model_config = ConfigDict(extra="forbid")
 

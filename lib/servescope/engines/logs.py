@@ -238,7 +238,10 @@ def vllm_config_from_log(text: str) -> dict | None:
             cc[key] = int(mm.group(1))
     eager = re.search(r"enforce_eager=(True|False)", line)
     device = re.search(r"device_config=(\w+)", line)
-    return {"vllm_config": {"compilation_config": cc,
-                            "model_config": {"enforce_eager": eager.group(1) == "True"} if eager else {},
+    dtype = re.search(r"\bdtype=torch\.(\w+)", line)
+    model = re.search(r"\bmodel='([^']+)'", line)
+    mc = ({"enforce_eager": eager.group(1) == "True"} if eager else {}) | ({"dtype": dtype.group(1)} if dtype else {}) \
+        | ({"model": model.group(1)} if model else {})
+    return {"vllm_config": {"compilation_config": cc, "model_config": mc,
                             "device_config": {"device": device.group(1)} if device else {}},
             "from_log": out}

@@ -176,7 +176,7 @@ def findings(gs: GraphStudy) -> list[Finding]:
                        confidence="low" if compared else "none", applies=compared,
                        claim="No graph mode gave a throughput gain over graphs off that this measurement resolves "
                              "(medium or high confidence): " + "; ".join(
-                                 f"{f.title}: {f.claim.split('.')[0]}" for f in per_mode) + ".",
+                                 f"{f.title}: {f.claim.split('. ')[0]}" for f in per_mode) + ".",
                        evidence={"per_mode": [f.model_dump(mode="json") for f in per_mode]})
     return [head, *per_mode]
 

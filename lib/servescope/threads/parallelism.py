@@ -335,7 +335,7 @@ def findings(ps: ParallelStudy) -> list[Finding]:
         else:
             title, conf = f"No layout shown to beat {base}", "low"
         head = Finding(thread=THREAD, title=title, confidence=conf,  # type: ignore[arg-type]
-                       claim=f"Against {base}: " + "; ".join(f.claim.split(".")[0] for f in per if f.applies)
+                       claim=f"Against {base}: " + "; ".join(f.claim.split(". ")[0] for f in per if f.applies)
                              + "." + (f" Not launched: {notes}." if notes else ""),
                        evidence={"per_layout": [f.model_dump(mode="json") for f in per],
                                  "refused": {x.arm.name: x.refused for x in refused}})
