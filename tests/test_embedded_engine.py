@@ -82,8 +82,8 @@ def test_report_end_to_end_on_vllm(tmp_path):
              "telemetry": {"host_hz": 20, "metrics_hz": 10},
              "notebooks": [{"id": "00_environment"}, {"id": "01_cuda_graph_disable_reason"},
                            {"id": "02_piecewise_cuda_graphs"},
-                           {"id": "04_data_parallelism", "parameters": {"repetitions": 1}},
-                           {"id": "05_torch_compile", "parameters": {"repetitions": 1}},
+                           {"id": "04_data_parallelism", "parameters": {"repetitions": 1, "max_repetitions": 1}},
+                           {"id": "05_torch_compile", "parameters": {"repetitions": 1, "max_repetitions": 1}},
                            {"id": "06_grouped_gemm"},
                            {"id": "03_clocks_power"}, {"id": "99_summary"}]}
     path = tmp_path / "suite.yaml"
@@ -104,9 +104,9 @@ def test_report_end_to_end_on_vllm(tmp_path):
     (graphs,) = json.loads((out / "02_piecewise_cuda_graphs.findings.json").read_text())
     assert graphs["title"] == "No CUDA graph modes to compare here" and graphs["confidence"] == "high"
     points = [p for p in (tmp_path / "store").iterdir() if not p.name.startswith((".", "_"))]
-    # thread 1's defaults (also thread 2's and thread 4's one server), thread 4's two replica layouts, thread 5's
-    # compiled and eager, thread 6's profiled defaults
-    assert len(points) == 6
+    # thread 1's defaults (also thread 2's, thread 4's one server and thread 5's compiled side: the same launch),
+    # thread 4's two replica layouts, thread 5's eager, thread 6's profiled defaults
+    assert len(points) == 5 and len(list((tmp_path / "store" / "_notes" / "aliases").glob("*.json"))) == 1
     ov = json.loads((out / "04_data_parallelism.findings.json").read_text())
     assert [f["title"] for f in ov[1:3]] == ["2 replicas, round-robin vs 1 server",
                                               "2 replicas, least-outstanding vs 1 server"]
