@@ -23,7 +23,7 @@ help:
 	@echo "make bench-client     our streaming client vs vLLM's benchmark client and NVIDIA AIPerf on a zero-work stub"
 	@echo "make bench-agreement  our client vs vLLM's benchmark client measuring the embedded vLLM"
 	@echo "make bench-telemetry  CPU cost of NVML sampling at 10 and 100 Hz (fake NVML without a GPU)"
-	@echo "make bench-trace      parse a 1,000,000-kernel nsys sqlite timeline into the kernel table"
+	@echo "make bench-trace      analyse 1M- and 10M-kernel nsys timelines, Parquet and SQLite exports (goal: 2M rows/s, 2 GB)"
 	@echo "make bench-report     the default suite cold, timed (goal: 900 s), launches against configurations x repetitions"
 	@echo "make bench-stability  the default suite twice from empty stores: same headline and tier per thread?"
 	@echo "make bench-openloop   the load client's achieved open-loop rate against a zero-work stub (1,000 req/s asked)"

@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 from servescope.analysis import kernels as ak
+from servescope.analysis.kernel_table import CATEGORIES, categorize, category_table
 from servescope.errors import ProfilingUnavailable
 from servescope.profile import nsys, torch_trace
-from servescope.profile.kernels import CATEGORIES, categorize, category_table
 
 FIX = Path(__file__).parent / "fixtures" / "h200_profiles"
 
@@ -250,3 +250,66 @@ def test_open_trace_reads_stats_beside_sqlite_and_refuses_unknown(tmp_path):
     bad.write_text("x")
     with pytest.raises(ProfilingUnavailable, match="not a trace servescope reads"):
         open_trace(bad)
+
+
+# -- nsys's Parquet export (`nsys export --type parquetdir`), recorded on the H200 beside SQLite of one capture ----
+COL = Path(__file__).parent / "fixtures" / "h200_columnar"
+
+
+@pytest.fixture(scope="module")
+def both_forms(tmp_path_factory):
+    import gzip
+    import shutil
+
+    d = tmp_path_factory.mktemp("columnar")
+    sqlite = d / "launch_bound.sqlite"
+    with gzip.open(COL / "launch_bound.sqlite.gz") as src, open(sqlite, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return sqlite, COL / "launch_bound_parquetdir"
+
+
+def test_parquet_and_sqlite_exports_of_one_capture_give_the_same_tables(both_forms):
+    sqlite, folder = both_forms
+    assert nsys.is_columnar(folder) and not nsys.is_columnar(sqlite)
+    a, b = nsys.read_kernels(sqlite), nsys.read_kernels(folder)
+    assert len(a) == len(b) == 4053 and int(b["graph_node"].notna().sum()) == 2000
+    for c in ("start_ns", "end_ns", "dur_ns", "device", "stream", "correlation"):
+        assert (a[c].to_numpy() == b[c].to_numpy()).all(), c
+    assert (a["name"].astype(str).to_numpy() == b["name"].astype(str).to_numpy()).all()
+    assert (a["graph_node"].isna() == b["graph_node"].isna()).all()
+    ra, rb = nsys.read_runtime(sqlite), nsys.read_runtime(folder)
+    assert len(ra) == len(rb) == 5267 and (ra["name"].to_numpy() == rb["name"].to_numpy()).all()
+    assert nsys.read_nvtx(sqlite).to_dict("records") == nsys.read_nvtx(folder).to_dict("records")
+    assert nsys.read_window(sqlite) == nsys.read_window(folder) == (542401647, 9346668609)
+
+
+def test_a_parquet_export_opens_as_a_trace_and_is_checked(both_forms, tmp_path):
+    from servescope.profile.session import open_trace
+
+    p = open_trace(both_forms[1])
+    assert p.source == "nsys" and len(p.kernels) == 4053 and p.window_ns == (542401647, 9346668609)
+    empty = tmp_path / "not_nsys"
+    empty.mkdir()
+    pd.DataFrame({"x": [1]}).to_parquet(empty / "other.parquet")
+    with pytest.raises(ProfilingUnavailable, match="not an nsys export"):
+        nsys.check_export(empty)
+
+
+def test_export_prefers_parquet_and_falls_back_to_sqlite(tmp_path):
+    """A stub nsys: one that writes parquetdir, one that refuses the type (releases before 2024 have no such type)."""
+    report = tmp_path / "r.nsys-rep"
+    report.write_text("")
+    for refuses in (False, True):
+        stub = tmp_path / f"nsys{int(refuses)}"
+        parquet = 'echo "unknown type" >&2; exit 1' if refuses else 'mkdir -p "$out" && echo x > "$out/StringIds.parquet"'
+        stub.write_text(f"""#!/bin/sh
+out=""; typ=""
+while [ $# -gt 0 ]; do case "$1" in --type) typ=$2; shift;; --output) out=$2; shift;; esac; shift; done
+if [ "$typ" = parquetdir ]; then {parquet}; fi
+[ "$typ" = sqlite ] && echo x > "$out"
+exit 0
+""")
+        stub.chmod(0o755)
+        got = nsys.export(str(stub), report)
+        assert got.name == ("r.sqlite" if refuses else "r_parquetdir"), got
+        assert got.is_dir() is (not refuses)

@@ -3,6 +3,7 @@
   python3 profile_workloads.py launch_bound   # 2,000 tiny kernels from a Python loop, then a CUDA graph of 500
                                               # tiny kernels replayed 4 times
   python3 profile_workloads.py compute_bound  # 40 bf16 4096^3 matrix products
+  python3 profile_workloads.py many_kernels   # 200,000 tiny kernels (half of them as CUDA-graph nodes): export sizes
   python3 profile_workloads.py moe_torch OUT  # the tiny Qwen3-MoE forward under the PyTorch profiler -> OUT
 """
 
@@ -48,6 +49,21 @@ def compute_bound() -> None:
     torch.cuda.nvtx.range_pop()
 
 
+def many_kernels() -> None:
+    x = torch.ones(64, 64, device="cuda")
+    torch.cuda.nvtx.range_push("many_kernels")
+    for _ in range(100_000):
+        x.add_(1.0)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=torch.cuda.Stream()):
+        for _ in range(1000):
+            x.add_(1.0)
+    for _ in range(100):
+        g.replay()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
 def moe_torch(out: str) -> None:
     sys.path.insert(0, "lib")
     from transformers import AutoModelForCausalLM
@@ -78,4 +94,4 @@ if __name__ == "__main__":
     if what == "moe_torch":
         moe_torch(sys.argv[2])
     else:
-        {"launch_bound": launch_bound, "compute_bound": compute_bound}[what]()
+        {"launch_bound": launch_bound, "compute_bound": compute_bound, "many_kernels": many_kernels}[what]()

@@ -336,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     ib.add_argument("--out", help="folder to write summary.parquet (and requests.parquet) into")
     ib.set_defaults(fn=_cmd_import_bench)
 
-    kk = sub.add_parser("kernels", help="analyse a stored trace: nsys .sqlite/.nsys-rep or PyTorch profiler .json(.gz)")
+    kk = sub.add_parser("kernels", help="analyse a stored trace: nsys .sqlite, parquetdir folder or .nsys-rep, or PyTorch "
+                        "profiler .json(.gz)")
     kk.add_argument("trace")
     kk.add_argument("--range", help="only this NVTX range (e.g. 'servescope c=8')")
     kk.add_argument("--top", type=int, default=15, help="how many kernels to list (default 15)")

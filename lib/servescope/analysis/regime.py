@@ -283,7 +283,8 @@ def trace_evidence(kernels: pd.DataFrame, runtime: pd.DataFrame | None = None,
     if kernels.empty:
         span = (window_ns[1] - window_ns[0]) if window_ns else 0
         return {"trace_busy_pct": 0.0, "kernels_per_s": 0.0, "window_ms": span / 1e6} if window_ns else {}
-    k = kernels[kernels["device"] >= 0] if (kernels["device"] >= 0).any() else kernels
+    host = kernels["device"] < 0  # CPU ops of a torch trace beside GPU kernels: the GPU's kernels decide
+    k = kernels[~host] if host.any() and not host.all() else kernels
     w0, w1 = window_ns if window_ns else (None, None)
     b = ak.busy(k, w0, w1)
     r = b.iloc[0] if len(b) == 1 else b.sort_values("kernel_time_ms").iloc[-1]

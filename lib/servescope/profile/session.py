@@ -50,9 +50,13 @@ def _torch_tables(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, tuple[int, in
 
 
 def open_trace(path: str | Path) -> Profile:
-    """A stored trace as a Profile, no GPU needed: an nsys SQLite export, an .nsys-rep (exported with nsys, which
-    must then be installed), or a PyTorch profiler Chrome trace (.json / .json.gz)."""
+    """A stored trace as a Profile, no GPU needed: an nsys export (SQLite file, or the folder of `--type
+    parquetdir`), an .nsys-rep (exported with nsys, which must then be installed), or a PyTorch profiler Chrome trace
+    (.json / .json.gz)."""
     path = Path(path)
+    if path.is_dir():
+        nsys_mod.check_export(path)
+        return Profile(**_nsys_tables(path), files=[path], source="nsys", window_ns=nsys_mod.read_window(path))
     if not path.is_file():
         raise ProfilingUnavailable(f"no trace file at {path}")
     if path.stat().st_size == 0:
@@ -64,9 +68,12 @@ def open_trace(path: str | Path) -> Profile:
             raise ProfilingUnavailable(f"{path} holds no GPU kernel and no CPU op: nothing to analyse")
         return Profile(kernels=kernels, runtime=runtime, files=[path], source="torch", window_ns=window)
     if name.endswith(".nsys-rep"):
-        path = nsys_mod.export_sqlite(nsys_mod.locate_nsys(), path)
+        path = nsys_mod.export(nsys_mod.locate_nsys(), path)
+        if path.is_dir():
+            return open_trace(path)
     elif not name.endswith(".sqlite"):
-        raise ProfilingUnavailable(f"{name}: not a trace servescope reads (.sqlite, .nsys-rep, .json, .json.gz)")
+        raise ProfilingUnavailable(f"{name}: not a trace servescope reads (.sqlite, a parquetdir folder, .nsys-rep, "
+                                   ".json, .json.gz)")
     prefix = path.with_suffix("")
     try:
         nsys_mod.check_export(path)

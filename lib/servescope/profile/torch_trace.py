@@ -15,8 +15,8 @@ import ijson
 import numpy as np
 import pandas as pd
 
+from ..analysis.kernel_table import KERNEL_COLUMNS
 from ..errors import ProfilingUnavailable
-from .kernels import KERNEL_COLUMNS
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 # CPU ops that only wrap others (a torch.compile'd graph's call, its guard bytecode): on a CPU build the ops inside

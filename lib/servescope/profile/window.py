@@ -101,13 +101,13 @@ def read(armed: Armed, window: dict[str, Any], timeout_s: float = 300.0) -> tupl
     else:
         nsys = nsys_mod.locate_nsys()
         report = nsys_mod.find_report(armed.folder / "report")
-        sqlite = nsys_mod.export_sqlite(nsys, report)
-        k, r = nsys_mod.read_kernels(sqlite), nsys_mod.read_runtime(sqlite)
-        info["traces"] = {report.name: report.stat().st_size, sqlite.name: sqlite.stat().st_size}
+        exported = nsys_mod.export(nsys, report)
+        k, r = nsys_mod.read_kernels(exported), nsys_mod.read_runtime(exported)
+        info["traces"] = {report.name: report.stat().st_size, exported.name: nsys_mod.export_size(exported)}
         if not armed.hook:  # the whole run was recorded: keep the window's kernels
-            origin = nsys_mod.session_start_unix_ns(sqlite)
+            origin = nsys_mod.session_start_unix_ns(exported)
             if origin is None:
-                raise ProfilingUnavailable(f"{sqlite.name} has no session start time: the window cannot be placed")
+                raise ProfilingUnavailable(f"{exported.name} has no session start time: the window cannot be placed")
             lo, hi = window["start_unix_ns"] - origin, window["end_unix_ns"] - origin
             k, r = ak.clip(k, lo, hi), r[(r["start_ns"] < hi) & (r["end_ns"] > lo)] if len(r) else r
     shutil.rmtree(armed.folder, ignore_errors=True)

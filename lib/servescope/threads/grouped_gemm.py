@@ -30,7 +30,7 @@ from ..study import Arm, Study, drop_empty, run_study
 
 THREAD = "06_grouped_gemm"
 DEFAULTS = "engine default"
-# MoE paths that run the experts as one grouped or fused product (profile/kernel_categories.csv names them)
+# MoE paths that run the experts as one grouped or fused product (analysis/kernel_categories.csv names them)
 GROUPED_PATHS = {"triton_fused_moe", "flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl", "deep_gemm",
                  "sgl_kernel_cutlass", "triton_kernel_ogs", "torch_grouped_mm", "cpu_experts"}
 # dense products a transformer layer launches per step besides its experts: q, k, v, o (or fused), the router, and
