@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from servescope.engines import register
-from servescope.engines.base import EngineAdapter, EngineInstall, LaunchPlan, get_json
+from servescope.engines.base import EngineAdapter, EngineInstall, LaunchPlan
+from servescope.engines.http import get_json
+from servescope.engines.sglang import SglangAdapter
 from servescope.engines.state import GRAPH_PHASES, ResolvedState
 from servescope.server import ReadyCheck
 from servescope.spec import Knobs
@@ -35,6 +37,9 @@ class StubAdapter(EngineAdapter):
     'graphs_full_when_compiled' (the compiled side also runs full graphs)."""
 
     name = "stub"
+    # it exports SGLang-shaped metrics beside one of its own (which the scraper must leave out)
+    metric_prefixes = SglangAdapter.metric_prefixes
+    key_metrics = SglangAdapter.key_metrics
 
     def managed_env(self, version):
         return None

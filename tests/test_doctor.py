@@ -9,7 +9,8 @@ import yaml
 
 from servescope import doctor, hostcpu
 from servescope.cli import main
-from servescope.spec import EngineSpec, ModelSpec
+from servescope.engines import get_engine
+from servescope.spec import ModelSpec
 
 
 def _suite(tmp_path, dies: str) -> str:
@@ -51,7 +52,7 @@ def test_full_doctor_passes_and_caches_per_cpu(tmp_path):
     checks = doctor.run_doctor(suite, say=lambda m: None)
     assert all(c.status != "fail" for c in checks), doctor.table(checks)
     engine, model = doctor._suite_parts(suite)
-    _, key, _ = doctor.check_engine(engine)
+    _, key, _ = doctor.check_engine(engine, get_engine(engine.name))
     cached = doctor._read_cache(doctor.cache_path(key, model))
     assert set(cached) == {"eager", "compiled"} and all(c.status == "ok" and c.cached for c in cached.values())
 
@@ -65,14 +66,15 @@ def test_missing_engine_is_a_failure_that_says_what_to_run(tmp_path):
 def test_cpu_check_says_what_amx_means_and_warns_only_when_the_permission_is_turned_off(monkeypatch):
     monkeypatch.setattr(hostcpu, "isa", lambda: {f: True for f in hostcpu.ISA_FLAGS})
     monkeypatch.setattr(hostcpu, "amx_tile_data_supported_by_kernel", lambda: True)
-    ok = doctor.check_cpu(ModelSpec(tiny={}), EngineSpec())
+    vllm = get_engine("vllm")
+    ok = doctor.check_cpu(ModelSpec(tiny={}), vllm)
     assert ok.status == "ok" and "asks at start" in ok.detail
     monkeypatch.setenv("SERVESCOPE_AMX_PERMISSION", "0")
-    warn = doctor.check_cpu(ModelSpec(tiny={}), EngineSpec())
+    warn = doctor.check_cpu(ModelSpec(tiny={}), vllm)
     assert warn.status == "warn" and "SIGILL" in warn.detail
     monkeypatch.setattr(hostcpu, "isa", lambda: {f: f not in ("amx_tile", "amx_bf16", "amx_int8") for f in
                                                  hostcpu.ISA_FLAGS})
-    assert doctor.check_cpu(ModelSpec(tiny={}), EngineSpec()).status == "ok"  # no AMX: nothing to warn about
+    assert doctor.check_cpu(ModelSpec(tiny={}), vllm).status == "ok"  # no AMX: nothing to warn about
 
 
 def test_table_lists_every_check():

@@ -10,6 +10,7 @@ import psutil
 import pytest
 import yaml
 
+from servescope.context import context
 from servescope.engines import get_engine
 from servescope.launch import prepare
 from servescope.load import load_tokenizer, random_prompts, run_level
@@ -179,9 +180,10 @@ def test_torch_profile_of_a_vllm_point_is_stored_with_it(tmp_path):
     from servescope.analysis import kernels as ak
     from servescope.study import Arm, run_study
 
-    study = run_study("t", {"name": "vllm"}, {"tiny": {}}, {"concurrency": [2], "num_requests": 4, "input_len": 32,
-                      "output_len": 16}, [Arm("eager", Knobs(torch_compile=False, cuda_graph="off"))], repetitions=1,
-                      store_dir=str(tmp_path), progress=False, profile={"kind": "torch", "num_requests": 4})
+    ctx = context({"name": "vllm"}, {"tiny": {}}, {"concurrency": [2], "num_requests": 4, "input_len": 32,
+                  "output_len": 16}, repetitions=1, store_dir=str(tmp_path), progress=False,
+                  profile={"kind": "torch", "num_requests": 4})
+    study = run_study("t", ctx, [Arm("eager", Knobs(torch_compile=False, cuda_graph="off"))])
     k = study.kernels()
     moe = ak.moe_path(k).set_index("moe_path")
     assert "cpu_experts" in moe.index and moe.loc["cpu_experts", "share"] > 0.01

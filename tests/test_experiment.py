@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from servescope.context import context
 from servescope.experiment import Config, measure
 from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
 from servescope.store import Store
@@ -59,7 +60,7 @@ def test_thread05_finds_known_effect(tmp_path, stub_engine):
     """The stub streams 4x slower per token when torch_compile=False and reports what it ran as: the thread must
     say compile helps, with both sides verified, and recommend compile in the engine's spelling."""
     load = {"concurrency": [1, 4], "num_requests": 8, "output_len": 16, "warmup_requests": 0}
-    study = t05.run(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path))
+    study = t05.run(context(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path)))
     eff = t05.comparison(study).effects()
     tok = eff[eff["metric"] == "output_tok_s"]
     assert (tok["effect_pct"] > 50).all() and (tok["n_pairs"] == 3).all()
@@ -84,22 +85,22 @@ def test_thread05_unverified_or_different_states_lower_or_void_the_finding(tmp_p
     also changed graphs is named; a side that did not resolve compile as asked voids the comparison."""
     engine = {**stub_engine, "env": {"STUB_STATE": mode}}
     load = {"concurrency": [2], "num_requests": 6, "output_len": 8, "warmup_requests": 0}
-    (f,) = t05.findings(t05.run(engine, {"path": "stub"}, load, repetitions=2, store_dir=str(tmp_path)))
+    (f,) = t05.findings(t05.run(context(engine, {"path": "stub"}, load, repetitions=2, store_dir=str(tmp_path))))
     assert f.title == title and f.confidence == conf and says in f.claim, f.claim
     assert f.applies == (mode != "compile_off")
 
 
 def test_thread05_bad_input_fails_before_launch(tmp_path):
     with pytest.raises(Exception, match="no engine named 'sglangx'"):
-        t05.run({"name": "sglangx"}, {"tiny": {}}, {}, store_dir=str(tmp_path))
+        t05.run(context({"name": "sglangx"}, {"tiny": {}}, {}, store_dir=str(tmp_path)))
     with pytest.raises(Exception, match="concurrency"):
-        t05.run({"name": "vllm"}, {"tiny": {}}, {"concurrency": [0]}, store_dir=str(tmp_path))
+        t05.run(context({"name": "vllm"}, {"tiny": {}}, {"concurrency": [0]}, store_dir=str(tmp_path)))
     assert not any(tmp_path.iterdir())
 
 
 def test_thread05_nothing_measured_says_so(tmp_path, stub_engine):
-    study = t05.run(stub_engine, {"path": "stub"}, {"concurrency": [1]}, repetitions=1, store_dir=str(tmp_path),
-                    offline=True)
+    study = t05.run(context(stub_engine, {"path": "stub"}, {"concurrency": [1]}, repetitions=1,
+                            store_dir=str(tmp_path), offline=True))
     (f,) = t05.findings(study)
     assert not f.applies and f.confidence == "none" and f.effect is None
     assert "NotMeasuredError" in f.reason
@@ -112,7 +113,7 @@ def test_store_keys_of_defaults_are_stable():
     a new field instead, or re-record data/reference (see its README) and update the key here."""
     from servescope.experiment import point_parts
 
-    parts = point_parts(EngineSpec(), ModelSpec(tiny={}), Knobs(), LoadSpec(), 0)
+    parts = point_parts(context(EngineSpec(), ModelSpec(tiny={}), LoadSpec()), Knobs(), 0)
     assert parts["knobs"] == {} and parts["load"] == {}
     # bfloat16 (issue 20: vLLM CPU served the float32 model in bfloat16 anyway), no EOS in the generation config
     assert Store.key(parts) == "b2b276ef2ad94ba5"
@@ -124,13 +125,13 @@ def test_thread02_picks_the_mode_that_helps_most(tmp_path, stub_engine):
     from servescope.threads import graph_modes as t02
 
     load = {"concurrency": [2], "num_requests": 8, "output_len": 16, "warmup_requests": 0}
-    gs = t02.run(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path))
+    gs = t02.run(context(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path)))
     assert list(gs.modes["mode"][gs.modes["expressible"]]) == ["off", "decode_only", "full", "piecewise"]
     assert set(gs.study.verification()["status"]) == {"as requested"}
     head, *per_mode = t02.findings(gs)
     assert head.title == "Use CUDA graphs: piecewise" and head.recommended_flags == ["--itl-ms", "2"]
     assert [f.effect.treatment for f in per_mode] == ["decode_only", "full", "piecewise"]
-    assert all(f.evidence["direction"] == "better" for f in per_mode)
+    assert all(f.direction == "better" for f in per_mode)
     assert all(f.confidence == "high" for f in per_mode), [(f.title, f.confidence) for f in per_mode]
     assert gs.plot_effects() is not None and len(gs.effects()) == 9
 
@@ -149,7 +150,7 @@ def test_thread02_without_graph_modes_launches_only_the_defaults_point(tmp_path,
 
     monkeypatch.setattr(StubAdapter, "knob_flags", no_graphs)
     load = {"concurrency": [1], "num_requests": 2, "output_len": 4, "warmup_requests": 0}
-    gs = t02.run(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path))
+    gs = t02.run(context(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path)))
     assert [a.name for a in gs.study.arms] == ["engine default"] and len(gs.study.results.points) == 1
     (f,) = t02.findings(gs)
     assert f.title == "No CUDA graph modes to compare here" and not f.applies and f.answers
@@ -209,7 +210,7 @@ def test_one_launch_per_configuration_across_knobs_that_launch_the_same_server(t
 
 def test_thread05_resolves_a_large_effect_in_three_repetitions(tmp_path, stub_engine):
     load = {"concurrency": [1, 4], "num_requests": 8, "output_len": 16, "warmup_requests": 0}
-    study = t05.run(stub_engine, {"path": "stub"}, load, repetitions=3, max_repetitions=6, store_dir=str(tmp_path))
+    study = t05.run(context(stub_engine, {"path": "stub"}, load, repetitions=3, max_repetitions=6, store_dir=str(tmp_path)))
     (f,) = t05.findings(study)
     assert study.results.stopped == "resolved after 3 repetitions" and f.effect.n == 3
     assert f.effect.status == "better" and len(f.effect.per_rep_pct) == 3 and f.effect.stopped == study.results.stopped

@@ -121,7 +121,7 @@ def test_more_ranks_than_the_machine_has_are_refused_before_any_launch(tmp_path,
 
 
 def test_visible_gpus_follow_cuda_visible_devices():
-    from servescope.engines.base import visible_devices
+    from servescope.engines.devices import visible_devices
     from servescope.telemetry.testing import FakeGpu, fake_nvml
 
     with fake_nvml([FakeGpu(), FakeGpu()]):

@@ -11,6 +11,7 @@ import pandas as pd
 import psutil
 import pytest
 
+from servescope.context import context
 from servescope.errors import KnobError, NotMeasuredError, SpecError
 from servescope.experiment import Config, measure
 from servescope.load.runner import Router
@@ -84,7 +85,7 @@ def test_replicas_refuse_a_pinned_port(tmp_path, stub_engine):
 
 @pytest.mark.skipif(not TWO_CORES, reason="needs two cores")
 def test_thread04_on_the_stub_compares_layouts_and_shows_refusals(tmp_path, stub_engine):
-    ps = t04.run(stub_engine, {"path": "stub"}, LOAD, repetitions=2, store_dir=str(tmp_path), progress=False)
+    ps = t04.run(context(stub_engine, {"path": "stub"}, LOAD, repetitions=2, store_dir=str(tmp_path), progress=False))
     over = ps.overview().set_index("layout")
     assert over.loc["1 server", "status"].startswith("measured (2 launches")
     assert over.loc["2 replicas, least-outstanding", "status"].startswith("measured")
@@ -101,22 +102,23 @@ def test_thread04_on_the_stub_compares_layouts_and_shows_refusals(tmp_path, stub
     assert {f.effect.treatment for f in per if f.effect} >= {"2 replicas, round-robin", "2 replicas, least-outstanding"}
     mem = ps.memory()
     assert "host_mem_available_mib" in mem and (mem["host_mem_available_mib"] > 0).all()
-    again = t04.run(stub_engine, {"path": "stub"}, LOAD, repetitions=2, store_dir=str(tmp_path), offline=True,
-                    progress=False)  # offline: the layouts' checks and the probe's answer come from the store
+    # offline: the layouts' checks and the probe's answer come from the store
+    again = t04.run(context(stub_engine, {"path": "stub"}, LOAD, repetitions=2, store_dir=str(tmp_path), offline=True,
+                            progress=False))
     assert again.overview().equals(ps.overview()) and again.allreduce_info == ps.allreduce_info
     exported = tmp_path / "exported"  # store-export carries the notes with the points
     export_points(Store(tmp_path), exported)
     assert (exported / "_notes" / "layouts").is_dir()
     with pytest.raises(NotMeasuredError, match="never checked"):
-        t04.run({**stub_engine, "python": "/nonexistent/python"}, {"path": "stub"}, LOAD, store_dir=str(tmp_path),
-                offline=True)
+        t04.run(context({**stub_engine, "python": "/nonexistent/python"}, {"path": "stub"}, LOAD,
+                        store_dir=str(tmp_path), offline=True))
 
 
 def test_spec_errors_before_launch(tmp_path, stub_engine):
     with pytest.raises(SpecError, match="at least two replicas"):
-        t04.run(stub_engine, {"path": "stub"}, LOAD, replicas=1, store_dir=str(tmp_path))
+        t04.run(context(stub_engine, {"path": "stub"}, LOAD, store_dir=str(tmp_path)), replicas=1)
     with pytest.raises(SpecError, match="routes: give one or more of round_robin, least_outstanding"):
-        t04.run(stub_engine, {"path": "stub"}, LOAD, routes=["random"], store_dir=str(tmp_path))
+        t04.run(context(stub_engine, {"path": "stub"}, LOAD, store_dir=str(tmp_path)), routes=["random"])
     assert not any(tmp_path.iterdir())  # refused before anything was checked, launched or noted
 
 

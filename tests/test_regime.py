@@ -17,6 +17,7 @@ import yaml
 
 from servescope.analysis import regime as rg
 from servescope.analysis.telemetry import dcgm_by_point, gpu_by_point, gpu_points, host_by_point
+from servescope.context import context
 from servescope.experiment import read_store
 from servescope.profile.session import open_trace
 from servescope.spec import EngineSpec
@@ -112,7 +113,7 @@ def test_the_real_server_on_the_h200_is_host_bound(tmp_path):
     busiest thread saturated a core while the GPU waited. With the nsys profile of the same level, the trace
     refines it: 36,377 kernels/s of 1.9 us, so graphs (which thread 02 measured at +46..+101%) are the lever."""
     store = Store(ROOT / "data" / "reference" / "h200" / "store")
-    st = Study("t", EngineSpec(name="transformers"), [], read_store(store))
+    st = Study("t", context(EngineSpec(name="transformers"), {"tiny": {}}, store=store), [], read_store(store))
     t = st.regimes(per_rep=True).set_index(["config", "rep", "point"])
     assert (t.loc[("cuda_graph=off", 0, "c=8"), "regime"], t.loc[("cuda_graph=off", 1, "c=8"), "regime"]) == \
         ("host-bound", "host-bound")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from servescope.context import context
 from servescope.engines import get_engine
 from servescope.engines.logs import analyze_log_file
 from servescope.launch import prepare, serve
@@ -85,8 +86,8 @@ def test_torch_profile_is_stored_with_the_point(sglang_059, tmp_path):
     model = {"path": "org/moe", "served_name": "moe"}
     load = {"concurrency": [1], "num_requests": 2, "input_len": 8, "output_len": 4, "endpoint": "generate"}
     prof = {"kind": "torch", "num_requests": 2}
-    study = run_study("t", engine, model, load, [Arm("default", Knobs())], repetitions=1, store_dir=str(tmp_path),
-                      progress=False, telemetry={"enabled": False}, profile=prof)
+    study = run_study("t", context(engine, model, load, repetitions=1, store_dir=str(tmp_path), progress=False,
+                                   telemetry={"enabled": False}, profile=prof), [Arm("default", Knobs())])
     k = study.kernels()
     assert set(k["name"].astype(str)) == {"fused_moe_kernel", "nvjet_sm90_tst_64x8"}
     from servescope.analysis import kernels as ak
@@ -98,8 +99,8 @@ def test_torch_profile_is_stored_with_the_point(sglang_059, tmp_path):
     point = Path(study.results.points["path"].iloc[0])
     assert not (point / "profile").exists() and (point / "kernels.parquet").is_file()
     # the profile is part of the point's identity; offline, the same study reads it from the store
-    again = run_study("t", engine, model, load, [Arm("default", Knobs())], repetitions=1, store_dir=str(tmp_path),
-                      offline=True, profile=prof)
+    again = run_study("t", context(engine, model, load, repetitions=1, store_dir=str(tmp_path), offline=True,
+                                   profile=prof), [Arm("default", Knobs())])
     assert len(again.kernels()) == len(k) and len(again.kernel_summary()) == 1
 
 
@@ -119,13 +120,13 @@ def test_thread05_on_sglang_compares_under_decode_graphs_and_finds_the_piecewise
     engine = {"name": "sglang", "python": sglang_059.install.python, "startup_timeout_s": 60}
     model = {"path": "org/moe", "served_name": "moe"}
     load = {"concurrency": [1, 2], "num_requests": 4, "input_len": 8, "output_len": 4, "endpoint": "generate"}
-    study = t05.run(engine, model, load, repetitions=2, store_dir=str(tmp_path), progress=False,
-                    telemetry={"enabled": False})
+    study = t05.run(context(engine, model, load, repetitions=2, store_dir=str(tmp_path), progress=False,
+                            telemetry={"enabled": False}))
     flags = dict(zip(study.results.points["config"], study.results.points["flags"], strict=False))
     assert flags == {"compiled": "--enable-torch-compile", "eager": ""}  # decode graphs are 0.5.9's default
     v = study.verification()
     assert set(v[v["field"].isin(["compile", "graph_decode", "graph_prefill"])]["status"]) == {"as requested"}
-    excl = t05.piecewise_exclusion(study, model, load, store_dir=str(tmp_path))
+    excl = t05.piecewise_exclusion(study)
     assert excl.verdict == "excludes" and "prefill graphs off" in excl.words
     study.__dict__["install"] = wheel_install("sglang-0.5.9")  # the fake package holds server_args.py alone
     audit = t05._with_audit(study, [])
@@ -142,8 +143,8 @@ def test_thread02_on_sglang_059_expresses_its_modes_and_reads_its_graph_counters
 
     engine = {"name": "sglang", "python": sglang_059.install.python, "startup_timeout_s": 60}
     load = {"concurrency": [2], "num_requests": 16, "input_len": 8, "output_len": 32, "endpoint": "generate"}
-    gs = t02.run(engine, {"path": "org/moe", "served_name": "moe"}, load, repetitions=1, store_dir=str(tmp_path),
-                 progress=False, telemetry={"metrics_hz": 20})
+    gs = t02.run(context(engine, {"path": "org/moe", "served_name": "moe"}, load, repetitions=1,
+                         store_dir=str(tmp_path), progress=False, telemetry={"metrics_hz": 20}))
     modes = dict(zip(gs.modes["mode"], gs.modes["expressible"], strict=True))
     assert modes == {"off": True, "decode_only": True, "full": False, "piecewise": True}
     assert "0.5.9" in gs.modes.set_index("mode").loc["full", "reason"]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from servescope.context import context
 from servescope.engines import get_engine
 from servescope.spec import EngineSpec, Knobs
 from servescope.suite import load_suite
@@ -35,10 +36,10 @@ def test_sglang_example_is_valid_for_sglang_0_5_23(wheel_install):
     assert engine.name == "sglang" and engine.version == "0.5.23"
     install = wheel_install("sglang-0.5.23")
     adapter = get_engine("sglang")
-    modes = graph_modes.modes(engine, install)
+    modes = graph_modes.modes(context(engine, {"tiny": {}}), install)
     assert modes["expressible"].all(), modes  # off, decode only, full, piecewise: all spelled by 0.5.23
     knobs = [Knobs(cuda_graph=m) for m in modes["mode"]]
-    knobs += [a.knobs for a in torch_compile.arms(engine)]
+    knobs += [a.knobs for a in torch_compile.arms(context(engine, {"tiny": {}}))]
     lays = parallelism.layouts(None, 8, "cuda")
     assert {x.kind for x in lays} == {"one server", "replicas", "engine DP", "DP attention", "TP"}
     knobs += [x.arm.knobs for x in lays]

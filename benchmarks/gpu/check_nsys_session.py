@@ -50,15 +50,16 @@ def main(out: Path) -> None:
     print(f"capture range cudaProfilerApi: {len(k)} kernels, mul {names.str.contains('Mul').sum()}, "
           f"add {names.str.contains('add').sum()}", flush=True)
 
+    from servescope.context import context
     from servescope.spec import Knobs
     from servescope.study import Arm, run_study
 
     tiny = {"hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
             "intermediate_size": 1024, "moe_intermediate_size": 256, "num_experts": 64, "top_k": 8, "dtype": "bfloat16"}
-    study = run_study("nsys-check", {"name": "transformers", "python": sys.executable, "startup_timeout_s": 300},
-                      {"tiny": tiny}, {"concurrency": [4], "num_requests": 16, "input_len": 32, "output_len": 32},
-                      [Arm("default", Knobs())], repetitions=1, store_dir=str(out / "store"),
-                      profile={"kind": "nsys", "concurrency": 4, "num_requests": 8})
+    ctx = context({"name": "transformers", "python": sys.executable, "startup_timeout_s": 300}, {"tiny": tiny},
+                  {"concurrency": [4], "num_requests": 16, "input_len": 32, "output_len": 32}, repetitions=1,
+                  store_dir=str(out / "store"), profile={"kind": "nsys", "concurrency": 4, "num_requests": 8})
+    study = run_study("nsys-check", ctx, [Arm("default", Knobs())])
     print(study.results.profiles.drop(columns=["traces"], errors="ignore").to_string())
     print(study.kernel_summary().round(4).to_string())
     k = study.kernels()

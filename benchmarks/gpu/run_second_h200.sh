@@ -16,6 +16,7 @@ rm -rf /tmp/store && mkdir -p /tmp/store
 [ "$THREAD" = 05 ] && tar xzf .device/run2store/store.tgz -C /tmp
 PYTHONUNBUFFERED=1 timeout ${BUDGET_S:-540} python3 - "$THREAD" <<'PY' 2>&1 | tee $OUT/run.log | grep -v "^\s*$" | tail -40
 import sys, time, yaml
+from servescope.context import context
 from servescope.threads import graph_modes as t02, torch_compile as t05
 suite = yaml.safe_load(open("data/suites/transformers-gpu.yaml"))
 nb = next(n for n in suite["notebooks"] if n["id"].startswith(sys.argv[1]))
@@ -24,12 +25,12 @@ kw = dict(repetitions=p["repetitions"], max_repetitions=p["max_repetitions"], st
           telemetry=suite.get("telemetry"), progress=False)
 t0 = time.time()
 if sys.argv[1] == "02":
-    gs = t02.run(suite["engine"], suite["model"], suite["load"], **kw)
+    gs = t02.run(context(suite["engine"], suite["model"], suite["load"], **kw))
     print("stopped:", gs.study.results.stopped)
     for f in t02.findings(gs):
         print("FINDING", f.title, "|", f.confidence, "|", f.effect.text() if f.effect else "")
 else:
-    st = t05.run(suite["engine"], suite["model"], suite["load"], **kw)
+    st = t05.run(context(suite["engine"], suite["model"], suite["load"], **kw))
     print("stopped:", st.results.stopped)
     for f in t05.findings(st):
         print("FINDING", f.title, "|", f.confidence, "|", f.effect.text() if f.effect else "")

@@ -217,7 +217,7 @@ def _install_for(a: argparse.Namespace):
                                  source=source_tree(ad, version).location)
     if not a.python and ad.managed_env(None) is None:
         raise ServescopeError(f"engine {a.engine!r} has no managed environment: give --python or --wheel")
-    return ad, find_install(EngineSpec(name=a.engine, python=a.python))
+    return ad, find_install(EngineSpec(name=a.engine, python=a.python), ad)
 
 
 def _cmd_audit(a: argparse.Namespace) -> int:

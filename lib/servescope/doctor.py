@@ -24,8 +24,10 @@ from typing import Literal
 
 from . import __version__, hostcpu
 from .engines import get_engine
+from .engines.base import EngineAdapter
 from .errors import ServerError, ServescopeError
 from .paths import cache_root, project_root
+from .server import read_logs
 from .spec import EngineSpec, Knobs, ModelSpec, parse, stable_hash
 from .util import atomic_write_json
 
@@ -33,8 +35,8 @@ CheckStatus = Literal["ok", "warn", "fail", "n/a"]
 # What the default suite launches: thread 1 and thread 5's compiled side use the engine defaults, 5's eager side
 # turns compile and graphs off.
 TOKEN_CLASSES: dict[str, Knobs] = {"eager": Knobs(torch_compile=False, cuda_graph="off"), "compiled": Knobs()}
-ENGINE_ENV_NEED_GIB = 4.0  # a vLLM CPU environment is about 3.4 GB
 FREE_AFTER_GIB = 1.0
+ENV_HEADROOM_GIB = 0.6  # beside the environment itself: pip's cache and wheels while it installs
 
 
 @dataclass
@@ -95,16 +97,15 @@ def check_suite_env() -> Check:
     return Check("suite environment", "ok", f"{where}; {len(_pins())} pinned packages as pinned")
 
 
-def check_engine(engine: EngineSpec) -> tuple[Check, str, str | None]:
+def check_engine(engine: EngineSpec, adapter: EngineAdapter) -> tuple[Check, str, str | None]:
     """The engine's environment and version (nothing is created); also the key its token results are cached under
     and its interpreter."""
     from .launch import find_install
 
-    adapter = get_engine(engine.name)
     if not adapter.launches:
         return _check_external(engine), f"external-{stable_hash(engine.url or '', n=8)}", None
     try:
-        install = find_install(engine, create=False)
+        install = find_install(engine, adapter, create=False)
     except ServescopeError as e:
         return Check("engine environment", "fail", str(e).splitlines()[0]), "", None
     assert install is not None
@@ -115,7 +116,7 @@ def check_engine(engine: EngineSpec) -> tuple[Check, str, str | None]:
 
 
 def _check_external(engine: EngineSpec) -> Check:
-    from .engines.base import get_json
+    from .engines.http import get_json
 
     url = (engine.url or "").rstrip("/")
     try:
@@ -125,23 +126,24 @@ def _check_external(engine: EngineSpec) -> Check:
     return Check("engine environment", "ok", f"external server {url} serves {models}")
 
 
-def check_disk(engine_ready: bool) -> Check:
+def check_disk(engine_ready: bool, adapter: EngineAdapter) -> Check:
     """Free space where the engine environments and models are cached."""
     root = cache_root()
     probe = root
     while not probe.exists():
         probe = probe.parent
     free_gib = shutil.disk_usage(probe).free / 2**30
-    need = FREE_AFTER_GIB if engine_ready else ENGINE_ENV_NEED_GIB
+    env_gib = adapter.env_size_gib if not engine_ready else 0.0
+    need = max(FREE_AFTER_GIB, env_gib + ENV_HEADROOM_GIB) if env_gib else FREE_AFTER_GIB
     status: CheckStatus = "ok" if free_gib >= need else ("warn" if engine_ready else "fail")
-    why = "" if engine_ready else " (the engine environment still needs about 3.4 GB)"
+    why = f" (the engine environment still needs about {env_gib:.1f} GB)" if env_gib else ""
     return Check("disk", status, f"{free_gib:.1f} GiB free at {probe} for {root}; need {need:.0f} GiB{why}")
 
 
-def check_cpu(model: ModelSpec, engine: EngineSpec) -> Check:
+def check_cpu(model: ModelSpec, adapter: EngineAdapter) -> Check:
     """CPU model, the extensions that pick a CPU engine's kernels, and what AMX means for the engine's processes."""
     detail = f"{hostcpu.cpu_model()}; {hostcpu.isa_text()}; fingerprint {hostcpu.fingerprint()}; {hostcpu.amx_note()}"
-    if hostcpu.isa()["amx_tile"] and os.environ.get("SERVESCOPE_AMX_PERMISSION", "1") == "0" and engine.name == "vllm":
+    if hostcpu.isa()["amx_tile"] and os.environ.get("SERVESCOPE_AMX_PERMISSION", "1") == "0" and adapter.uses_amx_tiles:
         return Check("CPU", "warn", detail + "; but SERVESCOPE_AMX_PERMISSION=0: eager vLLM CPU workers running "
                      "bfloat16 will die from SIGILL at their first AMX attention call")
     return Check("CPU", "ok", detail)
@@ -193,7 +195,7 @@ def check_nsys() -> Check:
         return Check("nsys", "n/a", f"{e}; kernel traces come from the PyTorch profiler instead")
 
 
-def token_check(cls: str, engine: EngineSpec, model: ModelSpec, log_root: Path) -> Check:
+def token_check(cls: str, engine: EngineSpec, adapter: EngineAdapter, model: ModelSpec, log_root: Path) -> Check:
     """Launch one configuration class and wait for a real generated token (the readiness check asks for one)."""
     from .launch import prepare, serve
 
@@ -201,10 +203,10 @@ def token_check(cls: str, engine: EngineSpec, model: ModelSpec, log_root: Path) 
     log_dir = log_root / cls
     shutil.rmtree(log_dir, ignore_errors=True)
     try:
-        prep = prepare(engine, model, say=lambda m: None)
+        prep = prepare(engine, model, say=lambda m: None, adapter=adapter)
         with serve(prep, TOKEN_CLASSES[cls], log_dir) as target:
             first = target.startup.get("first_token_s")
-            st = get_engine(engine.name).resolved_state(target.resolved_config)
+            st = adapter.resolved_state(target.resolved_config)
         served = f"; weights served in {st.dtype_words()}" if st.dtype else f"; dtype {st.why_missing('dtype')}"
         return Check(f"token: {cls}", "ok", f"first token {first:.0f} s after launch "
                      f"({' '.join(target.flags) or 'no flags'}){served}{amx_evidence(log_dir)}", time.monotonic() - t0)
@@ -218,7 +220,7 @@ def token_check(cls: str, engine: EngineSpec, model: ModelSpec, log_root: Path) 
 def amx_evidence(log_dir: Path) -> str:
     """How many processes of the server's tree logged that they asked for the AMX tile permission (empty: none did,
     as on a CPU without AMX)."""
-    text = "\n".join(p.read_text(errors="replace") for p in Path(log_dir).glob("server.*.log"))
+    text = read_logs(Path(log_dir))
     granted = len(re.findall(r"servescope: AMX tile permission granted", text))
     return f"; AMX tile permission granted to {granted} engine process(es)" if granted else ""
 
@@ -242,12 +244,13 @@ def _read_cache(path: Path) -> dict[str, Check]:
 def run_doctor(suite: str | Path | None = None, quick: bool = False, say: Callable[[str], None] = print) -> list[Check]:
     """Every check, in order; with quick, token results come from the cache instead of launching."""
     engine, model = _suite_parts(suite)
+    adapter = get_engine(engine.name)  # the entry point: the engine is resolved once, here
     checks = [check_suite_env()]
-    engine_check, env_key, python = check_engine(engine)
+    engine_check, env_key, python = check_engine(engine, adapter)
     checks.append(engine_check)
-    checks.append(check_disk(engine_check.status == "ok"))
-    checks.append(check_cpu(model, engine))
-    launches = get_engine(engine.name).launches
+    checks.append(check_disk(engine_check.status == "ok", adapter))
+    checks.append(check_cpu(model, adapter))
+    launches = adapter.launches
     if launches:
         checks.append(check_model(model, python, build=not quick))
     checks += [check_nvml(), check_nsys()]
@@ -269,7 +272,7 @@ def run_doctor(suite: str | Path | None = None, quick: bool = False, say: Callab
         "each waits for one real token")
     log_root = Path(tempfile.mkdtemp(prefix="servescope-doctor-"))
     with ThreadPoolExecutor(len(TOKEN_CLASSES)) as pool:  # both at once: the run must stay under two minutes
-        results = list(pool.map(lambda c: token_check(c, engine, model, log_root), TOKEN_CLASSES))
+        results = list(pool.map(lambda c: token_check(c, engine, adapter, model, log_root), TOKEN_CLASSES))
     when = time.strftime("%Y-%m-%d %H:%M")
     stored = {cls: {**asdict(r), "cached": when} for cls, r in zip(TOKEN_CLASSES, results, strict=True)}
     atomic_write_json(cpath, {"checks": stored, "engine_env": env_key, "cpu": hostcpu.cpu_model(),

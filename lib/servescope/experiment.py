@@ -16,7 +16,8 @@ from typing import Any
 import pandas as pd
 import psutil
 
-from .engines import get_engine
+from .context import RepetitionPlan, RunContext, context
+from .engines.base import EngineAdapter
 from .errors import HungError, KnobError, LevelFailedError, NotMeasuredError, ServescopeError, SpecError
 from .findings import Finding, Outcome
 from .launch import Prepared, prepare, serve
@@ -26,9 +27,9 @@ from .load.metrics import rejudge
 from .load.runner import LoadResult
 from .models import model_info
 from .profile import window as profiling
-from .server import tail_lines
+from .server import log_tails, read_logs
 from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec
-from .store import Store
+from .store import Point, Store
 from .telemetry import Telemetry
 
 TELEMETRY_TABLES = ("gpu", "gpu_static", "host_cpu", "server_procs", "server_threads", "server_metrics", "dcgm")
@@ -51,7 +52,7 @@ class Results:
     startup: pd.DataFrame
     points: pd.DataFrame
     errors: pd.DataFrame
-    resolved: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stored: dict[tuple[str, int], Point] = field(default_factory=dict)  # (config, rep) -> the stored point
     telemetry: dict[str, pd.DataFrame] = field(default_factory=dict)  # table name -> rows of every point
     telemetry_status: pd.DataFrame = field(default_factory=pd.DataFrame)
     planned: int = 0  # points asked for: configurations x repetitions
@@ -69,13 +70,18 @@ class Results:
                        first_signal="" if first is None else str(first.get("signal") or ""),
                        findings_total=len(findings), findings_answering=sum(f.answers for f in findings))
 
+    def point(self, config: str, rep: int | None = None) -> Point | None:
+        """A configuration's stored point (its first repetition unless rep is given), or None if it has none."""
+        reps = sorted(r for c, r in self.stored if c == config and (rep is None or r == rep))
+        return self.stored[(config, reps[0])] if reps else None
+
     def select(self, configs: Sequence[str]) -> Results:
         """The same tables holding only these configurations (planned counts the points kept)."""
         keep = set(configs)
         pick = lambda df: df[df["config"].isin(keep)].reset_index(drop=True) if "config" in df else df  # noqa: E731
         return Results(summary=pick(self.summary), requests=pick(self.requests), startup=pick(self.startup),
                        points=pick(self.points), errors=pick(self.errors),
-                       resolved={k: v for k, v in self.resolved.items() if k in keep},
+                       stored={k: v for k, v in self.stored.items() if k[0] in keep},
                        telemetry={k: pick(v) for k, v in self.telemetry.items()},
                        telemetry_status=pick(self.telemetry_status), planned=int(self.points["config"].isin(
                            keep).sum()) if len(self.points) else 0, kernels=pick(self.kernels),
@@ -117,20 +123,18 @@ class _Tables:
         self.runtimes: list[pd.DataFrame] = []
         self.tele: dict[str, list[pd.DataFrame]] = {name: [] for name in TELEMETRY_TABLES}
         self.tele_status: list[dict[str, Any]] = []
-        self.resolved: dict[str, dict[str, Any]] = {}
+        self.stored: dict[tuple[str, int], Point] = {}
 
-    def add(self, pt: Any, key: str, ids: dict[str, Any]) -> None:
+    def add(self, pt: Point, key: str, ids: dict[str, Any]) -> None:
         """Every table of one stored point, tagged with ids (config, rep)."""
         self.summaries.append(rejudge(pt.table("summary")).assign(**ids))
         self.requests.append(pt.table("requests").assign(**ids))
         m = pt.manifest
-        self.startups.append({**ids, **(m.get("target", {}).get("startup") or {})})
-        self.points.append({**ids, "key": key, "path": str(pt.path),
-                            "flags": " ".join(m.get("target", {}).get("flags", [])),
-                            "command": m.get("target", {}).get("command", ""),
+        self.startups.append({**ids, **(pt.target.get("startup") or {})})
+        self.points.append({**ids, "key": key, "path": str(pt.path), "flags": " ".join(pt.flags),
+                            "command": pt.target.get("command", ""),
                             "started_unix": m.get("started_unix"), "ended_unix": m.get("ended_unix")})
-        if m.get("resolved") and ids["config"] not in self.resolved:
-            self.resolved[ids["config"]] = m["resolved"]
+        self.stored.setdefault((ids["config"], int(ids["rep"])), pt)
         k = pt.table("kernels")
         if not k.empty:
             self.kernels.append(k.assign(**ids))
@@ -151,7 +155,7 @@ class _Tables:
         cat = lambda xs: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame()  # noqa: E731
         return Results(summary=cat(self.summaries), requests=cat(self.requests), startup=pd.DataFrame(self.startups),
                        points=pd.DataFrame(self.points),
-                       errors=pd.DataFrame(self.errors, columns=list(ERROR_COLUMNS)), resolved=self.resolved,
+                       errors=pd.DataFrame(self.errors, columns=list(ERROR_COLUMNS)), stored=self.stored,
                        telemetry={k: cat(v) for k, v in self.tele.items()},
                        telemetry_status=pd.DataFrame(self.tele_status), planned=planned, kernels=cat(self.kernels),
                        profiles=pd.DataFrame(self.windows), runtime=cat(self.runtimes))
@@ -169,14 +173,8 @@ def read_store(store: Store, engine: str | None = None, model: dict[str, Any] | 
     """Every complete point in a store (optionally only one engine identity and model) as Results, each named by
     its knobs: what other threads measured, read without launching anything."""
     acc = _Tables()
-    for key in store.keys():
-        pt = store.get(key)
-        parts = pt.manifest.get("parts") or {}
-        if engine is not None and parts.get("engine") != engine:
-            continue
-        if model is not None and parts.get("model") != model:
-            continue
-        acc.add(pt, key, {"config": point_label(parts), "rep": int(parts.get("rep", 0))})
+    for pt in store.points(engine, model):
+        acc.add(pt, pt.key, {"config": point_label(pt.parts), "rep": int(pt.parts.get("rep", 0))})
     return acc.results(planned=len(acc.points))
 
 
@@ -184,49 +182,20 @@ def _say(msg: str) -> None:
     print(time.strftime("%H:%M:%S"), msg, flush=True)
 
 
-def engine_identity(engine: EngineSpec) -> str:
-    """What the store key says about the engine, computable without installing anything."""
-    if engine.url:
-        return f"external:{engine.url}"
-    if engine.python:
-        return f"{engine.name}:{engine.python}:{engine.version or ''}"
-    env = get_engine(engine.name).managed_env(engine.version)
-    return f"{engine.name}:managed:{env.key if env else ''}"
-
-
-def point_parts(engine: EngineSpec, model: ModelSpec, knobs: Knobs, load: LoadSpec, rep: int,
+def point_parts(ctx: RunContext, knobs: Knobs, rep: int, load: LoadSpec | None = None,
                 profile: ProfileSpec | None = None) -> dict[str, Any]:
-    """Key material of one point: engine identity, model, knobs, load, repetition index, and the profile when one is
-    taken (a launch with its profiler armed is another launch).
+    """Key material of one point: engine identity, model, knobs, load (the context's unless given), repetition
+    index, and the profile when one is taken (a launch with its profiler armed is another launch).
 
     Fields left at their defaults are left out, so adding a field keeps old keys valid; changing a default
     would silently change what old points mean, which tests/test_experiment.py guards against."""
-    parts = {"engine": engine_identity(engine), "engine_env": dict(sorted(engine.env.items())),
-             "model": model.model_dump(mode="json", exclude_none=True),  # a tiny model in full: it is the model
-             "knobs": knobs.model_dump(mode="json", exclude_defaults=True),
-             "load": load.model_dump(mode="json", exclude_defaults=True), "rep": rep}
-    if profile is not None and profile.kind != "none":
+    profile = ctx.profile if profile is None else profile
+    parts = {"engine": ctx.engine_identity, "engine_env": dict(sorted(ctx.engine.env.items())),
+             "model": ctx.model_key, "knobs": knobs.model_dump(mode="json", exclude_defaults=True),
+             "load": (load or ctx.load).model_dump(mode="json", exclude_defaults=True), "rep": rep}
+    if profile.kind != "none":
         parts["profile"] = profile.model_dump(mode="json", exclude_defaults=True)
     return parts
-
-
-@dataclass(frozen=True)
-class RepetitionPlan:
-    """How many repetitions: at least min_reps; more, one at a time, while the study's `until` callback names
-    configurations whose headline effect is not resolved, up to max_reps and while the next repetition fits in
-    budget_s of wall time (0: no time limit)."""
-
-    min_reps: int = 3
-    max_reps: int = 3
-    budget_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.min_reps < 1:
-            raise ServescopeError("repetitions must be at least 1")
-        if self.max_reps < self.min_reps:
-            raise ServescopeError(f"max_repetitions ({self.max_reps}) is below repetitions ({self.min_reps})")
-        if self.budget_s < 0:
-            raise ServescopeError("budget_s must be 0 (no limit) or more")
 
 
 # until(results so far) -> the configurations that need another repetition (empty: every headline is resolved)
@@ -239,111 +208,149 @@ def measure(
     say: Callable[[str], None] = _say, telemetry: TelemetrySpec | None = None, profile: ProfileSpec | None = None,
     plan: RepetitionPlan | None = None, until: Until | None = None,
 ) -> Results:
+    """Measure configurations of an engine named by its spec (an entry point: the engine is resolved here, once);
+    see run_configs."""
+    ctx = context(engine, model, load, repetitions=repetitions, store=store or Store(), offline=offline, force=force,
+                  progress=progress, telemetry=telemetry, profile=profile)
+    return run_configs(ctx.with_(plan=plan) if plan is not None else ctx, configs, until=until, say=say)
+
+
+@dataclass
+class _Loop:
+    """The state of one run_configs call: what was gathered, planned, and the engine once prepared."""
+
+    ctx: RunContext
+    configs: Sequence[Config]
+    say: Callable[[str], None]
+    acc: _Tables = field(default_factory=_Tables)
+    planned: int = 0
+    prep: Prepared | None = None
+    launched: bool = False  # a launch was attempted in the current repetition (it times the next one)
+
+    def tag(self, rep: int, cfg: Config) -> str:
+        plan = self.ctx.plan
+        return f"rep {rep + 1} {cfg.name}" + (f" (of at least {plan.min_reps})" if plan.max_reps > plan.min_reps
+                                              else f"/{plan.max_reps}")
+
+    def point(self, rep: int, cfg: Config) -> str:
+        """Measure (or read) one configuration's point of repetition rep: 'launched', 'stored' or 'missing'
+        (offline, a repetition the store does not hold); a failure is recorded, not raised."""
+        ctx, store, tag = self.ctx, self.ctx.store, self.tag(rep, cfg)
+        parts = point_parts(ctx, cfg.knobs, rep)
+        key, how = store.key(parts), "stored"
+        try:
+            if store.has(key) and not ctx.force:
+                self.say(f"{tag}: from store ({key})")
+            elif rep >= 1 and ctx.offline:  # a repetition the measuring run did not take (or an older, shorter run)
+                return "missing"
+            else:
+                how = self._launch(rep, cfg, key, parts, tag)
+            pt = store.get(key)
+        except SpecError:  # bad input (model path, a knob this version or machine cannot run): stop, launch nothing
+            raise
+        except Exception as e:  # a failed point must not lose the others
+            self.planned += 1
+            self.acc.errors.append(error_row(cfg.name, rep, key, e))
+            self.say(f"{tag}: FAILED: {self.acc.errors[-1]['summary']}")
+            if self.acc.errors[-1]["death"]:
+                self.say("  " + self.acc.errors[-1]["death"].replace("\n", "\n  "))
+            return "failed"
+        self.planned += 1
+        self.acc.add(pt, key, {"config": cfg.name, "rep": rep})
+        return how
+
+    def _launch(self, rep: int, cfg: Config, key: str, parts: dict[str, Any], tag: str) -> str:
+        ctx = self.ctx
+        if ctx.offline:
+            raise NotMeasuredError(f"{tag}: not in the store ({key}) and offline=True")
+        if self.prep is None:
+            self.prep = prepare(ctx.engine, ctx.model, self.say, adapter=ctx.adapter)
+            _check_all(self.prep, self.configs)  # before the first launch, every configuration at once
+        shared = None if ctx.force else _shared_point(ctx, key, parts, self.prep, cfg)
+        if shared is not None:
+            self.say(f"{tag}: the same launch as stored point {shared} (one configuration, measured once)")
+            return "stored"
+        if ctx.force:
+            ctx.store.drop_partial(key)
+        self.launched = True
+        _run_point(ctx, key, parts, self.prep, cfg, tag, self.say)
+        return "launched"
+
+
+def _stop_reason(loop: _Loop, rep: int, until: Until | None, t0: float, rep_s: float) -> tuple[list[Config], str]:
+    """Past the plan's minimum: the configurations that need another repetition, or why the loop ends."""
+    plan = loop.ctx.plan
+    need = until(loop.acc.results(loop.planned)) if until is not None else set()
+    active = [c for c in loop.configs if c.name in need]
+    if not active:
+        return [], f"resolved after {rep} repetitions"
+    if plan.budget_s and time.monotonic() - t0 + rep_s > plan.budget_s:
+        return [], (f"time budget spent: {time.monotonic() - t0:.0f} s of budget_s={plan.budget_s:.0f}, and a "
+                    f"repetition takes about {rep_s:.0f} s")
+    return active, ""
+
+
+def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None = None,
+                say: Callable[[str], None] = _say) -> Results:
     """Each repetition launches every configuration once, alternating their order (ABBA...) so drift cancels; past
     the plan's minimum, a repetition runs only the configurations `until` names, and the loop ends when it names
     none, at the plan's maximum, or when the next repetition would not fit the time budget (Results.stopped says
     which). Completed points come from the store; a failing point is recorded and the rest go on."""
-    plan = plan or RepetitionPlan(repetitions, repetitions)
     if len({c.name for c in configs}) != len(configs):
         raise ServescopeError("configuration names must be unique")
-    store = store or Store()
-    prep: Prepared | None = None
-    telemetry = telemetry or TelemetrySpec()
-    acc = _Tables()
-    t0, planned, rep_s = time.monotonic(), 0, 0.0
-    active, stopped = list(configs), ""
-    rep = 0
+    plan, loop = ctx.plan, _Loop(ctx, configs, say)
+    t0, rep_s, rep, active, stopped = time.monotonic(), 0.0, 0, list(configs), ""
     while rep < plan.max_reps:
         if rep >= plan.min_reps:
-            need = until(acc.results(planned)) if until is not None else set()
-            active = [c for c in configs if c.name in need]
+            active, stopped = _stop_reason(loop, rep, until, t0, rep_s)
             if not active:
-                stopped = f"resolved after {rep} repetitions"
                 break
-            if plan.budget_s and time.monotonic() - t0 + rep_s > plan.budget_s:
-                stopped = (f"time budget spent: {time.monotonic() - t0:.0f} s of budget_s={plan.budget_s:.0f}, and "
-                           f"a repetition takes about {rep_s:.0f} s")
-                break
-        order = active if rep % 2 == 0 else list(reversed(active))
-        t_rep, launched, missing = time.monotonic(), False, False
-        for cfg in order:
-            parts = point_parts(engine, model, cfg.knobs, load, rep, profile)
-            key = store.key(parts)
-            tag = f"rep {rep + 1} {cfg.name}" + (f" (of at least {plan.min_reps})" if plan.max_reps > plan.min_reps
-                                                 else f"/{plan.max_reps}")
-            try:
-                if store.has(key) and not force:
-                    say(f"{tag}: from store ({key})")
-                elif rep >= 1 and offline:  # a repetition the measuring run did not take (or an older, shorter run)
-                    missing = True
-                    continue
-                else:
-                    if offline:
-                        raise NotMeasuredError(f"{tag}: not in the store ({key}) and offline=True")
-                    if prep is None:
-                        prep = prepare(engine, model, say)
-                        _check_all(prep, configs)  # before the first launch, every configuration at once
-                    shared = None if force else _shared_point(store, key, parts, prep, cfg, profile)
-                    if shared is not None:
-                        say(f"{tag}: the same launch as stored point {shared} (one configuration, measured once)")
-                    else:
-                        if force:
-                            store.drop_partial(key)
-                        launched = True
-                        _run_point(store, key, parts, prep, cfg, load, progress, tag, say, telemetry, profile)
-                pt = store.get(key)
-            except SpecError:  # bad input (model path, a knob this version or machine cannot run): stop, launch nothing
-                raise
-            except Exception as e:  # a failed point must not lose the others
-                planned += 1
-                acc.errors.append(error_row(cfg.name, rep, key, e))
-                say(f"{tag}: FAILED: {acc.errors[-1]['summary']}")
-                if acc.errors[-1]["death"]:
-                    say("  " + acc.errors[-1]["death"].replace("\n", "\n  "))
-                continue
-            planned += 1
-            acc.add(pt, key, {"config": cfg.name, "rep": rep})
-        if missing:
+        t_rep, loop.launched = time.monotonic(), False
+        hows = [loop.point(rep, cfg) for cfg in (active if rep % 2 == 0 else list(reversed(active)))]
+        if "missing" in hows:
             stopped = f"the store holds {rep} repetition{'s' if rep > 1 else ''} (offline: nothing more is measured)"
             break
-        if launched:
+        if loop.launched:
             rep_s = time.monotonic() - t_rep
         rep += 1
     else:
         stopped = f"max_repetitions={plan.max_reps} reached" if plan.max_reps > plan.min_reps else \
             f"{plan.max_reps} repetitions, as asked"
-    res = acc.results(planned)
-    # the measuring run's reason stands in offline renders of the same store (a budget is not seen from the data)
-    note = {"points": [point_parts(engine, model, c.knobs, load, 0, profile) for c in configs],
-            "plan": [plan.min_reps, plan.max_reps, plan.budget_s]}
-    if offline:
-        said = store.note("repetitions", note)
-        res.stopped = said["stopped"] if said and said.get("reps") == rep else stopped
-    else:
-        store.put_note("repetitions", note, {"stopped": stopped, "reps": rep})
-        res.stopped = stopped
+    res = loop.acc.results(loop.planned)
+    res.stopped = _keep_stopped(ctx, configs, rep, stopped)
     return res
+
+
+def _keep_stopped(ctx: RunContext, configs: Sequence[Config], reps: int, stopped: str) -> str:
+    """The measuring run's reason stands in offline renders of the same store (a budget is not seen from the data)."""
+    plan = ctx.plan
+    note = {"points": [point_parts(ctx, c.knobs, 0) for c in configs],
+            "plan": [plan.min_reps, plan.max_reps, plan.budget_s]}
+    if ctx.offline:
+        said = ctx.store.note("repetitions", note)
+        return said["stopped"] if said and said.get("reps") == reps else stopped
+    ctx.store.put_note("repetitions", note, {"stopped": stopped, "reps": reps})
+    return stopped
 
 
 def launch_identity(prep: Prepared, cfg: Config, parts: dict[str, Any]) -> dict[str, Any]:
     """What makes two points the same measurement: the command and environment the adapter builds for the
     configuration (port and paths left out), how many servers and how requests are routed, and everything else of
     the point's key but the knobs (engine, model, load, repetition, profile)."""
-    adapter = get_engine(prep.engine.name)
-    plan = adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
-                        host=prep.engine.host, port=1, knobs=cfg.knobs, extra_env=dict(prep.engine.env))
+    plan = prep.adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
+                             host=prep.engine.host, port=1, knobs=cfg.knobs, extra_env=dict(prep.engine.env))
     cmd = ["{port}" if a == "1" and i and plan.command[i - 1] == "--port" else a for i, a in enumerate(plan.command)]
     cmd = [a.replace(prep.model_path, "{model}") for a in cmd]
     return {**{k: v for k, v in parts.items() if k != "knobs"}, "command": cmd, "env": dict(sorted(plan.env.items())),
             "replicas": cfg.knobs.replicas, "route": cfg.knobs.route or "round_robin"}
 
 
-def _shared_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config,
-                  profile: ProfileSpec | None) -> str | None:
+def _shared_point(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config) -> str | None:
     """A stored point that is the same launch as this one (another thread asked for it with other knobs): recorded as
     an alias of this key so that both read one measurement, and returned; None when there is none."""
-    if not get_engine(prep.engine.name).launches or (profile is not None and profile.kind != "none"):
+    if not ctx.adapter.launches or ctx.profile.kind != "none":
         return None  # an external server is not launched; a profiled launch carries its own output paths
+    store = ctx.store
     try:
         ident = store.key(launch_identity(prep, cfg, parts))
     except (ServescopeError, OSError, ValueError):
@@ -354,6 +361,7 @@ def _shared_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared,
         return None
     store.put_alias(key, other)
     return other
+
 
 ERROR_COLUMNS = ("config", "rep", "key", "error_type", "summary", "signal", "death", "error", "traceback")
 
@@ -370,83 +378,48 @@ def error_row(config: str, rep: int, key: str, e: BaseException) -> dict[str, An
             "traceback": traceback.format_exc()[-4000:]}
 
 
-def _telemetry_for(spec: TelemetrySpec, target: Any) -> Telemetry | None:
+def _telemetry_for(spec: TelemetrySpec, target: Any, adapter: EngineAdapter) -> Telemetry | None:
     if not spec.enabled:
         return None
     return Telemetry(gpu=spec.gpu, gpu_indices=list(spec.gpu_indices) if spec.gpu_indices else None,
                      gpu_hz=spec.gpu_hz, host_hz=spec.host_hz,
                      server_pid=target.pids if len(target.pids) > 1 else target.pid,
                      metrics_url=target.metrics_url if spec.server_metrics else None, metrics_hz=spec.metrics_hz,
-                     dcgm_url=spec.dcgm_url)
+                     dcgm_url=spec.dcgm_url, metric_prefixes=adapter.metric_prefixes)
 
 
-def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config, load: LoadSpec,
-               progress: bool, tag: str, say: Callable[[str], None], telemetry: TelemetrySpec,
-               profile: ProfileSpec | None = None) -> None:
-    tokenizer = load_tokenizer(prep.model_path) if prep.model_path.startswith("/") else None
-    stops = model_info(prep.model_path).get("spec", {}).get("stops_at_eos", True) if prep.model_path.startswith("/") \
-        else True
-    adapter = get_engine(prep.engine.name)
-    load = adapter.effective_load(load, say, model_stops=stops)
+def _point_load(ctx: RunContext, prep: Prepared, say: Callable[[str], None]) -> tuple[LoadSpec, Any]:
+    """The load as this engine and model can run it (adapter.effective_load), and the tokenizer that counts it."""
+    local = prep.model_path.startswith("/")
+    tokenizer = load_tokenizer(prep.model_path) if local else None
+    stops = model_info(prep.model_path).get("spec", {}).get("stops_at_eos", True) if local else True
+    return ctx.adapter.effective_load(ctx.load, say, model_stops=stops), tokenizer
+
+
+def _run_point(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config, tag: str,
+               say: Callable[[str], None]) -> None:
+    """Launch one configuration, sweep its load level by level (each written as it finishes), then write the
+    point's tables and read its profile; the point appears in the store only when all of it is written."""
+    store, adapter = ctx.store, ctx.adapter
+    load, tokenizer = _point_load(ctx, prep, say)
     done = store.finished_levels(key)
     if done:
         say(f"{tag}: resuming: levels {', '.join(done)} were written by an earlier attempt")
     with store.writing(key, parts) as w:
-        armed, window = None, None
-        knobs = cfg.knobs
-        if profile is not None and profile.kind != "none":
-            armed = profiling.arm(profile, adapter, prep.install, w.dir / "profile")
+        armed, knobs = None, cfg.knobs
+        if ctx.profile.kind != "none":
+            armed = profiling.arm(ctx.profile, adapter, prep.install, w.dir / "profile")
             knobs = knobs.model_copy(update={"extra_args": (*knobs.extra_args, *armed.flags)})
         say(f"{tag}: launching {prep.engine.name} {prep.install.version} ({cfg.knobs.label()})"
-            + (f", {profile.kind} profile armed" if armed else ""))
+            + (f", {ctx.profile.kind} profile armed" if armed else ""))
         t0 = time.monotonic()
         with serve(prep, knobs, w.dir, prefix=armed.prefix if armed else None, extra_env=armed.env if armed else None,
                    term_grace_s=armed.term_grace_s if armed else 15.0) as target:
-            points = ", ".join(p.label for p in load.points())
-            say(f"{tag}: ready in {time.monotonic() - t0:.0f} s; load {points}"
-                + (f"; {len(target.replicas)} replicas ({'; '.join(r.placement for r in target.replicas)}), "
-                   f"route {cfg.knobs.route or 'round_robin'}" if target.replicas else ""))
+            _say_ready(tag, say, target, load, cfg, time.monotonic() - t0)
             w.manifest["target"] = target.describe()
-            # the engine-neutral record, for people reading the store (studies re-read the evidence files)
-            log = "\n".join(p.read_text(errors="replace") for p in (w.dir / "server.stdout.log", w.dir /
-                                                                      "server.stderr.log") if p.is_file())
-            w.manifest["resolved"] = get_engine(prep.engine.name).resolved_state(target.resolved_config, log).to_dict()
-            tel = _telemetry_for(telemetry, target)
-            if tel is not None:
-                tel.start()
-            on_level = _level_writer(store, key, tel, target, w, tag, say)
-            try:
-                try:
-                    result = run_sweep(target.base_urls, target.model, load, tokenizer, target.api_key, progress,
-                                       f"{cfg.name} ", on_phase=tel.set_phase if tel else None, skip=set(done),
-                                       on_level=on_level, route=cfg.knobs.route or "round_robin")
-                except HungError as e:  # the server is alive but silent: what it was doing, where it can be read
-                    raise HungError(f"{e}\n{hang_evidence(target)}") from None
-                if armed is not None:  # after the measured load, on the same server: the figures stay unprofiled
-                    window = profiling.take(armed, adapter, target, load, tokenizer, tel.set_phase if tel else
-                                            (lambda _: None))
-            finally:
-                if tel is not None:
-                    tel.stop()
-                    w.manifest["telemetry"] = tel.status
-            # the point's tables: the levels this attempt and earlier ones finished, in the load's order
-            levels = store.level_tables(key)
-            w.manifest["levels"] = {"resumed": list(done), "measured_now": [p.label for p in load.points()
-                                                                            if p.label not in done]}
-            tele = {n: list(f) for n, f in levels.items() if n.startswith("telemetry_")}
-            if tel is not None:  # what fell outside the levels (idle, the profiled window) from this attempt
-                for name, frame in tel.frames().items():
-                    rest = frame[~frame["phase"].isin(_level_phases(load))] if "phase" in frame else frame
-                    if not rest.empty:
-                        tele.setdefault(f"telemetry_{name}", []).append(rest)
-            for name, frames in tele.items():
-                w.put_table(name, pd.concat(frames, ignore_index=True))
-            cat = lambda n: pd.concat(levels[n], ignore_index=True) if levels.get(n) else pd.DataFrame()  # noqa: E731
-            result = LoadResult(cat("requests"), cat("health"))
-            w.put_table("requests", result.requests)
-            w.put_table("health", result.health)
-            summ = result.summary(load.slo_ms)
-            w.put_table("summary", summ)
+            # the engine-neutral record, for people reading the store (studies re-read the evidence through Point)
+            w.manifest["resolved"] = adapter.resolved_state(target.resolved_config, read_logs(w.dir)).to_dict()
+            window, summ = _sweep(ctx, key, w, target, cfg, load, tokenizer, done, armed, tag, say)
         if armed is not None and window is not None:  # nsys writes its report once the server has exited
             kernels, runtime, info = profiling.read(armed, window)
             w.put_table("kernels", kernels)
@@ -454,23 +427,85 @@ def _run_point(store: Store, key: str, parts: dict[str, Any], prep: Prepared, cf
             w.manifest["profile"] = info
             say(f"{tag}: profile: {info['kernels']} kernels in a {info['window_s']:.1f} s window at "
                 f"c={info['concurrency']}")
-        say(f"{tag}: done; output tok/s: " + ", ".join(f"{r.point}: {r.output_tok_s:.0f}" for r in summ.itertuples()))
-        bad = int(summ["failed"].sum()) if len(summ) else 0
-        if bad:
-            say(f"{tag}: {bad} requests failed (kept in the records)")
-        for r in summ.itertuples():
-            if getattr(r, "client_limited", False):
-                say(f"{tag}: WARNING at {r.point}: the load client limited this measurement: {r.client_warning}")
-            elif getattr(r, "client_starved", False):
-                say(f"{tag}: note at {r.point}: {r.client_warning}")
+        _say_done(tag, say, summ)
+
+
+def _say_ready(tag: str, say: Callable[[str], None], target: Any, load: LoadSpec, cfg: Config, ready_s: float) -> None:
+    points = ", ".join(p.label for p in load.points())
+    say(f"{tag}: ready in {ready_s:.0f} s; load {points}"
+        + (f"; {len(target.replicas)} replicas ({'; '.join(r.placement for r in target.replicas)}), "
+           f"route {cfg.knobs.route or 'round_robin'}" if target.replicas else ""))
+
+
+def _sweep(ctx: RunContext, key: str, w: Any, target: Any, cfg: Config, load: LoadSpec, tokenizer: Any,
+           done: dict[str, Path], armed: Any, tag: str,
+           say: Callable[[str], None]) -> tuple[dict[str, Any] | None, pd.DataFrame]:
+    """The measured load on a ready server with telemetry around it, then the profiled window where one is armed;
+    the point's tables are written from every finished level. Returns the profiled window (or None) and the
+    summary."""
+    window = None
+    tel = _telemetry_for(ctx.telemetry, target, ctx.adapter)
+    if tel is not None:
+        tel.start()
+    on_level = _level_writer(ctx.store, key, tel, target, w, tag, say)
+    try:
+        try:
+            run_sweep(target.base_urls, target.model, load, tokenizer, target.api_key, ctx.progress, f"{cfg.name} ",
+                      on_phase=tel.set_phase if tel else None, skip=set(done), on_level=on_level,
+                      route=cfg.knobs.route or "round_robin")
+        except HungError as e:  # the server is alive but silent: what it was doing, where it can be read
+            raise HungError(f"{e}\n{hang_evidence(target)}") from None
+        if armed is not None:  # after the measured load, on the same server: the figures stay unprofiled
+            window = profiling.take(armed, ctx.adapter, target, load, tokenizer,
+                                    tel.set_phase if tel else (lambda _: None))
+    finally:
+        if tel is not None:
+            tel.stop()
+            w.manifest["telemetry"] = tel.status
+    return window, _write_point_tables(ctx.store, key, w, tel, load, done)
+
+
+def _write_point_tables(store: Store, key: str, w: Any, tel: Telemetry | None, load: LoadSpec,
+                        done: dict[str, Path]) -> pd.DataFrame:
+    """The point's tables: the levels this attempt and earlier ones finished, in the load's order, and the telemetry
+    that fell outside them (idle, the profiled window). Returns the summary."""
+    levels = store.level_tables(key)
+    w.manifest["levels"] = {"resumed": list(done), "measured_now": [p.label for p in load.points()
+                                                                    if p.label not in done]}
+    tele = {n: list(f) for n, f in levels.items() if n.startswith("telemetry_")}
+    if tel is not None:
+        for name, frame in tel.frames().items():
+            rest = frame[~frame["phase"].isin(_level_phases(load))] if "phase" in frame else frame
+            if not rest.empty:
+                tele.setdefault(f"telemetry_{name}", []).append(rest)
+    for name, frames in tele.items():
+        w.put_table(name, pd.concat(frames, ignore_index=True))
+    cat = lambda n: pd.concat(levels[n], ignore_index=True) if levels.get(n) else pd.DataFrame()  # noqa: E731
+    result = LoadResult(cat("requests"), cat("health"))
+    w.put_table("requests", result.requests)
+    w.put_table("health", result.health)
+    summ = result.summary(load.slo_ms)
+    w.put_table("summary", summ)
+    return summ
+
+
+def _say_done(tag: str, say: Callable[[str], None], summ: pd.DataFrame) -> None:
+    say(f"{tag}: done; output tok/s: " + ", ".join(f"{r.point}: {r.output_tok_s:.0f}" for r in summ.itertuples()))
+    bad = int(summ["failed"].sum()) if len(summ) else 0
+    if bad:
+        say(f"{tag}: {bad} requests failed (kept in the records)")
+    for r in summ.itertuples():
+        if getattr(r, "client_limited", False):
+            say(f"{tag}: WARNING at {r.point}: the load client limited this measurement: {r.client_warning}")
+        elif getattr(r, "client_starved", False):
+            say(f"{tag}: note at {r.point}: {r.client_warning}")
 
 
 def hang_evidence(target: Any, lines: int = 20) -> str:
     """For a hung server: the last lines of its logs and, where py-spy is installed, a stack dump of every Python
     process of its tree (else why there is none)."""
     out = []
-    for name in ("server.stderr.log", "server.stdout.log"):
-        tail = tail_lines(Path(target.log_dir or ".") / name, lines)
+    for name, tail in log_tails(Path(target.log_dir or "."), lines):
         if tail:
             out.append(f"last lines of {name}:\n" + "\n".join(tail))
     spy = shutil.which("py-spy")
@@ -492,7 +527,7 @@ def hang_evidence(target: Any, lines: int = 20) -> str:
 
 def _check_all(prep: Prepared, configs: Sequence[Config]) -> None:
     """Refuse, before anything launches, a configuration this engine version or this machine cannot run."""
-    adapter = get_engine(prep.engine.name)
+    adapter = prep.adapter
     if not adapter.launches:
         return
     for cfg in configs:
@@ -537,5 +572,5 @@ def python_version() -> str:
     return sys.version.split()[0]
 
 
-__all__ = ["Config", "Results", "RepetitionPlan", "measure", "point_parts", "engine_identity", "launch_identity",
-           "Path"]
+__all__ = ["Config", "Results", "RepetitionPlan", "RunContext", "measure", "run_configs", "point_parts",
+           "launch_identity", "Path"]

@@ -11,6 +11,30 @@ from pydantic import BaseModel, ConfigDict, Field
 from .util import atomic_write_text
 
 Confidence = Literal["high", "medium", "low", "none"]
+# weakest first: the one order every comparison of confidences uses
+CONFIDENCE_ORDER: tuple[Confidence, ...] = ("none", "low", "medium", "high")
+# which way a comparison's treatment moved throughput ('' where no comparison was made)
+Direction = Literal["better", "worse", "no change", "mixed", "unresolved", ""]
+
+
+def confidence_rank(c: Confidence) -> int:
+    """Position of a confidence in CONFIDENCE_ORDER (none 0 .. high 3)."""
+    return CONFIDENCE_ORDER.index(c)
+
+
+def capped(c: Confidence, cap: Confidence | None) -> Confidence:
+    """c, lowered to cap where cap is lower (a state that could not be verified caps what an effect can claim)."""
+    return c if cap is None or confidence_rank(c) <= confidence_rank(cap) else cap
+
+
+def weakest(cs: list[Confidence]) -> Confidence:
+    """The lowest of several confidences ('none' for none)."""
+    return min(cs, key=confidence_rank) if cs else "none"
+
+
+def strongest(cs: list[Confidence]) -> Confidence:
+    """The highest of several confidences ('none' for none)."""
+    return max(cs, key=confidence_rank) if cs else "none"
 
 
 class Effect(BaseModel):
@@ -59,13 +83,33 @@ class Finding(BaseModel):
     # the change in words where it is not a flag (a model config key, a deployment layout), else ''
     recommendation: str = ""
     confidence: Confidence = "none"
+    direction: Direction = ""
     evidence: dict[str, Any] = Field(default_factory=dict)
+
+    def resolved_as(self, direction: Direction, at_least: Confidence = "medium") -> bool:
+        """True for a comparison that applies and moved the way asked, with at least that confidence."""
+        return self.applies and self.direction == direction and confidence_rank(self.confidence) >= \
+            confidence_rank(at_least)
+
+    @property
+    def headline(self) -> str:
+        """The claim's first sentence (sentences end at '. ': decimals do not cut it)."""
+        return self.claim.split(". ")[0]
 
     @property
     def answers(self) -> bool:
         """True when the finding states an answer: an effect or state that applies, or a 'does not apply here'
         backed by evidence (a confidence); False for 'not measured' and the like."""
         return self.applies or self.confidence != "none"
+
+
+def best_of(findings: list[Finding], direction: Direction = "better") -> Finding | None:
+    """Of comparisons, the one with the largest effect among those resolved in that direction (medium or high
+    confidence), or None."""
+    got = [f for f in findings if f.effect is not None and f.resolved_as(direction)]
+    if not got:
+        return None
+    return max(got, key=lambda f: f.effect.value_pct if direction != "worse" else -f.effect.value_pct)  # type: ignore[union-attr]
 
 
 def write_findings(findings: list[Finding], path: str | Path) -> Path:

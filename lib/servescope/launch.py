@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from .engines import get_engine
-from .engines.base import EngineInstall
+from .engines.base import EngineAdapter, EngineInstall
 from .engines.envs import ensure_engine_env
 from .errors import PortInUseError, ServescopeError, SpecError
 from .models import resolve_model
-from .server import ManagedServer, free_port
+from .server import ManagedServer, free_port, replica_log_dir, write_resolved
 from .spec import EngineSpec, Knobs, ModelSpec
-from .util import atomic_write_json, redact_mapping
+from .util import redact_mapping
 
 
 @dataclass
@@ -29,6 +29,7 @@ class Prepared:
     install: EngineInstall
     model_path: str
     served_name: str
+    adapter: EngineAdapter
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Target:
     # raises ServerDiedError when a process of the launched tree has died (None: an external server)
     check_alive: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     placement: str = ""  # where this server runs when it is one replica of several ('replica 1: cores 1')
+    replica: int = 0  # its index among them
     replicas: list[Target] = field(default_factory=list)  # every replica, this one first, when there are several
 
     @property
@@ -69,8 +71,8 @@ class Target:
              "install": self.install.as_dict(), "knobs": self.knobs.model_dump(mode="json"),
              "flags": self.flags, "command": self.command, "startup": self.startup}
         if self.replicas:
-            d["replicas"] = [{"replica": i, "base_url": r.base_url, "placement": r.placement, "command": r.command,
-                              "startup": r.startup} for i, r in enumerate(self.replicas)]
+            d["replicas"] = [{"replica": r.replica, "base_url": r.base_url, "placement": r.placement, "command": r.command,
+                              "startup": r.startup} for r in self.replicas]
         return d
 
 
@@ -82,26 +84,29 @@ def _api_key(engine: EngineSpec) -> str | None:
     return os.environ[engine.api_key_env]
 
 
-def prepare(engine: EngineSpec, model: ModelSpec, say: Callable[[str], None] = print) -> Prepared:
-    """Create the engine environment and the model if missing; validate everything that can be checked early."""
-    adapter = get_engine(engine.name)
+def prepare(engine: EngineSpec, model: ModelSpec, say: Callable[[str], None] = print,
+            adapter: EngineAdapter | None = None) -> Prepared:
+    """Create the engine environment and the model if missing; validate everything that can be checked early.
+
+    An entry point: given no adapter, the engine is looked up by its name here."""
+    adapter = adapter or get_engine(engine.name)
     if not adapter.launches:
         if not engine.url:
             raise SpecError("engine 'external' needs engine.url")
         served = model.served_name or model.path or ""
-        return Prepared(engine, adapter.probe(""), model.path or "", served)
+        return Prepared(engine, adapter.probe(""), model.path or "", served, adapter)
     if engine.url:
         raise SpecError(f"engine.url is only for engine 'external'; {engine.name!r} is launched by servescope")
-    install = find_install(engine, create=True, say=say)
+    install = find_install(engine, adapter, create=True, say=say)
     assert install is not None
     path, served = resolve_model(model, install.python)
-    return Prepared(engine, install, path, adapter.served_name(path, served))
+    return Prepared(engine, install, path, adapter.served_name(path, served), adapter)
 
 
-def find_install(engine: EngineSpec, create: bool = True, say: Callable[[str], None] = print) -> EngineInstall | None:
+def find_install(engine: EngineSpec, adapter: EngineAdapter, create: bool = True,
+                 say: Callable[[str], None] = print) -> EngineInstall | None:
     """The engine as installed: under engine.python, else in its managed environment (created when missing if
     create, else a ServescopeError saying so); None for an engine servescope does not launch."""
-    adapter = get_engine(engine.name)
     if not adapter.launches:
         return None
     if engine.python:
@@ -129,10 +134,10 @@ def serve(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None 
 
     prefix wraps the command (e.g. `nsys profile ...`); give such a wrapper a long term_grace_s, since it
     writes its report after the server exits. knobs.replicas > 1: that many servers start at once, each pinned to
-    its share of the devices (replica 0 logs into log_dir, replica i into log_dir/replica-i; prefix and extra_env
+    its share of the devices (replica 0 logs into log_dir, replica i into its own sub-folder; prefix and extra_env
     go to replica 0 alone, so a profile is of replica 0), and the Target yielded is replica 0's with all of them in
     .replicas."""
-    if knobs.replicas > 1 and get_engine(prep.engine.name).launches:
+    if knobs.replicas > 1 and prep.adapter.launches:
         with _serve_replicas(prep, knobs, Path(log_dir), prefix, extra_env, term_grace_s) as target:
             yield target
         return
@@ -145,15 +150,14 @@ def _serve_replicas(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[st
                     extra_env: dict[str, str] | None, term_grace_s: float) -> Iterator[Target]:
     if prep.engine.port:
         raise SpecError(f"engine.port pins one port, but knobs ask for {knobs.replicas} replicas: leave port unset")
-    adapter = get_engine(prep.engine.name)
-    places = adapter.placements(knobs, prep.install, prep.engine.env)
+    places = prep.adapter.placements(knobs, prep.install, prep.engine.env)
     entered: list[tuple[Any, Target]] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
 
     def start(pl: Any) -> None:
         first = pl.replica == 0
-        cm = _serve_one(prep, knobs, log_dir if first else log_dir / f"replica-{pl.replica}",
+        cm = _serve_one(prep, knobs, replica_log_dir(log_dir, pl.replica),
                         [*pl.prefix, *((prefix or []) if first else [])],
                         {**pl.env, **((extra_env or {}) if first else {})}, term_grace_s)
         try:
@@ -162,7 +166,7 @@ def _serve_replicas(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[st
             with lock:
                 errors.append(e)
             return
-        t.placement = pl.words()
+        t.placement, t.replica = pl.words(), pl.replica
         with lock:
             entered.append((cm, t))
 
@@ -176,7 +180,7 @@ def _serve_replicas(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[st
             stack.push(cm.__exit__)
         if errors:
             raise errors[0]
-        reps = sorted((t for _, t in entered), key=lambda t: int(t.placement.split()[1].rstrip(":")))
+        reps = sorted((t for _, t in entered), key=lambda t: t.replica)
         head = dataclasses.replace(reps[0], replicas=reps)
 
         def check_alive() -> None:
@@ -191,8 +195,7 @@ def _serve_replicas(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[st
 @contextlib.contextmanager
 def _serve_one(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None = None,
                extra_env: dict[str, str] | None = None, term_grace_s: float = 15.0) -> Iterator[Target]:
-    engine = prep.engine
-    adapter = get_engine(engine.name)
+    engine, adapter = prep.engine, prep.adapter
     api_key = _api_key(engine)
     if not adapter.launches:
         adapter.knob_flags(knobs, prep.install)  # raises if knobs were asked of a server we do not control
@@ -200,7 +203,7 @@ def _serve_one(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | 
         resolved = adapter.resolved_config(engine.url)
         resolved = redact_mapping(resolved) if resolved is not None else None
         if resolved is not None:
-            atomic_write_json(Path(log_dir) / "resolved_config.json", resolved)
+            write_resolved(Path(log_dir), resolved)
         yield Target(base_url=engine.url.rstrip("/"), model=prep.served_name, engine=engine.name,
                      install=prep.install, knobs=knobs, api_key=api_key, resolved_config=resolved,
                      metrics_url=engine.url.rstrip("/") + "/metrics", log_dir=Path(log_dir))
@@ -225,7 +228,7 @@ def _serve_one(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | 
             resolved = adapter.resolved_from_command(plan.command)
         resolved = redact_mapping(resolved) if resolved is not None else None
         if resolved is not None:
-            atomic_write_json(Path(log_dir) / "resolved_config.json", resolved)
+            write_resolved(Path(log_dir), resolved)
         target = Target(base_url=server.base_url, model=prep.served_name, engine=engine.name, install=prep.install,
                         knobs=knobs, flags=plan.flags, command=server.shown_command,
                         resolved_config=resolved, startup=server.timings.as_dict(), log_dir=Path(log_dir),

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import HTML, Markdown
 
+from .context import RunContext, context  # noqa: F401  (notebooks build their run context through nb)
 from .experiment import Results
 from .findings import Finding, Outcome, write_findings, write_outcome
 from .study import Study

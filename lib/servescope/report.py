@@ -178,33 +178,8 @@ def run_suite(
             if stop.signal:
                 break
             print(f"[{i}/{len(entries)}] {entry.id}: running", flush=True)
-            t0 = time.monotonic()
-            run = NotebookRun(id=entry.id, question=QUESTIONS.get(entry.id, ""))
-            executed = out_dir / f"{entry.id}.ipynb"
-            raised = False
-            try:
-                pm.execute_notebook(str(files[entry.id]), str(executed), parameters=plans[entry.id],
-                                    cwd=str(files[entry.id].parent), kernel_name=kernel_name,
-                                    progress_bar=progress, log_output=True, report_mode=hide_code)
-            except (Exception, KeyboardInterrupt) as e:  # a failing notebook is reported, the others still run
-                raised = True
-                run.error = _error_excerpt(e) if isinstance(e, Exception) else "interrupted"
-            if stop.signal:
-                run.error = (f"interrupted by {stop.signal}: the notebook stopped where it was; every level it had "
-                             f"finished is kept in the store\n" + run.error)
-            run.duration_s = time.monotonic() - t0
-            if executed.exists():
-                html_path = out_dir / f"{entry.id}.html"
-                try:
-                    render_html(executed, html_path, hide_code)
-                    run.html = html_path.name
-                except Exception as e:  # rendering trouble must not hide the measurement
-                    run.error += f"\n(HTML rendering failed: {type(e).__name__}: {e})"
-            fpath = Path(plans[entry.id].get("findings_path", out_dir / f"{entry.id}.findings.json"))
-            if fpath.is_file() and not (stop.signal and raised):
-                run.findings = read_findings(fpath)
-                run.outcome = read_outcome(fpath)
-            run.status = notebook_status(raised, run.outcome, run.findings)
+            run = _run_notebook(entry.id, files[entry.id], plans[entry.id], out_dir, stop, kernel_name, progress,
+                                hide_code)
             measured = run.outcome.summary() if run.outcome is not None else ""
             print(f"[{i}/{len(entries)}] {entry.id}: {run.status} in {run.duration_s:.0f} s"
                   + (f"; {measured}" if measured else "") + (f" — {run.first_error}" if run.first_error else ""),
@@ -220,6 +195,39 @@ def run_suite(
     _point_latest(reports, out_dir)
     print(f"report: {out_dir / 'index.html'}", flush=True)
     return SuiteRun(out_dir, runs, stop.signal, skipped)
+
+
+def _run_notebook(nb_id: str, file: Path, params: dict[str, Any], out_dir: Path, stop: _Interrupts,
+                  kernel_name: str | None, progress: bool, hide_code: bool) -> NotebookRun:
+    """Execute one notebook into out_dir, render its HTML, read its findings and outcome; a failure is kept in the
+    run, never raised."""
+    t0 = time.monotonic()
+    run = NotebookRun(id=nb_id, question=QUESTIONS.get(nb_id, ""))
+    executed = out_dir / f"{nb_id}.ipynb"
+    raised = False
+    try:
+        pm.execute_notebook(str(file), str(executed), parameters=params, cwd=str(file.parent), kernel_name=kernel_name,
+                            progress_bar=progress, log_output=True, report_mode=hide_code)
+    except (Exception, KeyboardInterrupt) as e:  # a failing notebook is reported, the others still run
+        raised = True
+        run.error = _error_excerpt(e) if isinstance(e, Exception) else "interrupted"
+    if stop.signal:
+        run.error = (f"interrupted by {stop.signal}: the notebook stopped where it was; every level it had "
+                     f"finished is kept in the store\n" + run.error)
+    run.duration_s = time.monotonic() - t0
+    if executed.exists():
+        html_path = out_dir / f"{nb_id}.html"
+        try:
+            render_html(executed, html_path, hide_code)
+            run.html = html_path.name
+        except Exception as e:  # rendering trouble must not hide the measurement
+            run.error += f"\n(HTML rendering failed: {type(e).__name__}: {e})"
+    fpath = Path(params.get("findings_path", out_dir / f"{nb_id}.findings.json"))
+    if fpath.is_file() and not (stop.signal and raised):
+        run.findings = read_findings(fpath)
+        run.outcome = read_outcome(fpath)
+    run.status = notebook_status(raised, run.outcome, run.findings)
+    return run
 
 
 class _Interrupts:

@@ -25,6 +25,7 @@ import psutil
 from . import deaths as _deaths
 from .deaths import ProcessDeath, TreeWatch
 from .errors import PortInUseError, ServerDiedError, ServerError, ServerExitedError, ServerStartTimeout
+from .util import atomic_write_json
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,44 @@ def free_port(host: str = "127.0.0.1") -> int:
                 return port
 
 
+# What a launched server leaves in its log folder: both streams, the configuration it reported, and one sub-folder
+# per further replica. Only this module and store.py name these files.
+STDOUT_LOG, STDERR_LOG = "server.stdout.log", "server.stderr.log"
+RESOLVED_CONFIG = "resolved_config.json"
+
+
+def replica_log_dir(log_dir: Path, replica: int) -> Path:
+    """Where replica `replica` of a configuration logs (replica 0: the point's own folder)."""
+    return Path(log_dir) if replica == 0 else Path(log_dir) / f"replica-{replica}"
+
+
+def read_logs(log_dir: Path, order: tuple[str, ...] = (STDOUT_LOG, STDERR_LOG)) -> str:
+    """Both streams a server wrote into log_dir, joined ('' where it kept none)."""
+    paths = [Path(log_dir) / n for n in order]
+    return "\n".join(p.read_text(errors="replace") for p in paths if p.is_file())
+
+
+def has_logs(log_dir: Path) -> bool:
+    """True when a server's log was kept in log_dir."""
+    return any((Path(log_dir) / n).is_file() for n in (STDOUT_LOG, STDERR_LOG))
+
+
+def write_resolved(log_dir: Path, resolved: dict[str, Any]) -> None:
+    """Keep the configuration the server reported beside its logs."""
+    atomic_write_json(Path(log_dir) / RESOLVED_CONFIG, resolved)
+
+
+def read_resolved(log_dir: Path) -> dict[str, Any] | None:
+    """The configuration a server reported, as kept beside its logs (None where it reported none)."""
+    p = Path(log_dir) / RESOLVED_CONFIG
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def log_tails(log_dir: Path, lines: int = 20) -> list[tuple[str, list[str]]]:
+    """The last lines of each stream (stderr first: where servers put their errors)."""
+    return [(n, tail_lines(Path(log_dir) / n, lines)) for n in (STDERR_LOG, STDOUT_LOG)]
+
+
 def tail_lines(path: Path, lines: int) -> list[str]:
     """The last lines of a log file ([] when it does not exist)."""
     return path.read_text(errors="replace").splitlines()[-lines:] if path.is_file() else []
@@ -195,12 +234,12 @@ class ManagedServer:
     @property
     def stdout_path(self) -> Path:
         """Where the server's stdout goes."""
-        return Path(self.log_dir) / "server.stdout.log"
+        return Path(self.log_dir) / STDOUT_LOG
 
     @property
     def stderr_path(self) -> Path:
         """Where the server's stderr goes."""
-        return Path(self.log_dir) / "server.stderr.log"
+        return Path(self.log_dir) / STDERR_LOG
 
     def log_text(self, since: tuple[int, int] = (0, 0)) -> str:
         """stdout then stderr of the server, each from a byte offset."""

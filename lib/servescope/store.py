@@ -20,15 +20,27 @@ import psutil
 
 from . import __version__
 from .paths import default_store_dir
+from .server import STDERR_LOG, STDOUT_LOG, has_logs, read_logs, read_resolved, replica_log_dir
 from .spec import stable_hash
 from .util import atomic_write_json
 
 MANIFEST = "manifest.json"
 
 
+@dataclass(frozen=True)
+class Replica:
+    """One server of a point's configuration, as data: its index, where it ran, and where it logged."""
+
+    index: int
+    placement: str
+    base_url: str
+    log_dir: Path
+
+
 @dataclass
 class Point:
-    """A completed point read back from the store."""
+    """A completed point read back from the store: its tables, its manifest, and what its server left (resolved
+    record and configuration, install, replicas, logs). Every reader of a point goes through this."""
 
     key: str
     path: Path
@@ -38,6 +50,55 @@ class Point:
         """A parquet table of this point (empty DataFrame if it has none)."""
         p = self.path / f"{name}.parquet"
         return pd.read_parquet(p) if p.is_file() else pd.DataFrame()
+
+    @property
+    def parts(self) -> dict[str, Any]:
+        """The key material the point was stored under."""
+        return self.manifest.get("parts") or {}
+
+    @property
+    def target(self) -> dict[str, Any]:
+        """The launched configuration as the manifest describes it (flags, command, install, startup, replicas)."""
+        return self.manifest.get("target") or {}
+
+    @property
+    def resolved(self) -> dict[str, Any] | None:
+        """The engine-neutral resolved record written at launch (ResolvedState.to_dict), None in older stores."""
+        return self.manifest.get("resolved")
+
+    @property
+    def resolved_config(self) -> dict[str, Any] | None:
+        """The configuration the server reported about itself, as kept beside its logs."""
+        return read_resolved(self.path)
+
+    @property
+    def install(self) -> dict[str, Any] | None:
+        """The engine install the point ran on (EngineInstall fields), as its manifest recorded it."""
+        inst = self.target.get("install")
+        return inst if isinstance(inst, dict) else None
+
+    @property
+    def flags(self) -> list[str]:
+        """The engine flags the configuration launched with."""
+        return list(self.target.get("flags") or [])
+
+    @property
+    def replicas(self) -> list[Replica]:
+        """Every server of the configuration, in index order (one, replica 0, for a single server)."""
+        reps = self.target.get("replicas") or [{"replica": 0, "placement": "", "base_url": self.target.get("base_url",
+                                                                                                       "")}]
+        return sorted((Replica(int(r.get("replica", i)), str(r.get("placement") or ""), str(r.get("base_url") or ""),
+                               replica_log_dir(self.path, int(r.get("replica", i)))) for i, r in enumerate(reps)),
+                      key=lambda r: r.index)
+
+    def log(self, replica: int = 0, stderr_first: bool = False) -> str:
+        """The server log (both streams) a replica left ('' where none was kept, as in exported stores)."""
+        order = (STDERR_LOG, STDOUT_LOG) if stderr_first else (STDOUT_LOG, STDERR_LOG)
+        return read_logs(replica_log_dir(self.path, replica), order)
+
+    def has_log(self, replica: int = 0) -> bool:
+        """True when the replica's server log was kept."""
+        return has_logs(replica_log_dir(self.path, replica))
 
 
 @dataclass
@@ -118,6 +179,16 @@ class Store:
             except (OSError, ValueError):
                 return (p / MANIFEST).stat().st_mtime, p.name
         return [p.name for p in sorted(done, key=started)]
+
+    def points(self, engine: str | None = None, model: dict[str, Any] | None = None) -> Iterator[Point]:
+        """Every complete point, oldest first, optionally only of one engine identity and model."""
+        for key in self.keys():
+            pt = self.get(key)
+            if engine is not None and pt.parts.get("engine") != engine:
+                continue
+            if model is not None and pt.parts.get("model") != model:
+                continue
+            yield pt
 
     def get(self, key: str) -> Point:
         """Read a completed point (an alias reads the point it names)."""
@@ -250,7 +321,7 @@ def export_points(src: Store, dest: Path, keep_logs: bool = False) -> list[str]:
     for p in sorted(src.root.iterdir()) if src.root.is_dir() else []:
         if p.name.startswith((".", "_")) or not src.has(p.name):
             continue
-        ignore = None if keep_logs else shutil.ignore_patterns("server.stdout.log", "server.stderr.log")
+        ignore = None if keep_logs else shutil.ignore_patterns(STDOUT_LOG, STDERR_LOG)
         target = dest / p.name
         if target.exists():
             shutil.rmtree(target)

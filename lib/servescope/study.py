@@ -10,11 +10,9 @@ more than the studied knob.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,20 +21,19 @@ import pandas as pd
 from . import plots
 from .analysis import kernels as ak
 from .analysis import telemetry as at
-from .analysis.ab import EQUIVALENCE_PCT, Headline, headline_effect, higher_is_better, paired_effects, verdict
+from .analysis.ab import Headline, headline_effect, higher_is_better, paired_effects, verdict
 from .analysis.regime import Regime, point_regimes, regime_table
-from .engines import get_engine
+from .context import RepetitionPlan, RunContext
 from .engines.base import EngineAdapter, EngineInstall
 from .engines.state import FIELDS, ResolvedState, differences, verify
-from .errors import ServescopeError, SpecError
-from .experiment import Config, RepetitionPlan, Results, measure
-from .findings import Confidence, Effect, Finding, Outcome
+from .errors import KnobError, ServescopeError, SpecError
+from .experiment import Config, Results, point_parts, read_store, run_configs
+from .findings import Confidence, Direction, Effect, Finding, Outcome, capped
+from .launch import find_install
 from .plots import Figure
-from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
-from .store import Store
+from .spec import EngineSpec, Knobs
 
 METRICS = ("output_tok_s", "ttft_ms_p50", "tpot_ms_p50")
-_LEVELS: tuple[Confidence, ...] = ("none", "low", "medium", "high")
 
 
 @dataclass(frozen=True)
@@ -48,28 +45,14 @@ class Arm:
     note: str = ""
 
 
-def run_study(thread: str, engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec,
-              load: dict[str, Any] | LoadSpec, arms: Sequence[Arm], repetitions: int = 3, store_dir: str = "",
-              offline: bool = False, force: bool = False, progress: bool = True,
-              telemetry: dict[str, Any] | TelemetrySpec | None = None,
-              profile: dict[str, Any] | ProfileSpec | None = None, max_repetitions: int | None = None,
-              budget_s: float = 0.0, equivalence_pct: float = EQUIVALENCE_PCT,
+def run_study(thread: str, ctx: RunContext, arms: Sequence[Arm],
               headlines: Sequence[tuple[str, str]] | None = None) -> Study:
-    """Validate every input (before anything launches), measure the arms in alternating repetitions through the
-    store (each point with a kernel profile if profile asks for one), and return the Study over them.
+    """Measure the arms in alternating repetitions through the store (each point with a kernel profile if the
+    context asks for one) and return the Study over them.
 
-    repetitions is the minimum; up to max_repetitions (default: repetitions), one more repetition runs while a
-    headline effect (each (baseline, treatment) pair of headlines; default: every arm against the first) is not
-    resolved (study.Headline), as long as it fits budget_s seconds (0: no limit)."""
-    e = parse(EngineSpec, engine, "engine")
-    m = parse(ModelSpec, model, "model")
-    ld = parse(LoadSpec, load, "load")
-    tel = parse(TelemetrySpec, telemetry or {}, "telemetry")
-    prof = parse(ProfileSpec, profile or {}, "profile")
-    try:
-        plan = RepetitionPlan(repetitions, max(repetitions, max_repetitions or repetitions), float(budget_s))
-    except ServescopeError as ex:
-        raise SpecError(str(ex)) from None
+    The plan's repetitions are the minimum; up to its maximum, one more repetition runs while a headline effect
+    (each (baseline, treatment) pair of headlines; default: every arm against the first) is not resolved
+    (study.Headline), as long as it fits the plan's budget."""
     names = [a.name for a in arms]
     pairs = list(headlines) if headlines is not None else [(names[0], n) for n in names[1:]] if names else []
     for b, t in pairs:
@@ -79,15 +62,13 @@ def run_study(thread: str, engine: dict[str, Any] | EngineSpec, model: dict[str,
     def until(res: Results) -> set[str]:
         need: set[str] = set()
         for b, t in pairs:
-            h = headline_effect(res.summary, "output_tok_s", b, t, equivalence_pct) if len(res.summary) else None
+            h = headline_effect(res.summary, "output_tok_s", b, t, ctx.equivalence_pct) if len(res.summary) else None
             if h is not None and not h.resolved:
                 need |= {b, t}
         return need
 
-    res = measure(e, m, [Config(a.name, a.knobs) for a in arms], ld, repetitions=repetitions,
-                  store=Store(store_dir or None), offline=offline, force=force, progress=progress, telemetry=tel,
-                  profile=prof, plan=plan, until=until)
-    return Study(thread, e, list(arms), res, equivalence_pct=equivalence_pct, plan=plan)
+    res = run_configs(ctx, [Config(a.name, a.knobs) for a in arms], until=until)
+    return Study(thread, ctx, list(arms), res)
 
 
 @dataclass
@@ -95,16 +76,29 @@ class Study:
     """Measured arms of one engine; every method returns a DataFrame (or a Figure, or a Comparison)."""
 
     thread: str
-    engine: EngineSpec
+    ctx: RunContext
     arms: list[Arm]
     results: Results
-    equivalence_pct: float = EQUIVALENCE_PCT
-    plan: RepetitionPlan | None = None
+
+    @property
+    def engine(self) -> EngineSpec:
+        """The engine as the run named it."""
+        return self.ctx.engine
 
     @property
     def adapter(self) -> EngineAdapter:
         """The engine's adapter: everything engine-specific goes through it."""
-        return get_engine(self.engine.name)
+        return self.ctx.adapter
+
+    @property
+    def equivalence_pct(self) -> float:
+        """The band within which an effect counts as no change."""
+        return self.ctx.equivalence_pct
+
+    @property
+    def plan(self) -> RepetitionPlan:
+        """How many repetitions the run asked for."""
+        return self.ctx.plan
 
     def arm(self, name: str) -> Arm:
         """An arm by name."""
@@ -121,9 +115,9 @@ class Study:
         (resolved configuration and server log); arms with no measured point are absent."""
         out = {}
         for a in self.arms:
-            pts = self._points(a.name)
-            if len(pts):
-                out[a.name] = self.adapter.resolved_state(*_evidence(Path(pts["path"].iloc[0])))
+            pt = self.results.point(a.name)
+            if pt is not None:
+                out[a.name] = self.adapter.resolved_state(pt.resolved_config, pt.log())
         return out
 
     def resolved(self) -> pd.DataFrame:
@@ -189,7 +183,7 @@ class Study:
         """The engine's own CUDA-graph counters per arm and point (rates of counters, medians of gauges), where it
         exports them."""
         names = set(self.adapter.graph_metrics())
-        m = at.metric_points(self.results.telemetry)
+        m = at.metric_points(self.results.telemetry, tuple(names))
         if m.empty or not names:
             return pd.DataFrame()
         m = m[m["metric"].str.replace("_total$", "", regex=True).isin({n.removesuffix("_total") for n in names})]
@@ -199,11 +193,10 @@ class Study:
         """Batches per CUDA-graph runtime mode, per arm and repetition, where the engine's log counts them (vLLM
         --cudagraph-metrics); empty where it does not."""
         frames = []
-        for r in self.results.points.itertuples() if len(self.results.points) else []:
-            _, log = _evidence(Path(r.path))
-            c = self.adapter.graph_counts(log)
+        for (config, rep), pt in self.results.stored.items():
+            c = self.adapter.graph_counts(pt.log())
             if len(c):
-                frames.append(c.assign(config=r.config, rep=r.rep))
+                frames.append(c.assign(config=config, rep=rep))
         if not frames:
             return pd.DataFrame(columns=["config", "rep", "mode", "batches"])
         out = pd.concat(frames, ignore_index=True)
@@ -239,7 +232,7 @@ class Study:
 
     def metric_points(self) -> pd.DataFrame:
         """Per arm, repetition and point: the engine's own Prometheus metrics (gauges' medians, counters' rates)."""
-        return at.metric_points(self.results.telemetry)
+        return at.metric_points(self.results.telemetry, self.adapter.key_metrics)
 
     def kernels(self) -> pd.DataFrame:
         """The stored kernel tables of profiled points (config, rep), each kernel with its category and MoE path."""
@@ -288,12 +281,10 @@ class Study:
     def install(self) -> EngineInstall | None:
         """The engine install the points ran on, as their manifests recorded it (None if nothing was measured)."""
         pts = self.results.points
-        if pts.empty:
-            return None
+        pt = self.results.point(str(pts["config"].iloc[0])) if len(pts) else None
         try:
-            manifest = json.loads((Path(pts["path"].iloc[0]) / "manifest.json").read_text())
-            return EngineInstall(**manifest["target"]["install"])
-        except (OSError, KeyError, TypeError, ValueError):
+            return EngineInstall(**pt.install) if pt is not None and pt.install else None
+        except TypeError:
             return None
 
     def spell(self, knobs: Knobs) -> tuple[list[str], str]:
@@ -412,80 +403,96 @@ class Comparison:
         peak = self.peak()
         states = {n: self.study.states[n] for n in (self.baseline, self.treatment) if n in self.study.states}
         if peak is None:
-            first = next((x for x in errs if x.get("signal")), errs[0] if errs else None)
-            cause = f" First failure: {first['config']} rep {first['rep']}: {first['summary']}" if first else ""
-            return Finding(thread=thread, title=f"{subject}: not measured", applies=False, confidence="none",
-                           claim=f"No paired measurement of {self.treatment} vs {self.baseline} completed, so no effect "
-                                 f"can be stated.{cause}",
-                           reason="; ".join(f"{x['config']} rep {x['rep']}: {x['signal'] or x['error_type']}"
-                                            for x in errs) or "no data",
-                           evidence={"errors": errs, "resolved": {k: v.to_dict() for k, v in states.items()}})
+            return self._not_measured(subject, states, errs)
         says, cap, varied = self.caveats()
         e = self.effects()
         tok = e[(e["metric"] == "output_tok_s") & (e["n_pairs"] > 0)]
-        direction, words = verdict(tok)
         h = self.headline()
         assert h is not None  # a peak level with pairs means the headline has pairs too
-        direction, words = _headline_words(h, direction, words)
-        levels = "; ".join(f"c={int(r.concurrency)}: {r.effect_pct:+.0f}% ({_ci(r)}, {r.confidence})"
-                           for r in tok.itertuples())
+        direction, words = _headline_words(h, *verdict(tok))
+        effect = self._effect(h)
         sides = "; ".join(f"{n} ran as {_state_words(st)}" for n, st in states.items())
-        stopped = self.study.results.stopped
-        effect = Effect(metric="output_tok_s", value_pct=_r(h.effect_pct), ci_low_pct=_r(h.ci_low_pct),
-                        ci_high_pct=_r(h.ci_high_pct), range_low_pct=_r(min(h.per_rep_pct)),
-                        range_high_pct=_r(max(h.per_rep_pct)), p_value=_r(h.p_value, 4), n=h.n, at=h.scope,
-                        baseline=self.baseline, treatment=self.treatment,
-                        per_rep_pct=[round(v, 1) for v in h.per_rep_pct], status=h.status, stopped=stopped,
-                        method=h.method)
-        conf: Confidence = h.confidence
         if not varied:
             return Finding(thread=thread, title=f"{subject}: not compared", applies=False, confidence="none",
                            claim=f"The arms did not resolve to what was asked, so this is not a measurement of "
                                  f"{subject}: {'; '.join(says)}. {sides}.", reason="; ".join(says), effect=effect,
-                           evidence=self._evidence(states, errs))
-        if cap is not None and _LEVELS.index(conf) > _LEVELS.index(cap):
-            conf = cap
+                           direction=direction, evidence=self._evidence(states, errs))
+        conf = capped(h.confidence, cap)
+        claim = self._claim(subject, words, h, tok, sides, says) + extra
+        cautions, ev = self._cautions()
+        claim += cautions
+        rec_knobs = better if direction == "better" else worse if direction == "worse" else None
+        flags, note, reason = self._recommend(rec_knobs, direction, conf)
+        ev = self._evidence(states, errs) | ev | {"noise_pct": {"baseline": _r(peak.baseline_spread_pct),
+                                                                "treatment": _r(peak.treatment_spread_pct)}}
+        return Finding(thread=thread, title=f"{subject}: {self.treatment} vs {self.baseline}", claim=claim + note,
+                       effect=effect, recommended_flags=flags, confidence=conf, direction=direction, evidence=ev,
+                       reason=reason)
+
+    def _not_measured(self, subject: str, states: dict[str, ResolvedState], errs: list[dict[str, Any]]) -> Finding:
+        first = next((x for x in errs if x.get("signal")), errs[0] if errs else None)
+        cause = f" First failure: {first['config']} rep {first['rep']}: {first['summary']}" if first else ""
+        return Finding(thread=self.study.thread, title=f"{subject}: not measured", applies=False, confidence="none",
+                       claim=f"No paired measurement of {self.treatment} vs {self.baseline} completed, so no effect "
+                             f"can be stated.{cause}",
+                       reason="; ".join(f"{x['config']} rep {x['rep']}: {x['signal'] or x['error_type']}"
+                                        for x in errs) or "no data",
+                       evidence={"errors": errs, "resolved": {k: v.to_dict() for k, v in states.items()}})
+
+    def _effect(self, h: Headline) -> Effect:
+        """The headline as a finding's Effect (numbers only)."""
+        return Effect(metric="output_tok_s", value_pct=_r(h.effect_pct), ci_low_pct=_r(h.ci_low_pct),
+                      ci_high_pct=_r(h.ci_high_pct), range_low_pct=_r(min(h.per_rep_pct)),
+                      range_high_pct=_r(max(h.per_rep_pct)), p_value=_r(h.p_value, 4), n=h.n, at=h.scope,
+                      baseline=self.baseline, treatment=self.treatment,
+                      per_rep_pct=[round(v, 1) for v in h.per_rep_pct], status=h.status,
+                      stopped=self.study.results.stopped, method=h.method)
+
+    def _claim(self, subject: str, words: str, h: Headline, tok: pd.DataFrame, sides: str, says: list[str]) -> str:
+        """The finding's sentences: the effect, per repetition and per level, what each side ran as, the checks."""
+        levels = "; ".join(f"c={int(r.concurrency)}: {r.effect_pct:+.0f}% ({_ci(r)}, {r.confidence})"
+                           for r in tok.itertuples())
         per_rep = ", ".join(f"{v:+.0f}%" for v in h.per_rep_pct)
+        stopped = self.study.results.stopped
         claim = (f"{subject} {words}. Per repetition ({h.scope}): {per_rep}; {stopped or f'{h.n} repetitions'}. "
                  f"Per level, ratio of medians (90% CI, confidence): {levels}. {sides}.")
         if says:
-            claim += " Not verified or also different: " + "; ".join(says) + "."
-        else:
-            said = ([f"resolved as asked in {', '.join(self.studied)}"] if self.studied else []) + \
-                ([f"equal in {', '.join(self.controls)}"] if self.controls else [])
-            if said:
-                claim += f" Both sides {' and '.join(said)}, so the effect is {subject}'s."
-        claim += extra
-        short = self.study.short_outputs()
+            return claim + " Not verified or also different: " + "; ".join(says) + "."
+        said = ([f"resolved as asked in {', '.join(self.studied)}"] if self.studied else []) + \
+            ([f"equal in {', '.join(self.controls)}"] if self.controls else [])
+        return claim + (f" Both sides {' and '.join(said)}, so the effect is {subject}'s." if said else "")
+
+    def _cautions(self) -> tuple[str, dict[str, Any]]:
+        """Sentences on what may have bent the figures (short answers, tracing, the load client, an oversubscribed
+        host), and their evidence."""
+        study, out = self.study, ""
+        short = study.short_outputs()
         if short:
-            claim += f" Caution: {len(short)} point(s) returned shorter answers than asked (evidence.short_outputs)."
-        traced = self.study.traced_whole_run()
+            out += f" Caution: {len(short)} point(s) returned shorter answers than asked (evidence.short_outputs)."
+        traced = study.traced_whole_run()
         if traced:
-            claim += (f" Caution: {traced} point(s) ran their measured load under Nsight Systems tracing of the whole "
-                      "run (the engine has no profiler hook), so their figures include tracing overhead.")
-        client = self.study.results.client_warnings("limited")
+            out += (f" Caution: {traced} point(s) ran their measured load under Nsight Systems tracing of the whole "
+                    "run (the engine has no profiler hook), so their figures include tracing overhead.")
+        client = study.results.client_warnings("limited")
         if client:
-            claim += f" Caution: the load client limited {len(client)} point(s) (evidence.client_warnings)."
-        starved = self.study.results.client_warnings("starved")
+            out += f" Caution: the load client limited {len(client)} point(s) (evidence.client_warnings)."
+        starved = study.results.client_warnings("starved")
         if starved:
-            claim += (f" The host was oversubscribed at {len(starved)} of {len(self.study.results.client_health())} "
-                      "points, so latencies there include scheduling delay (evidence.client_starved).")
-        rec_knobs = better if direction == "better" else worse if direction == "worse" else None
-        flags, why = self.study.spell(rec_knobs) if rec_knobs is not None else ([], "")
-        reason = ""
+            out += (f" The host was oversubscribed at {len(starved)} of {len(study.results.client_health())} "
+                    "points, so latencies there include scheduling delay (evidence.client_starved).")
+        return out, {"short_outputs": short, "client_warnings": client, "client_starved": starved}
+
+    def _recommend(self, knobs: Knobs | None, direction: Direction, conf: Confidence) -> tuple[list[str], str, str]:
+        """(flags for the better side in the engine's spelling, a sentence to add, the reason) of a comparison."""
+        flags, why = self.study.spell(knobs) if knobs is not None else ([], "")
         if why:
-            claim += f" ({why})"
-        elif rec_knobs is not None and not flags and conf != "none":
+            return flags, f" ({why})", ""
+        if knobs is not None and not flags and conf != "none":
             # the better side needs no flag: the engine's defaults already run that way
-            claim += f" The engine's defaults already run as {self.treatment if direction == 'better' else self.baseline}" \
-                     " (no flag to add)."
-            reason = "already optimal: the engine's defaults are the better side"
-        ev = self._evidence(states, errs) | {"short_outputs": short, "client_warnings": client,
-                                            "client_starved": starved, "direction": direction,
-                                            "noise_pct": {"baseline": _r(peak.baseline_spread_pct),
-                                                          "treatment": _r(peak.treatment_spread_pct)}}
-        return Finding(thread=thread, title=f"{subject}: {self.treatment} vs {self.baseline}", claim=claim,
-                       effect=effect, recommended_flags=flags, confidence=conf, evidence=ev, reason=reason)
+            side = self.treatment if direction == "better" else self.baseline
+            return flags, f" The engine's defaults already run as {side} (no flag to add).", \
+                "already optimal: the engine's defaults are the better side"
+        return flags, "", ""
 
     def _evidence(self, states: dict[str, ResolvedState], errs: list[dict[str, Any]]) -> dict[str, Any]:
         e = self.effects()
@@ -499,14 +506,6 @@ class Comparison:
                 "checks": self.checks().to_dict("records"), "errors": errs,
                 "startup_first_token_s": dict(zip(start["config"], start["first_token_s"], strict=True))
                 if len(start) else {}}
-
-
-def _evidence(folder: Path) -> tuple[dict[str, Any] | None, str]:
-    """The resolved configuration and server log a point kept."""
-    rc = folder / "resolved_config.json"
-    resolved = json.loads(rc.read_text()) if rc.is_file() else None
-    logs = [p for p in (folder / "server.stdout.log", folder / "server.stderr.log") if p.is_file()]
-    return resolved, "\n".join(p.read_text(errors="replace") for p in logs)
 
 
 def _headline_words(h: Headline, direction: str, words: str) -> tuple[str, str]:
@@ -549,3 +548,59 @@ def _ci(r: Any) -> str:
     if np.isnan(r.ci_low_pct):
         return f"one run: {r.effect_pct:+.0f}%" if r.n_pairs == 1 else "no CI"
     return f"{r.ci_low_pct:+.0f}..{r.ci_high_pct:+.0f}%"
+
+
+# -- one mechanism for "read what the store holds, or measure" -----------------------------------------------------
+def stored_points(ctx: RunContext) -> Results:
+    """Every complete point the store holds for this engine and model (what other threads measured), read without
+    launching anything."""
+    return read_store(ctx.store, ctx.engine_identity, ctx.model_key)
+
+
+def read_or_run(thread: str, ctx: RunContext, arms: Sequence[Arm],
+                reuse: Callable[[Results], tuple[Results, list[Arm]] | None] | None = None,
+                measure_offline: bool = True,
+                measuring: Callable[[RunContext], RunContext] | None = None) -> tuple[Study, str]:
+    """A study over stored points that reuse(stored) picks (unless forced), else over the arms measured here (under
+    measuring(ctx) where given: what only a launch needs is decided only then). Offline with nothing to reuse, the
+    arms are still run (each reported as not measured) when measure_offline, else the study is empty. Returns the
+    study and where its points came from: 'stored', 'measured' or 'none'."""
+    picked = reuse(stored_points(ctx)) if reuse is not None and not ctx.force else None
+    if picked is not None:
+        res, picked_arms = picked
+        return Study(thread, ctx, picked_arms, res), "stored"
+    if ctx.offline and not measure_offline:
+        return Study(thread, ctx, [], stored_points(ctx).select([])), "none"
+    return run_study(thread, measuring(ctx) if measuring is not None else ctx, arms), "measured"
+
+
+def expressible(ctx: RunContext, arms: Sequence[Arm], install: EngineInstall | None = None) -> pd.DataFrame:
+    """Per arm: whether this engine version (install, else the run's own, created if missing) can express its knobs,
+    with their flags or the reason it cannot. Offline where the engine is not installed here: the arms whose first
+    repetition the store holds."""
+    adapter = ctx.adapter
+    try:
+        if install is None and adapter.launches:
+            install = find_install(ctx.engine, adapter, create=True, say=lambda m: None)
+    except ServescopeError as ex:
+        if not ctx.offline:
+            raise
+        return pd.DataFrame([_stored_row(ctx, a, str(ex)) for a in arms])
+    rows = []
+    for a in arms:
+        try:
+            if install is None:
+                raise SpecError("an external server runs as it was started: its settings cannot be chosen from here")
+            flags = adapter.knob_flags(a.knobs, install)
+            rows.append({"arm": a.name, "expressible": True, "flags": " ".join(flags) or "(none: the default)",
+                         "reason": ""})
+        except (KnobError, SpecError) as ex:
+            rows.append({"arm": a.name, "expressible": False, "flags": "", "reason": str(ex)})
+    return pd.DataFrame(rows)
+
+
+def _stored_row(ctx: RunContext, a: Arm, why: str) -> dict[str, Any]:
+    store = ctx.store
+    have = store.has(store.key(point_parts(ctx, a.knobs, 0)))
+    return {"arm": a.name, "expressible": have, "flags": "(read from the store)" if have else "",
+            "reason": "" if have else f"not in the store, and the engine is not here to ask ({why})"}

@@ -164,12 +164,6 @@ def label_value(labels: str, key: str) -> str:
 
 
 # -- per-point tables over every point of a run (what notebooks show) ----------------------------------------
-KEY_METRICS = (
-    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-    "vllm:generation_tokens_total", "vllm:num_preemptions_total",
-    "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
-    "sglang:cuda_graph_passes_total", "sglang:is_cuda_graph", "sglang:utilization",
-)
 IDS = ["config", "rep"]
 
 
@@ -236,8 +230,9 @@ def host_points(tele: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
-def metric_points(tele: dict[str, pd.DataFrame], names: tuple[str, ...] = KEY_METRICS) -> pd.DataFrame:
-    """The engine's own metrics per point: gauges as medians, counters as rates."""
+def metric_points(tele: dict[str, pd.DataFrame], names: tuple[str, ...]) -> pd.DataFrame:
+    """The engine's own metrics per point (those named: the adapter's key_metrics), gauges as medians, counters as
+    rates."""
     out = []
     for key, m in _by_run(tele.get("server_metrics", pd.DataFrame())):
         m = _measured(m)

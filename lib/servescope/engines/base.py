@@ -6,10 +6,8 @@ import json
 import re
 import shutil
 import subprocess
-import urllib.request
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, ClassVar
 
 import pandas as pd
@@ -17,8 +15,10 @@ import pandas as pd
 from ..errors import KnobError, ProfilingUnavailable, ServescopeError, SpecError
 from ..server import ReadyCheck
 from ..spec import Knobs
+from .devices import device_ids, visible_devices
 from .envs import EngineEnvSpec
-from .flagscan import FlagSet, help_flags, scan_flags
+from .flagscan import FlagSet
+from .helpcheck import _help_cached, _scan_cached, known_release, reconcile_flags
 from .logs import LogPattern
 from .source import SourceTree
 from .state import FIELDS, ResolvedState, expected_state
@@ -50,40 +50,6 @@ class LaunchPlan:
     flags: list[str] = field(default_factory=list)  # the knob-derived part of the command, for reports
 
 
-def visible_devices(platform: str, env: dict[str, str]) -> tuple[int | None, str]:
-    """How many devices a launch on this platform may use, and their name: GPUs NVML sees under the launch's
-    CUDA_VISIBLE_DEVICES (None where NVML cannot tell), or cores this process may run on for a CPU build."""
-    import os
-
-    if platform == "cpu":
-        return len(os.sched_getaffinity(0)), "CPU cores"
-    if platform != "cuda":
-        return None, "devices"
-    from ..telemetry.nvml import Nvml, NvmlUnavailable
-
-    try:
-        n = Nvml(cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"))
-    except NvmlUnavailable as e:
-        return (0, "GPUs") if "no NVIDIA GPU visible" in str(e) else (None, "GPUs")
-    n.close()
-    return len(n.indices), "GPUs"
-
-
-def device_ids(platform: str, env: dict[str, str]) -> list[int]:
-    """The devices a launch may use, by id: GPU indices under the launch's CUDA_VISIBLE_DEVICES (as the server will
-    number them: 0..n-1 are positions in that list), or the cores this process may run on for a CPU build."""
-    import os
-
-    if platform == "cpu":
-        return sorted(os.sched_getaffinity(0))
-    have, _ = visible_devices(platform, env)
-    if have is None:
-        raise KnobError("cannot count the GPUs here (NVML unavailable), so replicas cannot be placed")
-    cvd = env.get("CUDA_VISIBLE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [x.strip() for x in cvd.split(",") if x.strip()] if cvd else [str(i) for i in range(have)]
-    return [int(x) if x.isdigit() else i for i, x in enumerate(ids[:have])]
-
-
 @dataclass(frozen=True)
 class Placement:
     """Where one replica runs: its devices (GPU ids or cores), a command prefix and the environment that pin it."""
@@ -110,6 +76,14 @@ class EngineAdapter(ABC):
     distributions: ClassVar[tuple[str, ...]] = ()
     # the CUDA-graph mode both sides of a compile-vs-eager comparison pin, so that only compile differs
     compile_study_graphs: ClassVar[str] = "off"
+    # disk its managed environment takes when created (GiB; 0: it has none)
+    env_size_gib: ClassVar[float] = 0.0
+    # its CPU build's eager workers use AMX tiles in bfloat16 attention (they need the tile permission)
+    uses_amx_tiles: ClassVar[bool] = False
+    # Prometheus name prefixes of its own metrics (what the scraper keeps; (): every metric the server exports)
+    metric_prefixes: ClassVar[tuple[str, ...]] = ()
+    # the metrics notebooks show per point (gauges' medians, counters' rates)
+    key_metrics: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
@@ -349,91 +323,6 @@ KNOB_PROBES: list[dict[str, Any]] = [
 ]
 
 
-@cache
-def _scan_cached(tree: SourceTree) -> FlagSet:
-    return scan_flags(tree)
-
-
-@cache
-def known_release(engine: str, version: str) -> bool:
-    """Whether `make check-engines` read this release (data/engines/matrix.csv): its static scan is trusted."""
-    from ..paths import project_root
-
-    path = project_root() / "data" / "engines" / "matrix.csv"
-    if not path.is_file():
-        return False
-    m = pd.read_csv(path, dtype=str, keep_default_na=False)
-    return bool(((m["engine"] == engine) & (m["version"] == version) & (m["problems"] == "")).any())
-
-
-def run_help(python: str, engine: str, version: str, argv: tuple[str, ...], timeout_s: float = 300.0) -> FlagSet:
-    """The flags an installed engine's `--help` lists; ServescopeError where it does not run."""
-    import os
-
-    try:
-        res = subprocess.run([python, *argv], capture_output=True, text=True, timeout=timeout_s,
-                             env={**os.environ, "COLUMNS": "200"})
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ServescopeError(f"{engine} --help did not run: {e}") from e
-    if res.returncode != 0 or "usage" not in res.stdout.lower():
-        raise ServescopeError(f"{engine} --help failed: {res.stderr.strip()[-300:]}")
-    return help_flags(res.stdout, engine, version, f"--help of {engine} {version} under {python}")
-
-
-@cache
-def _help_cached(python: str, engine: str, version: str, argv: tuple[str, ...]) -> FlagSet | None:
-    """run_help once per install, or None where it cannot run here (logged: the static scan is used)."""
-    import logging
-
-    try:
-        return run_help(python, engine, version, argv)
-    except ServescopeError as e:
-        logging.getLogger(__name__).warning("%s %s: %s; using the static scan", engine, version, e)
-        return None
-
-
-def flag_disagreements(static: FlagSet, helped: FlagSet) -> pd.DataFrame:
-    """The flags the static scan and `--help` do not share (flag, in: 'source only' / '--help only'); `--no-x`
-    negations and positionals aside."""
-    a, b = set(static.table["flag"]), set(helped.table["flag"])
-    rows = [{"flag": f, "in": "source only"} for f in sorted(a - b) if len(f) > 2 and not f.startswith("<")] + \
-           [{"flag": f, "in": "--help only"} for f in sorted(b - a) if not f.startswith("--no-") and f != "--help"]
-    return pd.DataFrame(rows, columns=["flag", "in"])
-
-
-_WARNED: set[tuple[str, str, str]] = set()
-
-
-def reconcile_flags(static: FlagSet | None, helped: FlagSet, scan_error: Exception | None = None) -> FlagSet:
-    """`--help` as the source of truth: its flags, with choices/file/line/deprecation from the static scan where it
-    knows the flag (choices `--help` prints win); the flags each lists that the other does not, in disagreements."""
-    import logging
-
-    table = helped.table.copy()
-    if static is not None:
-        known = static.table.set_index("flag")
-        for col in ("dest", "file", "line", "deprecated"):
-            table[col] = [known.at[f, col] if f in known.index else v for f, v in zip(table["flag"], table[col],
-                                                                                      strict=True)]
-        table["choices"] = [c if c is not None else (known.at[f, "choices"] if f in known.index else None)
-                            for f, c in zip(table["flag"], table["choices"], strict=True)]
-        dis = flag_disagreements(static, helped)
-        both = len(set(static.table["flag"]) & set(helped.table["flag"]))
-        origin = f"{helped.origin} (the truth; static scan of {static.origin}: {both} flags in both)"
-    else:
-        dis = pd.DataFrame([{"flag": "(all)", "in": f"--help only: the static scan failed ({scan_error})"}])
-        origin = f"{helped.origin} (the truth; the static scan failed)"
-    if len(dis) and (helped.engine, helped.version, helped.origin) not in _WARNED:
-        _WARNED.add((helped.engine, helped.version, helped.origin))
-        logging.getLogger(__name__).warning("%s %s: --help and the static scan disagree on %d flags (%s)",
-                                            helped.engine, helped.version, len(dis),
-                                            ", ".join(f"{f} ({w})" for f, w in zip(dis["flag"].head(8),
-                                                                                   dis["in"].head(8), strict=True)))
-    return FlagSet(engine=helped.engine, version=helped.version, table=table, origin=origin,
-                   phases=static.phases if static else {}, enums=static.enums if static else {},
-                   disagreements=dis)
-
-
 _VERSION_PROBE = r"""
 import importlib.metadata as md, json, sys
 for dist in sys.argv[1:]:
@@ -455,20 +344,6 @@ def installed_version(python: str, distributions: tuple[str, ...], label: str) -
     if not info:
         raise KnobError(f"no {label} installed under {python} ({res.stderr.strip()[-300:]})")
     return info["version"], info["distribution"]
-
-
-def post(url: str, body: dict[str, Any] | None = None, timeout_s: float = 60.0) -> int:
-    """POST JSON (or nothing); the HTTP status, raising on transport errors and 4xx/5xx."""
-    data = json.dumps(body).encode() if body is not None else b""
-    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return resp.status
-
-
-def get_json(url: str, timeout_s: float = 10.0) -> Any:
-    """GET a URL and decode JSON (raises on HTTP errors)."""
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-        return json.loads(resp.read())
 
 
 def version_tuple(version: str) -> tuple[int, ...]:

@@ -6,10 +6,12 @@ from typing import Any
 
 from ..errors import SpecError
 from ..spec import Knobs
-from . import get_engine
-from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json
+from .base import EngineAdapter, EngineInstall, LaunchPlan
 from .envs import EngineEnvSpec
+from .http import get_json
+from .sglang import SglangAdapter
 from .state import FIELDS, ResolvedState
+from .vllm import VllmAdapter
 
 
 class ExternalAdapter(EngineAdapter):
@@ -17,6 +19,9 @@ class ExternalAdapter(EngineAdapter):
 
     name = "external"
     launches = False
+    # whichever engine it is: the metrics of the engines whose format servescope reads
+    metric_prefixes = (*VllmAdapter.metric_prefixes, *SglangAdapter.metric_prefixes)
+    key_metrics = (*VllmAdapter.key_metrics, *SglangAdapter.key_metrics)
 
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
         """Nothing to install."""
@@ -51,9 +56,9 @@ class ExternalAdapter(EngineAdapter):
     def resolved_state(self, resolved: dict[str, Any] | None, log_text: str = "") -> ResolvedState:
         """Read by the adapter whose format the server's answer has; else nothing is known."""
         if resolved and isinstance(resolved.get("vllm_config"), dict):
-            st = get_engine("vllm").resolved_state(resolved)
+            st = VllmAdapter().resolved_state(resolved)
         elif resolved and ("tp_size" in resolved or "disable_cuda_graph" in resolved):
-            st = get_engine("sglang").resolved_state(resolved)
+            st = SglangAdapter().resolved_state(resolved)
         else:
             why = "the external server answers no /server_info servescope can read (vLLM: VLLM_SERVER_DEV_MODE=1)"
             return ResolvedState("external", not_reported={f: why for f in (*FIELDS, "device")})

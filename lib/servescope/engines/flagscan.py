@@ -154,6 +154,11 @@ class Constants:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):  # Literal[...] | None
             left, right = r(node.left), r(node.right)
             return None if left is None or right is None else left + right
+        return self._resolve_compound(node, cls, depth)
+
+    def _resolve_compound(self, node: ast.AST, cls: str | None, depth: int) -> list[str] | None:
+        """resolve() of calls (list(...), d.keys()), comprehensions over enums, and Literal/Optional/Union."""
+        r = lambda n, c=cls: self.resolve(n, c, depth + 1)  # noqa: E731
         if isinstance(node, ast.Call):
             fn = node.func
             if isinstance(fn, ast.Name) and fn.id in _SEQ_CALLS and len(node.args) == 1:

@@ -21,9 +21,10 @@ from ..errors import KnobError
 from ..models import config_dtype, short_dtype
 from ..server import ReadyCheck
 from ..spec import Knobs
-from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, installed_version, post
+from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
+from .http import get_json, post
 from .logs import LogPattern, patterns_for
 from .state import ResolvedState
 
@@ -77,10 +78,17 @@ class _Flags:
         self.out += [flag] if value is None else [flag, str(value)]
 
 
+SGLANG_KEY_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+                      "sglang:gen_throughput", "sglang:cuda_graph_passes_total", "sglang:is_cuda_graph",
+                      "sglang:utilization")
+
+
 class SglangAdapter(EngineAdapter):
     """SGLang, launched as `python -m sglang.launch_server`."""
 
     name = "sglang"
+    metric_prefixes = ("sglang:",)
+    key_metrics = SGLANG_KEY_METRICS
     help_command = ("-m", "sglang.launch_server", "--help")
     # SGLang compiles the model inside its decode CUDA-graph runner: with graphs off, --enable-torch-compile does
     # nothing, so compile is compared with decode graphs on both sides
@@ -143,6 +151,14 @@ class SglangAdapter(EngineAdapter):
             if not knobs.torch_compile:
                 raise KnobError(f"{f.v}: torch_compile_max_bs needs torch_compile=True")
             f.add("--torch-compile-max-bs", knobs.torch_compile_max_bs)
+        self._parallel(f, knobs)
+        if knobs.moe_backend is not None:
+            self._moe_backend(f, knobs.moe_backend)
+        self._scheduler(f, knobs)
+        return f.out + list(knobs.extra_args)
+
+    @staticmethod
+    def _parallel(f: _Flags, knobs: Knobs) -> None:
         if knobs.tp > 1:
             f.add("--tp-size", knobs.tp)
         if knobs.attn_dp is not None:
@@ -163,20 +179,25 @@ class SglangAdapter(EngineAdapter):
             f.add("--ep-size", knobs.ep)
             if f.has("--enable-ep-moe") and not f.has("--moe-a2a-backend") and knobs.ep > 1:
                 f.add("--enable-ep-moe")  # 0.4.x: the EP MoE layer is a separate switch
-        if knobs.moe_backend is not None:
-            if f.has("--moe-runner-backend"):
-                choices = f.fs.choices("--moe-runner-backend")
-                if choices and knobs.moe_backend not in choices:
-                    raise KnobError(f"{f.v}: moe_backend {knobs.moe_backend!r} is not one of {choices}")
-                f.add("--moe-runner-backend", knobs.moe_backend)
-            elif knobs.moe_backend in ("triton", "auto"):
-                pass  # the Triton fused MoE is the default before --moe-runner-backend existed
-            elif knobs.moe_backend in _OLD_MOE_FLAGS and f.has(_OLD_MOE_FLAGS[knobs.moe_backend]):
-                f.add(_OLD_MOE_FLAGS[knobs.moe_backend])
-            else:
-                have = [k for k, flag in _OLD_MOE_FLAGS.items() if f.has(flag)]
-                raise KnobError(f"{f.v} has no --moe-runner-backend and no switch for {knobs.moe_backend!r}; it can: "
-                                f"triton (default), {', '.join(have) or 'nothing else'}")
+
+    @staticmethod
+    def _moe_backend(f: _Flags, backend: str) -> None:
+        if f.has("--moe-runner-backend"):
+            choices = f.fs.choices("--moe-runner-backend")
+            if choices and backend not in choices:
+                raise KnobError(f"{f.v}: moe_backend {backend!r} is not one of {choices}")
+            f.add("--moe-runner-backend", backend)
+        elif backend in ("triton", "auto"):
+            pass  # the Triton fused MoE is the default before --moe-runner-backend existed
+        elif backend in _OLD_MOE_FLAGS and f.has(_OLD_MOE_FLAGS[backend]):
+            f.add(_OLD_MOE_FLAGS[backend])
+        else:
+            have = [k for k, flag in _OLD_MOE_FLAGS.items() if f.has(flag)]
+            raise KnobError(f"{f.v} has no --moe-runner-backend and no switch for {backend!r}; it can: "
+                            f"triton (default), {', '.join(have) or 'nothing else'}")
+
+    @staticmethod
+    def _scheduler(f: _Flags, knobs: Knobs) -> None:
         if knobs.max_running_requests is not None:
             f.add("--max-running-requests", knobs.max_running_requests)
         if knobs.num_continuous_decode_steps is not None:
@@ -194,7 +215,6 @@ class SglangAdapter(EngineAdapter):
             f.add("--chunked-prefill-size", knobs.chunked_prefill_size)
         if knobs.mem_fraction is not None:
             f.add("--mem-fraction-static", knobs.mem_fraction)
-        return f.out + list(knobs.extra_args)
 
     def plan(self, *, install: EngineInstall, model_path: str, served_name: str, host: str, port: int,
              knobs: Knobs, extra_env: dict[str, str]) -> LaunchPlan:

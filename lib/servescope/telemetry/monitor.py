@@ -10,7 +10,7 @@ import pandas as pd
 from .base import Phase, Sampler
 from .host import HostSampler
 from .nvml import Nvml, NvmlSampler, NvmlUnavailable
-from .prom import DCGM_PREFIXES, ENGINE_PREFIXES, MetricsScraper
+from .prom import DCGM_PREFIXES, MetricsScraper
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,8 @@ class Telemetry:
 
     def __init__(self, *, gpu: bool = True, gpu_indices: list[int] | None = None, gpu_hz: float = 10.0,
                  host_hz: float = 2.0, server_pid: int | list[int] | None = None, metrics_url: str | None = None,
-                 metrics_hz: float = 1.0, dcgm_url: str | None = None, gpu_sampler: Sampler | None = None) -> None:
+                 metrics_hz: float = 1.0, dcgm_url: str | None = None, gpu_sampler: Sampler | None = None,
+                 metric_prefixes: tuple[str, ...] = ()) -> None:
         self.phase = Phase()
         self.status: dict[str, Any] = {}
         self.samplers: dict[str, Sampler] = {}
@@ -41,7 +42,8 @@ class Telemetry:
             self.status["gpu"] = "not asked for"
         self.samplers["host"] = HostSampler(host_hz, server_pid, self.phase)
         if metrics_url:
-            self.samplers["server_metrics"] = MetricsScraper(metrics_url, metrics_hz, ENGINE_PREFIXES, self.phase)
+            self.samplers["server_metrics"] = MetricsScraper(metrics_url, metrics_hz, metric_prefixes or None,
+                                                             self.phase)
         if dcgm_url:
             self.samplers["dcgm"] = MetricsScraper(dcgm_url, metrics_hz, DCGM_PREFIXES, self.phase, name="dcgm")
 

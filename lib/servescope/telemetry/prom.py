@@ -10,7 +10,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .base import Phase, Sampler
 
-ENGINE_PREFIXES = ("vllm:", "sglang:")
 DCGM_PREFIXES = ("DCGM_FI_",)
 
 
@@ -36,7 +35,7 @@ class MetricsScraper(Sampler):
 
     name = "metrics"
 
-    def __init__(self, url: str, rate_hz: float = 1.0, prefixes: tuple[str, ...] | None = ENGINE_PREFIXES,
+    def __init__(self, url: str, rate_hz: float = 1.0, prefixes: tuple[str, ...] | None = None,
                  phase: Phase | None = None, timeout_s: float = 2.0, name: str = "metrics") -> None:
         super().__init__(rate_hz, phase)
         self.url = url

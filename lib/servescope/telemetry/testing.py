@@ -51,24 +51,10 @@ class FakeGpu:
         return int(self._energy_mj)
 
 
-@contextlib.contextmanager
-def fake_nvml(gpus: list[FakeGpu], init_error: Exception | None = None) -> Iterator[list[FakeGpu]]:
-    """Patch pynvml's functions for the duration of the block."""
-    for i, g in enumerate(gpus):
-        g.uuid = g.uuid or f"GPU-00000000-0000-0000-0000-{i:012d}"
-
+def _fake_functions(gpus: list[FakeGpu]) -> dict[str, Any]:
+    """pynvml's functions as the fake GPUs answer them, by name."""
     def dev(h: Any) -> FakeGpu:
         return gpus[h]
-
-    def guard(name: str, fn: Any) -> Any:
-        def call(*args: Any) -> Any:
-            if init_error is not None and name != "nvmlShutdown":
-                raise init_error
-            if args and isinstance(args[0], int) and name.startswith("nvmlDevice") and name != \
-                    "nvmlDeviceGetHandleByIndex" and name in gpus[args[0]].unsupported:
-                raise pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)
-            return fn(*args)
-        return call
 
     def field_values(h: int, ids: list[int]) -> Any:
         arr = (pynvml.c_nvmlFieldValue_t * len(ids))()
@@ -96,7 +82,7 @@ def fake_nvml(gpus: list[FakeGpu], init_error: Exception | None = None) -> Itera
         return mg
 
     clock = {pynvml.NVML_CLOCK_SM: "sm_clock_mhz", pynvml.NVML_CLOCK_MEM: "mem_clock_mhz"}
-    fns = {
+    return {
         "nvmlInit": lambda: None,
         "nvmlShutdown": lambda: None,
         "nvmlDeviceGetCount": lambda: len(gpus),
@@ -125,6 +111,25 @@ def fake_nvml(gpus: list[FakeGpu], init_error: Exception | None = None) -> Itera
         "nvmlGpmSampleGet": gpm_get,
         "nvmlGpmMetricsGet": gpm_metrics,
     }
+
+
+@contextlib.contextmanager
+def fake_nvml(gpus: list[FakeGpu], init_error: Exception | None = None) -> Iterator[list[FakeGpu]]:
+    """Patch pynvml's functions for the duration of the block."""
+    for i, g in enumerate(gpus):
+        g.uuid = g.uuid or f"GPU-00000000-0000-0000-0000-{i:012d}"
+
+    def guard(name: str, fn: Any) -> Any:
+        def call(*args: Any) -> Any:
+            if init_error is not None and name != "nvmlShutdown":
+                raise init_error
+            if args and isinstance(args[0], int) and name.startswith("nvmlDevice") and name != \
+                    "nvmlDeviceGetHandleByIndex" and name in gpus[args[0]].unsupported:
+                raise pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            return fn(*args)
+        return call
+
+    fns = _fake_functions(gpus)
     saved = {k: getattr(pynvml, k) for k in fns}
     try:
         for k, fn in fns.items():

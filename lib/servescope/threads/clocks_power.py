@@ -15,14 +15,13 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.regime import Regime, regime_table
-from ..engines import get_engine
+from ..context import RepetitionPlan, RunContext
 from ..errors import ServescopeError
-from ..experiment import engine_identity, read_store
-from ..findings import Finding
+from ..experiment import Results
+from ..findings import CONFIDENCE_ORDER, Finding
 from ..plots import Figure
-from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec, parse
-from ..store import Store
-from ..study import Arm, Study, run_study
+from ..spec import Knobs, ProfileSpec
+from ..study import Arm, Study, read_or_run
 from ..telemetry.nvml import REASONS
 
 THREAD = "03_clocks_power"
@@ -101,47 +100,7 @@ class PowerStudy:
         if frame.empty:
             return None
         runs = _lay_end_to_end(frame)
-        if len(gpu):
-            static = tele.get("gpu_static", pd.DataFrame())
-            smax = float(static["sm_clock_max_mhz"].max()) if len(static) else float("nan")
-            fig = Figure(figsize=(11, 7), layout="constrained")
-            ax1, ax2, ax3 = fig.subplots(3, 1, sharex=True, height_ratios=[3, 3, 1.3])
-            for idx, g in runs.groupby("gpu"):
-                g = _broken(g)
-                ax1.plot(g["t"], 100 * g["power_w"] / g["power_limit_w"], lw=0.8, label=f"power % of limit (GPU {idx})")
-                if smax == smax:
-                    ax1.plot(g["t"], 100 * g["sm_clock_mhz"] / smax, lw=0.8, label=f"SM clock % of max (GPU {idx})")
-                for col, lab in (("gpu_util_pct", "utilization"), ("sm_active_pct", "SM active (GPM)"),
-                                 ("dram_bw_util_pct", "DRAM bandwidth % of peak (GPM)"),
-                                 ("tensor_active_pct", "tensor pipes (GPM)"), ("mem_util_pct", "NVML memory util")):
-                    if col in g and g[col].notna().any():
-                        ax2.plot(g["t"], g[col], lw=0.8, label=f"{lab} (GPU {idx})")
-                masks = g["clock_event_mask"].fillna(0).astype(int) if "clock_event_mask" in g else g["t"] * 0
-                for i, name in enumerate(SHOWN_REASONS):
-                    bit = next(b for b, n in REASONS.items() if n == name)
-                    on = g["t"][(masks & bit) > 0]
-                    ax3.plot(on, np.full(len(on), i), "|", ms=8)
-            ax3.set_yticks(range(len(SHOWN_REASONS)), SHOWN_REASONS, fontsize=7)
-            ax3.set_ylim(-0.5, len(SHOWN_REASONS) - 0.5)
-            ax1.set_ylabel("%")
-            ax2.set_ylabel("%")
-            ax3.set_xlabel("seconds (runs laid end to end; shaded: measured load levels)")
-            axes = (ax1, ax2, ax3)
-        else:
-            fig = Figure(figsize=(11, 4.5), layout="constrained")
-            ax1 = fig.subplots()
-            tree = _broken(runs.groupby(["run", "time_unix", "t", "phase"], as_index=False)["cpu_pct"].sum())
-            ax1.plot(tree["t"], tree["cpu_pct"], lw=0.8, label="server process tree CPU % (of one core)")
-            th = tele.get("server_threads", pd.DataFrame())
-            if len(th):
-                th = th.merge(runs[["config", "rep", "time_unix", "t"]].drop_duplicates(), on=["config", "rep",
-                                                                                              "time_unix"])
-                top = _broken(th.assign(run=th["config"].astype(str) + " rep " + th["rep"].astype(str)).groupby(
-                    ["run", "t"], as_index=False)["cpu_pct"].max())
-                ax1.plot(top["t"], top["cpu_pct"], lw=0.8, label="busiest server thread CPU %")
-            ax1.set_ylabel("% of one core")
-            ax1.set_xlabel("seconds (runs laid end to end; shaded: measured load levels)")
-            axes = (ax1,)
+        fig, axes = _gpu_panels(runs, tele) if len(gpu) else _host_panels(runs, tele)
         for (_, phase), g in runs[~runs["phase"].str.startswith(("warmup", "idle", "profile"))].groupby(
                 ["run", "phase"], sort=False):
             for ax in axes:
@@ -155,6 +114,55 @@ class PowerStudy:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7, loc="upper right", ncol=2)
         return fig
+
+
+def _gpu_panels(runs: pd.DataFrame, tele: dict[str, pd.DataFrame]) -> tuple[Figure, tuple[Any, ...]]:
+    """Power and SM clock (% of limit and max), activity (utilization, GPM), and the throttle reasons over time."""
+    static = tele.get("gpu_static", pd.DataFrame())
+    smax = float(static["sm_clock_max_mhz"].max()) if len(static) else float("nan")
+    fig = Figure(figsize=(11, 7), layout="constrained")
+    ax1, ax2, ax3 = fig.subplots(3, 1, sharex=True, height_ratios=[3, 3, 1.3])
+    for idx, g in runs.groupby("gpu"):
+        g = _broken(g)
+        ax1.plot(g["t"], 100 * g["power_w"] / g["power_limit_w"], lw=0.8, label=f"power % of limit (GPU {idx})")
+        if smax == smax:
+            ax1.plot(g["t"], 100 * g["sm_clock_mhz"] / smax, lw=0.8, label=f"SM clock % of max (GPU {idx})")
+        for col, lab in (("gpu_util_pct", "utilization"), ("sm_active_pct", "SM active (GPM)"),
+                         ("dram_bw_util_pct", "DRAM bandwidth % of peak (GPM)"),
+                         ("tensor_active_pct", "tensor pipes (GPM)"), ("mem_util_pct", "NVML memory util")):
+            if col in g and g[col].notna().any():
+                ax2.plot(g["t"], g[col], lw=0.8, label=f"{lab} (GPU {idx})")
+        masks = g["clock_event_mask"].fillna(0).astype(int) if "clock_event_mask" in g else g["t"] * 0
+        for i, name in enumerate(SHOWN_REASONS):
+            bit = next(b for b, n in REASONS.items() if n == name)
+            on = g["t"][(masks & bit) > 0]
+            ax3.plot(on, np.full(len(on), i), "|", ms=8)
+    ax3.set_yticks(range(len(SHOWN_REASONS)), SHOWN_REASONS, fontsize=7)
+    ax3.set_ylim(-0.5, len(SHOWN_REASONS) - 0.5)
+    ax1.set_ylabel("%")
+    ax2.set_ylabel("%")
+    ax3.set_xlabel("seconds (runs laid end to end; shaded: measured load levels)")
+    axes = (ax1, ax2, ax3)
+    return fig, axes
+
+
+def _host_panels(runs: pd.DataFrame, tele: dict[str, pd.DataFrame]) -> tuple[Figure, tuple[Any, ...]]:
+    """Without a GPU: the server's process tree CPU and its busiest thread over time."""
+    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    ax1 = fig.subplots()
+    tree = _broken(runs.groupby(["run", "time_unix", "t", "phase"], as_index=False)["cpu_pct"].sum())
+    ax1.plot(tree["t"], tree["cpu_pct"], lw=0.8, label="server process tree CPU % (of one core)")
+    th = tele.get("server_threads", pd.DataFrame())
+    if len(th):
+        th = th.merge(runs[["config", "rep", "time_unix", "t"]].drop_duplicates(), on=["config", "rep",
+                                                                                      "time_unix"])
+        top = _broken(th.assign(run=th["config"].astype(str) + " rep " + th["rep"].astype(str)).groupby(
+            ["run", "t"], as_index=False)["cpu_pct"].max())
+        ax1.plot(top["t"], top["cpu_pct"], lw=0.8, label="busiest server thread CPU %")
+    ax1.set_ylabel("% of one core")
+    ax1.set_xlabel("seconds (runs laid end to end; shaded: measured load levels)")
+    axes = (ax1,)
+    return fig, axes
 
 
 def _broken(df: pd.DataFrame, by: str = "run") -> pd.DataFrame:
@@ -179,27 +187,20 @@ def _lay_end_to_end(frame: pd.DataFrame) -> pd.DataFrame:
     return f
 
 
-def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
-        store_dir: str = "", offline: bool = False, telemetry: dict[str, Any] | TelemetrySpec | None = None,
-        repetitions: int = 1) -> PowerStudy:
+def _reuse(res: Results) -> tuple[Results, list[Arm]] | None:
+    return (res, []) if len(res.points) else None
+
+
+def run(ctx: RunContext) -> PowerStudy:
     """The points the store holds for this engine and model (measured by other threads); where it holds none,
     one engine-defaults sweep measured here (not offline)."""
-    e = parse(EngineSpec, engine, "engine")
-    m = parse(ModelSpec, model, "model")
-    ld = parse(LoadSpec, load, "load")
-    get_engine(e.name)  # an unknown engine is refused here, before anything is read or launched
-    res = read_store(Store(store_dir or None), engine_identity(e), m.model_dump(mode="json", exclude_none=True))
-    if len(res.points):
-        study = Study(THREAD, e, [], res)
-        source = (f"{len(res.points)} points other threads measured ({res.points['config'].nunique()} "
-                  "configurations), read from the store: nothing launched")
-    elif offline:
-        study = Study(THREAD, e, [], res)
-        source = "the store holds no point of this engine and model, and offline=True: nothing measured"
-    else:
-        study = run_study(THREAD, e, m, ld, [Arm("engine defaults", Knobs())], repetitions=repetitions,
-                          store_dir=store_dir, telemetry=telemetry)
-        source = "no stored point of this engine and model: one engine-defaults sweep measured here"
+    one = ctx.with_(plan=RepetitionPlan(1, 1), profile=ProfileSpec())
+    study, came = read_or_run(THREAD, one, [Arm("engine defaults", Knobs())], reuse=_reuse, measure_offline=False)
+    res = study.results
+    source = {"stored": f"{len(res.points)} points other threads measured ({res.points['config'].nunique()} "
+                        "configurations), read from the store: nothing launched" if len(res.points) else "",
+              "none": "the store holds no point of this engine and model, and offline=True: nothing measured",
+              "measured": "no stored point of this engine and model: one engine-defaults sweep measured here"}[came]
     return PowerStudy(study, source, study.regime_verdicts())
 
 
@@ -225,7 +226,7 @@ def findings(ps: PowerStudy) -> list[Finding]:
         if not vs:
             continue
         regimes = [r for _, r in vs]
-        r = max(regimes, key=lambda x: ("none", "low", "medium", "high").index(x.confidence))
+        r = max(regimes, key=lambda x: CONFIDENCE_ORDER.index(x.confidence))
         if not ps.has_gpu and r.regime not in ("idle", "client-limited"):
             continue  # said once above: GPU regimes cannot be told without GPU counters
         decided = r.regime != "undecided"

@@ -11,13 +11,13 @@ import pandas as pd
 import psutil
 
 from .. import hostcpu
-from ..engines import get_engine
-from ..engines.base import EngineInstall, flag_disagreements, run_help
+from ..context import RunContext
+from ..engines.base import EngineInstall
 from ..engines.flagscan import FlagSet
+from ..engines.helpcheck import flag_disagreements, run_help
 from ..errors import ServescopeError
 from ..findings import Finding
 from ..launch import find_install
-from ..spec import EngineSpec, ModelSpec, parse
 
 THREAD = "00_environment"
 
@@ -48,16 +48,15 @@ def gpus() -> tuple[pd.DataFrame, str]:
         n.close()
 
 
-def _install(engine: EngineSpec) -> EngineInstall | None:
-    return find_install(engine, create=False)  # describing the environment never installs an engine
+def _install(ctx: RunContext) -> EngineInstall | None:
+    return find_install(ctx.engine, ctx.adapter, create=False)  # describing the environment never installs one
 
 
-def engine_info(engine: dict[str, Any] | EngineSpec) -> pd.DataFrame:
+def engine_info(ctx: RunContext) -> pd.DataFrame:
     """Engine name, version, build, interpreter, where its source lies and how many flags it defines."""
-    e = parse(EngineSpec, engine, "engine")
-    ad = get_engine(e.name)
+    e, ad = ctx.engine, ctx.adapter
     try:
-        inst = _install(e)
+        inst = _install(ctx)
     except ServescopeError as ex:
         return pd.DataFrame({"fact": ["engine", "not available"], "value": [e.name, str(ex)]})
     if inst is None:
@@ -69,35 +68,23 @@ def engine_info(engine: dict[str, Any] | EngineSpec) -> pd.DataFrame:
     return pd.DataFrame({"fact": list(facts), "value": [str(v) for v in facts.values()]})
 
 
-def model_facts(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec,
-                store_dir: str = "") -> pd.DataFrame:
+def model_facts(ctx: RunContext) -> pd.DataFrame:
     """The model the suite serves: where it is, what its config declares (dtype, experts), and the dtype the engine
     served it in as read back from this engine's stored points (not measured until a thread has launched it)."""
-    from ..experiment import engine_identity
     from ..models import config_dtype, model_config, tiny_model_dir
-    from ..store import Store
 
-    e, m = parse(EngineSpec, engine, "engine"), parse(ModelSpec, model, "model")
+    m = ctx.model
     path = str(tiny_model_dir(m.tiny)) if m.tiny is not None else (m.path or "")
     cfg = model_config(path)
     declared = config_dtype(path) or (m.tiny.dtype if m.tiny is not None else None)
     facts: dict[str, Any] = {"model": path + ("" if cfg or not path else " (not readable here)"),
                              "architecture": ", ".join(cfg.get("architectures") or []) or "not readable here",
                              "declared_dtype": declared or "not declared"}
-    served = []
     try:
-        ident = engine_identity(e)
+        ident: str | None = ctx.engine_identity
     except ServescopeError:
         ident = None
-    store = Store(store_dir or None)
-    want = m.model_dump(mode="json", exclude_none=True)
-    for key in store.keys():
-        man = store.get(key).manifest
-        parts = man.get("parts") or {}
-        if parts.get("model") == want and (ident is None or parts.get("engine") == ident):
-            d = (man.get("resolved") or {}).get("dtype")
-            if d:
-                served.append(d)
+    served = [d for pt in ctx.store.points(ident, ctx.model_key) if (d := (pt.resolved or {}).get("dtype"))]
     if served:
         kinds = sorted(set(served))
         changed = f" (the engine changed it from {declared})" if declared and kinds != [declared] else ""
@@ -107,13 +94,12 @@ def model_facts(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | Mod
     return pd.DataFrame({"fact": list(facts), "value": [str(v) for v in facts.values()]})
 
 
-def flags_check(engine: dict[str, Any] | EngineSpec, timeout_s: float = 180.0) -> pd.DataFrame:
+def flags_check(ctx: RunContext, timeout_s: float = 180.0) -> pd.DataFrame:
     """The static flag scan against the engine's own `--help` (where it runs here): flags each one lists that the
     other does not (`--no-x` negations of booleans aside)."""
-    e = parse(EngineSpec, engine, "engine")
-    ad = get_engine(e.name)
+    ad = ctx.adapter
     try:
-        inst = _install(e)
+        inst = _install(ctx)
     except ServescopeError as ex:
         out = pd.DataFrame(columns=["flag", "in"])
         out.attrs["summary"] = f"not checked: {ex}"
@@ -125,29 +111,28 @@ def flags_check(engine: dict[str, Any] | EngineSpec, timeout_s: float = 180.0) -
         out = static.disagreements.copy()
         out.attrs["summary"] = f"{len(static)} flags from {static.origin}"
         return out
-    helped = engine_help(e.name, inst, timeout_s)
+    helped = engine_help(ctx, inst, timeout_s)
     a, b = set(static.table["flag"]), set(helped.table["flag"])
     out = flag_disagreements(static, helped)
     out.attrs["summary"] = f"{len(a)} flags in the source, {len(b)} in --help, {len(a & b)} in both"
     return out
 
 
-def engine_help(name: str, inst: EngineInstall, timeout_s: float = 180.0) -> FlagSet:
+def engine_help(ctx: RunContext, inst: EngineInstall, timeout_s: float = 180.0) -> FlagSet:
     """Flags from running the engine's `--help`."""
-    return run_help(inst.python, name, inst.version, get_engine(name).help_command, timeout_s)
+    return run_help(inst.python, ctx.engine.name, inst.version, ctx.adapter.help_command, timeout_s)
 
 
-def capabilities(engine: dict[str, Any] | EngineSpec) -> pd.DataFrame:
+def capabilities(ctx: RunContext) -> pd.DataFrame:
     """For each intent-level knob setting: the flags this engine version uses, or why it cannot express it."""
-    e = parse(EngineSpec, engine, "engine")
     try:
-        inst = _install(e)
+        inst = _install(ctx)
     except ServescopeError as ex:
         return pd.DataFrame({"knobs": ["(any)"], "supported": [False], "flags": [""], "reason": [str(ex)]})
     if inst is None:
         return pd.DataFrame({"knobs": ["(any)"], "supported": [False], "flags": [""],
                              "reason": ["an external server runs as it was started"]})
-    return get_engine(e.name).knob_capabilities(inst)
+    return ctx.adapter.knob_capabilities(inst)
 
 
 def findings(info: pd.DataFrame, gpu: pd.DataFrame, gpu_reason: str, caps: pd.DataFrame) -> list[Finding]:

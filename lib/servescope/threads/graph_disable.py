@@ -7,12 +7,11 @@ as the reason."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from ..engines import get_engine
+from ..context import RepetitionPlan, RunContext
 from ..engines.audit import graph_disable_audit
 from ..engines.base import EngineInstall
 from ..engines.logs import analyze_log
@@ -20,21 +19,22 @@ from ..engines.state import ResolvedState
 from ..errors import ServescopeError
 from ..findings import Finding
 from ..launch import find_install
-from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec, parse
+from ..spec import Knobs, ProfileSpec, parse
 from ..study import Arm, Study, run_study
 
 THREAD = "01_cuda_graph_disable_reason"
 ARM = "requested"
 
 
-def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
-        knobs: dict[str, Any] | Knobs | None = None, store_dir: str = "", offline: bool = False, force: bool = False,
-        progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None) -> Study:
-    """Launch once with the requested knobs (default: the engine's defaults), serve the load, keep what the server
-    resolved and logged."""
-    k = parse(Knobs, knobs or {}, "knobs")
-    return run_study(THREAD, engine, model, load, [Arm(ARM, k, "as requested")], repetitions=1, store_dir=store_dir,
-                     offline=offline, force=force, progress=progress, telemetry=telemetry)
+def arms(knobs: dict[str, Any] | Knobs | None = None) -> list[Arm]:
+    """One arm: the requested knobs (default: the engine's defaults)."""
+    return [Arm(ARM, parse(Knobs, knobs or {}, "knobs"), "as requested")]
+
+
+def run(ctx: RunContext, knobs: dict[str, Any] | Knobs | None = None) -> Study:
+    """Launch once with the requested knobs, serve the load, keep what the server resolved and logged."""
+    arm = arms(knobs)  # a bad knob is refused before anything launches
+    return run_study(THREAD, ctx.with_(plan=RepetitionPlan(1, 1), profile=ProfileSpec()), arm)
 
 
 def state_of(study: Study) -> ResolvedState:
@@ -60,15 +60,12 @@ def requested_vs_resolved(study: Study) -> pd.DataFrame:
 
 def server_log(study: Study) -> tuple[pd.DataFrame, str]:
     """The analysed server log of the point (both streams), or an empty table and why."""
-    pts = study.results.points
-    if pts.empty:
+    pt = study.results.point(ARM) or next(iter(study.results.stored.values()), None)
+    if pt is None:
         return pd.DataFrame(), "no point measured"
-    folder = Path(pts["path"].iloc[0])
-    logs = [p for p in (folder / "server.stderr.log", folder / "server.stdout.log") if p.is_file()]
-    if not logs:
-        return pd.DataFrame(), f"the server log was not kept in {folder}"
-    text = "\n".join(p.read_text(errors="replace") for p in logs)
-    return analyze_log(text, study.adapter.log_patterns()), ""
+    if not pt.has_log():
+        return pd.DataFrame(), f"the server log was not kept in {pt.path}"
+    return analyze_log(pt.log(stderr_first=True), study.adapter.log_patterns()), ""
 
 
 def explain(study: Study, audit: pd.DataFrame, log: pd.DataFrame) -> pd.DataFrame:
@@ -93,16 +90,15 @@ def explain_state(fact_rules: list[tuple[str, str]], audit: pd.DataFrame, log: p
     return pd.DataFrame(rows, columns=["source", "fact", "where", "effect", "text"])
 
 
-def audit_for(engine: dict[str, Any] | EngineSpec, install: EngineInstall | None = None) -> pd.DataFrame:
+def audit_for(ctx: RunContext, install: EngineInstall | None = None) -> pd.DataFrame:
     """The graph-disable audit of the engine as installed (its managed environment or engine.python); empty for an
     external server, whose source is not here."""
-    engine = parse(EngineSpec, engine, "engine")
-    ad = get_engine(engine.name)
+    ad = ctx.adapter
     if not ad.launches:
         return pd.DataFrame()
     if install is None:
         try:
-            install = find_install(engine, create=False)
+            install = find_install(ctx.engine, ad, create=False)
         except ServescopeError:  # not installed here (yet): nothing to read
             return pd.DataFrame()
         assert install is not None

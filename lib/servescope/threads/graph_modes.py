@@ -9,21 +9,16 @@ engine-defaults point that thread 1 measures."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import pandas as pd
 
 from .. import plots
-from ..engines import get_engine
+from ..context import RepetitionPlan, RunContext
 from ..engines.base import EngineInstall
-from ..errors import KnobError, ServescopeError, SpecError
-from ..experiment import point_parts
-from ..findings import Finding
-from ..launch import find_install
+from ..findings import Finding, best_of
 from ..plots import Figure
-from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
-from ..store import Store
-from ..study import Arm, Comparison, Study, run_study
+from ..spec import Knobs, ProfileSpec
+from ..study import Arm, Comparison, Study, expressible, run_study
 from .graph_disable import audit_for, explain_state, server_log
 
 THREAD = "02_piecewise_cuda_graphs"
@@ -34,35 +29,15 @@ STUDIED = ("graph_decode", "graph_prefill")
 CONTROLS = ("compile", "tp", "dp")
 
 
-def modes(engine: dict[str, Any] | EngineSpec, install: EngineInstall | None = None) -> pd.DataFrame:
-    """Each graph mode: whether this engine version can express it, with its flags or the reason it cannot."""
-    e = parse(EngineSpec, engine, "engine")
-    adapter = get_engine(e.name)
-    if install is None and adapter.launches:
-        install = find_install(e, create=True, say=lambda m: None)
-    rows = []
-    for mode in MODES:
-        try:
-            if install is None:
-                raise SpecError("an external server runs as it was started: graph modes cannot be chosen from here")
-            flags = adapter.knob_flags(Knobs(cuda_graph=mode), install)
-            rows.append({"mode": mode, "expressible": True, "flags": " ".join(flags) or "(none: the default)",
-                         "reason": ""})
-        except (KnobError, SpecError) as ex:
-            rows.append({"mode": mode, "expressible": False, "flags": "", "reason": str(ex)})
-    return pd.DataFrame(rows)
+def arms() -> list[Arm]:
+    """One arm per graph mode."""
+    return [Arm(mode, Knobs(cuda_graph=mode), f"CUDA graphs: {mode}") for mode in MODES]
 
 
-def stored_modes(engine: EngineSpec, model: ModelSpec, load: LoadSpec, store_dir: str, why: str,
-                 profile: ProfileSpec | None = None) -> pd.DataFrame:
-    """Offline, without the engine installed here: the modes whose first repetition the store holds."""
-    store = Store(store_dir or None)
-    rows = []
-    for mode in MODES:
-        have = store.has(store.key(point_parts(engine, model, Knobs(cuda_graph=mode), load, 0, profile)))
-        rows.append({"mode": mode, "expressible": have, "flags": "(read from the store)" if have else "",
-                     "reason": "" if have else f"not in the store, and the engine is not here to ask ({why})"})
-    return pd.DataFrame(rows)
+def modes(ctx: RunContext, install: EngineInstall | None = None) -> pd.DataFrame:
+    """Each graph mode: whether this engine version (install, else the run's) can express it, with its flags or the
+    reason it cannot (offline without the engine: whether the store holds it)."""
+    return expressible(ctx, arms(), install).rename(columns={"arm": "mode"})
 
 
 @dataclass
@@ -109,36 +84,19 @@ class GraphStudy:
             if len(e) else None
 
 
-def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
-        repetitions: int = 3, store_dir: str = "", offline: bool = False, force: bool = False,
-        progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None,
-        profile: dict[str, Any] | ProfileSpec | None = None, max_repetitions: int | None = None,
-        budget_s: float = 0.0) -> GraphStudy:
-    """Measure every expressible graph mode in alternating repetitions (at least `repetitions`; more, up to
-    max_repetitions within budget_s, while a mode's effect against graphs off is not resolved); with fewer than two
-    modes, only the engine-defaults point (thread 1's) is read or measured, for its resolved configuration."""
-    e = parse(EngineSpec, engine, "engine")
-    m = parse(ModelSpec, model, "model")
-    ld = parse(LoadSpec, load, "load")
-    prof = parse(ProfileSpec, profile or {}, "profile")
-    try:
-        table = modes(e)
-    except ServescopeError as ex:
-        if not offline:
-            raise
-        table = stored_modes(e, m, ld, store_dir, str(ex), prof)
+def run(ctx: RunContext) -> GraphStudy:
+    """Measure every expressible graph mode in alternating repetitions (more, within the plan, while a mode's effect
+    against graphs off is not resolved); with fewer than two modes, only the engine-defaults point (thread 1's) is
+    read or measured, for its resolved configuration."""
+    table = modes(ctx)
     can = list(table[table["expressible"]]["mode"])
     if BASELINE in can and len(can) >= 2:
-        arms = [Arm(mode, Knobs(cuda_graph=mode), f"CUDA graphs: {mode}") for mode in can]
-        return GraphStudy(table, run_study(THREAD, e, m, ld, arms, repetitions=repetitions, store_dir=store_dir,
-                                           offline=offline, force=force, progress=progress, telemetry=telemetry,
-                                           profile=prof, max_repetitions=max_repetitions, budget_s=budget_s,
+        return GraphStudy(table, run_study(THREAD, ctx, [a for a in arms() if a.name in can],
                                            headlines=[(BASELINE, mode) for mode in can if mode != BASELINE]))
     # the same store key as thread 1's launch (engine defaults, this load, repetition 0, no profile): nothing new is
     # launched when thread 1 ran first
-    study = run_study(THREAD, e, m, ld, [Arm(DEFAULTS, Knobs(), "the engine's defaults")], repetitions=1,
-                      store_dir=store_dir, offline=offline, force=force, progress=progress, telemetry=telemetry)
-    return GraphStudy(table, study)
+    one = ctx.with_(plan=RepetitionPlan(1, 1), profile=ProfileSpec())
+    return GraphStudy(table, run_study(THREAD, one, [Arm(DEFAULTS, Knobs(), "the engine's defaults")]))
 
 
 def findings(gs: GraphStudy) -> list[Finding]:
@@ -158,10 +116,9 @@ def findings(gs: GraphStudy) -> list[Finding]:
                 f"{r.graph_kernel_fraction:.0%} of kernels in graphs ({r.level})" for r in seen.itertuples()) + "."
             f.evidence["kernel_rates"] = seen.to_dict("records")
         per_mode.append(f)
-    best = [f for f in per_mode if f.applies and f.effect is not None and f.evidence.get("direction") == "better"
-            and f.confidence in ("high", "medium")]
-    if best:
-        top = max(best, key=lambda f: f.effect.value_pct)
+    top = best_of(per_mode)
+    if top is not None:
+        assert top.effect is not None
         mode = top.effect.treatment
         others = "; ".join(f"{f.effect.treatment}: {f.effect.value_pct:+.0f}% ({f.confidence})" for f in per_mode
                            if f.effect is not None and f is not top)
@@ -176,7 +133,7 @@ def findings(gs: GraphStudy) -> list[Finding]:
                        confidence="low" if compared else "none", applies=compared,
                        claim="No graph mode gave a throughput gain over graphs off that this measurement resolves "
                              "(medium or high confidence): " + "; ".join(
-                                 f"{f.title}: {f.claim.split('. ')[0]}" for f in per_mode) + ".",
+                                 f"{f.title}: {f.headline}" for f in per_mode) + ".",
                        evidence={"per_mode": [f.model_dump(mode="json") for f in per_mode]})
     return [head, *per_mode]
 
@@ -192,7 +149,7 @@ def _no_modes(gs: GraphStudy) -> Finding:
                        claim=f"This engine cannot express graph modes to compare ({'; '.join(reasons)[:300]}), and "
                              f"the engine-defaults point that would show what it resolved was not measured: {first}.",
                        reason="; ".join(reasons))
-    audit = audit_for(gs.study.engine, gs.study.install)
+    audit = audit_for(gs.study.ctx, gs.study.install)
     log, _ = server_log(gs.study)
     why = explain_state(gs.study.adapter.fact_rules(st), audit, log)
     rules = why[why["source"] == "audit"]

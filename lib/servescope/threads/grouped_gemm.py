@@ -19,14 +19,14 @@ import pandas as pd
 
 from .. import probes
 from ..analysis import kernels as ak
+from ..context import RepetitionPlan, RunContext
 from ..errors import ServescopeError, SpecError
-from ..experiment import engine_identity, read_store
+from ..experiment import Results
 from ..findings import Finding
 from ..launch import find_install
 from ..models import EXPERT_KEYS, TOP_K_KEYS, model_config
-from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
-from ..store import Store
-from ..study import Arm, Study, drop_empty, run_study
+from ..spec import Knobs, ModelSpec, ProfileSpec
+from ..study import Arm, Study, drop_empty, read_or_run
 
 THREAD = "06_grouped_gemm"
 DEFAULTS = "engine default"
@@ -203,76 +203,66 @@ class MoeStudy:
         return verdict(i, self.shape, self.probe)
 
 
-def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
-        store_dir: str = "", offline: bool = False, force: bool = False, progress: bool = True,
-        telemetry: dict[str, Any] | TelemetrySpec | None = None,
-        profile: dict[str, Any] | ProfileSpec | None = None, probe: bool = True) -> MoeStudy:
+def run(ctx: RunContext, probe: bool = True) -> MoeStudy:
     """Measure (or read) one profiled point of the engine's defaults and run the ceiling probe on the model's expert
     shapes for the sweep's token counts (kept in the store for offline renders)."""
-    e = parse(EngineSpec, engine, "engine")
-    m = parse(ModelSpec, model, "model")
-    ld = parse(LoadSpec, load, "load")
-    prof = parse(ProfileSpec, profile or {}, "profile")
-    stored = _stored_profile(e, m, Store(store_dir or None))
-    if stored is not None and not force:  # a profiled point another thread measured: nothing to launch
-        study = stored
-    else:
-        if prof.kind == "none":  # the suite asked for none: this thread needs one, of the kind the platform takes
-            prof = ProfileSpec(kind=default_profile(e))
-        study = run_study(THREAD, e, m, ld, [Arm(DEFAULTS, Knobs(), "the engine's defaults, profiled")],
-                          repetitions=1, store_dir=store_dir, offline=offline, force=force, progress=progress,
-                          telemetry=telemetry, profile=prof)
-    ms = MoeStudy(study, shape_of(m), output_len=ld.output_len)
+    def measuring(c: RunContext) -> RunContext:  # the suite asked for no profile: this thread needs one
+        prof = c.profile if c.profile.kind != "none" else ProfileSpec(kind=default_profile(c))
+        return c.with_(plan=RepetitionPlan(1, 1), profile=prof)
+    study, _ = read_or_run(THREAD, ctx, [Arm(DEFAULTS, Knobs(), "the engine's defaults, profiled")],
+                           reuse=_profiled, measuring=measuring)
+    ms = MoeStudy(study, shape_of(ctx.model), output_len=ctx.load.output_len)
     if probe and ms.shape is not None and ms.shape.is_moe:
-        _probe(ms, e, ld, Store(store_dir or None), offline)
+        _probe(ms, ctx)
     return ms
 
 
-def _stored_profile(e: EngineSpec, m: ModelSpec, store: Store) -> Study | None:
+def _profiled(res: Results) -> tuple[Results, list[Arm]] | None:
     """A profiled point of this engine and model already in the store (the engine's defaults first, else the first
-    configuration by name), as a one-arm Study; None when the store holds none."""
-    res = read_store(store, engine_identity(e), m.model_dump(mode="json", exclude_none=True))
+    configuration by name), as one arm; None when the store holds none."""
     if res.kernels.empty:
         return None
     names = sorted(set(res.kernels["config"]))
     pick = next((n for n in names if n.startswith("engine defaults")), names[0])
     one = res.select([pick])
     one.kernels = one.kernels[one.kernels["rep"] == one.kernels["rep"].min()]
-    return Study(THREAD, e, [Arm(pick, Knobs(), f"{pick}: a profiled point read from the store")], one)
+    return one, [Arm(pick, Knobs(), f"{pick}: a profiled point read from the store")]
 
 
-def default_profile(e: EngineSpec) -> str:
+def default_profile(ctx: RunContext) -> str:
     """nsys for an engine on CUDA (every engine runs under it), the PyTorch profiler for a CPU build."""
     try:
-        install = find_install(e, create=False)
+        install = find_install(ctx.engine, ctx.adapter, create=False)
     except ServescopeError as ex:
         raise SpecError(f"thread 06 needs a kernel profile and cannot tell which kind suits this engine ({ex}): "
                         "give profile {kind: torch} or {kind: nsys}") from None
     return "nsys" if install is not None and install.platform == "cuda" else "torch"
 
 
-def _probe(ms: MoeStudy, e: EngineSpec, load: LoadSpec, store: Store, offline: bool) -> None:
-    s = ms.shape
+def _probe(ms: MoeStudy, ctx: RunContext) -> None:
+    """The ceiling probe on the model's expert shapes, kept like a point (offline renders read the kept answer)."""
+    s, load, install = ms.shape, ctx.load, ms.study.install
     assert s is not None
-    parts = {"engine": engine_identity(e), "shape": s.__dict__, "tokens": sorted(set(load.concurrency))}
-    saved = store.note("moe_ceiling", parts)
-    install = ms.study.install
-    if install is None or offline:  # what the measuring run kept, where it kept one
-        if saved is not None:
-            ms.probe, ms.probe_info = pd.DataFrame(saved["rows"]), saved["info"]
-        else:
-            ms.probe_info = {"skipped": "offline, and the measuring run kept no probe" if offline else
-                             "nothing was measured, so the engine's environment is not known"}
-        return
-    device = "cuda" if install.platform == "cuda" else "cpu"
-    dtype = s.dtype if s.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
-    try:
-        ms.probe, ms.probe_info = probes.moe_ceiling(install.python, s.experts, s.top_k, s.hidden, s.inter,
-                                                     sorted(set(load.concurrency)), device=device, dtype=dtype)
-    except ServescopeError as ex:
-        ms.probe_info = {"failed": str(ex)}
-        return
-    store.put_note("moe_ceiling", parts, {"rows": ms.probe.to_dict("records"), "info": ms.probe_info})
+    parts = {"engine": ctx.engine_identity, "shape": s.__dict__, "tokens": sorted(set(load.concurrency))}
+
+    def compute() -> dict[str, Any]:
+        if install is None:
+            return {"skipped": "nothing was measured, so the engine's environment is not known"}
+        device = "cuda" if install.platform == "cuda" else "cpu"
+        dtype = s.dtype if s.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
+        try:
+            rows, info = probes.moe_ceiling(install.python, s.experts, s.top_k, s.hidden, s.inter,
+                                            sorted(set(load.concurrency)), device=device, dtype=dtype)
+        except ServescopeError as ex:
+            return {"failed": str(ex)}
+        return {"rows": rows.to_dict("records"), "info": info}
+    got, _ = ctx.memo("moe_ceiling", parts, compute, keep=lambda a: "rows" in a)
+    if got is None:
+        ms.probe_info = {"skipped": "offline, and the measuring run kept no probe"}
+    elif "rows" in got:
+        ms.probe, ms.probe_info = pd.DataFrame(got["rows"]), got["info"]
+    else:
+        ms.probe_info = got
 
 
 def findings(ms: MoeStudy) -> list[Finding]:

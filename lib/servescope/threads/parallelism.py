@@ -17,14 +17,13 @@ from typing import Any
 import pandas as pd
 
 from .. import probes
-from ..engines import get_engine
+from ..context import RunContext
+from ..engines.devices import visible_devices
 from ..errors import KnobError, NotMeasuredError, ServescopeError, SpecError
-from ..experiment import engine_identity
-from ..findings import Finding
+from ..findings import Finding, best_of, weakest
 from ..launch import Prepared, find_install, prepare
 from ..models import model_config, tiny_model_ready
-from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TelemetrySpec, parse
-from ..store import Store
+from ..spec import Knobs, LoadSpec
 from ..study import Arm, Study, drop_empty, run_study
 
 THREAD = "04_data_parallelism"
@@ -159,7 +158,7 @@ def _expressible(knobs: Knobs, prep: Prepared | None) -> str:
     if prep is None:
         return ""
     try:
-        get_engine(prep.engine.name).check_knobs(knobs, prep.install, prep.engine.env, prep.model_path)
+        prep.adapter.check_knobs(knobs, prep.install, prep.engine.env, prep.model_path)
     except (KnobError, SpecError) as e:
         return str(e)
     return ""
@@ -192,90 +191,90 @@ def layouts(prep: Prepared | None, replicas: int, platform: str, routes: tuple[s
     return out
 
 
-def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
-        replicas: int | None = None, repetitions: int = 3, store_dir: str = "", offline: bool = False,
-        force: bool = False, progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None,
-        allreduce: bool = True, max_repetitions: int | None = None, budget_s: float = 0.0,
+def run(ctx: RunContext, replicas: int | None = None, allreduce: bool = True,
         routes: tuple[str, ...] | list[str] = ROUTES) -> ParallelStudy:
     """Check every layout before anything launches, measure the ones this engine and machine can run (the one-server
     layout is thread 1's engine-defaults point: its first repetition comes from the store when thread 1 ran), and
     run the all-reduce probe when there are two or more GPUs."""
-    e = parse(EngineSpec, engine, "engine")
-    m = parse(ModelSpec, model, "model")
-    ld = parse(LoadSpec, load, "load")
-    if replicas is not None and replicas < 2:
-        raise SpecError("replicas: compare at least two replicas against one server")
-    routes = tuple(routes)
-    if not routes or set(routes) - set(ROUTES):
-        raise SpecError(f"routes: give one or more of {', '.join(ROUTES)} (got {list(routes)})")
-    adapter = get_engine(e.name)
-    if not adapter.launches:
-        raise SpecError("layouts are launched by servescope: an external server runs as it was started")
-    store = Store(store_dir or None)
-    note_parts = {"engine": engine_identity(e), "model": m.model_dump(mode="json", exclude_none=True),
-                  "replicas": replicas}
-    saved = store.note("layouts", note_parts) if offline else None
-    prep: Prepared | None = None
-    if saved is None:
-        if offline:  # nothing is installed or generated offline: check only with what is already here
-            try:
-                if find_install(e, create=False) is not None and (m.path or tiny_model_ready(m.tiny)):
-                    prep = prepare(e, m, say=lambda msg: None)
-            except ServescopeError:
-                prep = None
-            if prep is None:
-                raise NotMeasuredError("the layouts were never checked for this engine and model (no online run "
-                                       "into this store) and the engine is not here to check them: run once "
-                                       "without offline")
-        else:
-            prep = prepare(e, m, say=lambda msg: None)
-        platform = prep.install.platform
-        have, kind = _devices(prep)
-        n = replicas or (have if platform == "cuda" and have >= 2 else 2)
-        lays = layouts(prep, n, platform, routes)
-        store.put_note("layouts", note_parts, {"platform": platform, "have": have, "kind": kind, "n": n,
-                                               "refused": {x.arm.name: x.refused for x in lays}})
-    else:
-        platform, have, kind, n = saved["platform"], saved["have"], saved["kind"], saved["n"]
-        lays = [Layout(x.arm, x.kind, x.devices, saved["refused"].get(x.arm.name, "")) for x in
-                layouts(None, n, platform, routes)]
+    routes = _check_args(ctx, replicas, routes)
+    parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "replicas": replicas}
+    lays, found, prep = _check_layouts(ctx, replicas, routes, parts)
     arms = [x.arm for x in lays if not x.refused]
     if arms == [lays[0].arm]:  # one server alone compares with nothing: launch nothing, say why below
         arms = []
     tp = next((x.arm.name for x in lays if x.kind == "TP" and not x.refused), None)
     base = tp or ONE  # what findings compare every layout with (baseline())
     heads = [(base, a.name) for a in arms if a.name not in (ONE, base)] if any(a.name == base for a in arms) else None
-    study = run_study(THREAD, e, m, ld, arms, repetitions=repetitions, store_dir=store_dir, offline=offline,
-                      force=force, progress=progress, telemetry=telemetry, max_repetitions=max_repetitions,
-                      budget_s=budget_s, headlines=heads)
-    ps = ParallelStudy(lays, study, kind, have)
+    ps = ParallelStudy(lays, run_study(THREAD, ctx, arms, headlines=heads), found["kind"], found["have"])
     if allreduce:
-        _probe(ps, prep, m, ld, store, note_parts)
+        _probe(ps, prep, ctx, parts)
     return ps
 
 
-def _devices(prep: Prepared) -> tuple[int, str]:
-    from ..engines.base import visible_devices
+def _check_args(ctx: RunContext, replicas: int | None, routes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    if replicas is not None and replicas < 2:
+        raise SpecError("replicas: compare at least two replicas against one server")
+    routes = tuple(routes)
+    if not routes or set(routes) - set(ROUTES):
+        raise SpecError(f"routes: give one or more of {', '.join(ROUTES)} (got {list(routes)})")
+    if not ctx.adapter.launches:
+        raise SpecError("layouts are launched by servescope: an external server runs as it was started")
+    return routes
 
+
+def _check_layouts(ctx: RunContext, replicas: int | None, routes: tuple[str, ...],
+                   parts: dict[str, Any]) -> tuple[list[Layout], dict[str, Any], Prepared | None]:
+    """The layouts with the engine's and the machine's refusals, checked online (and kept), read back offline."""
+    prep: Prepared | None = None
+
+    def compute() -> dict[str, Any]:
+        nonlocal prep
+        prep = _prepared(ctx)
+        have, kind = _devices(prep)
+        platform = prep.install.platform
+        n = replicas or (have if platform == "cuda" and have >= 2 else 2)
+        return {"platform": platform, "have": have, "kind": kind, "n": n,
+                "refused": {x.arm.name: x.refused for x in layouts(prep, n, platform, routes)}}
+    found, _ = ctx.memo("layouts", parts, compute, reuse_online=False, compute_offline=True)
+    lays = [Layout(x.arm, x.kind, x.devices, found["refused"].get(x.arm.name, "")) for x in
+            layouts(None, found["n"], found["platform"], routes)]
+    return lays, found, prep
+
+
+def _prepared(ctx: RunContext) -> Prepared:
+    """The engine and model ready to check layouts against; offline, only with what is already here."""
+    if not ctx.offline:
+        return prepare(ctx.engine, ctx.model, say=lambda msg: None, adapter=ctx.adapter)
+    try:  # nothing is installed or generated offline
+        m = ctx.model
+        if find_install(ctx.engine, ctx.adapter, create=False) is not None and (m.path or tiny_model_ready(m.tiny)):
+            return prepare(ctx.engine, m, say=lambda msg: None, adapter=ctx.adapter)
+    except ServescopeError:
+        pass
+    raise NotMeasuredError("the layouts were never checked for this engine and model (no online run into this "
+                           "store) and the engine is not here to check them: run once without offline")
+
+
+def _devices(prep: Prepared) -> tuple[int, str]:
     have, what = visible_devices(prep.install.platform, prep.engine.env)
     return (have or 0), ("cores" if what == "CPU cores" else what)
 
 
-def _probe(ps: ParallelStudy, prep: Prepared | None, model: ModelSpec, load: LoadSpec, store: Store,
-           note_parts: dict[str, Any]) -> None:
+def _probe(ps: ParallelStudy, prep: Prepared | None, ctx: RunContext, parts: dict[str, Any]) -> None:
     """The all-reduce probe over every GPU, and TP's communication per layer for this model (or why not); kept in
     the store, so an offline render shows what the measuring run found."""
-    if prep is None:
-        saved = store.note("allreduce", note_parts)
-        if saved is None:
-            ps.allreduce_info = {"skipped": "offline render, and the measuring run kept no probe"}
-            return
-        ps.allreduce, ps.allreduce_info = pd.DataFrame(saved["rows"]), saved["info"]
-        ps.tp_comm = pd.DataFrame(saved["tp_comm"])
+    def compute() -> dict[str, Any]:
+        assert prep is not None
+        _run_probe(ps, prep, ctx.load)
+        return {"rows": ps.allreduce.to_dict("records"), "info": ps.allreduce_info,
+                "tp_comm": ps.tp_comm.to_dict("records")}
+    if prep is None and not ctx.offline:
         return
-    _run_probe(ps, prep, load)
-    store.put_note("allreduce", note_parts, {"rows": ps.allreduce.to_dict("records"), "info": ps.allreduce_info,
-                                             "tp_comm": ps.tp_comm.to_dict("records")})
+    got, _ = ctx.memo("allreduce", parts, compute, reuse_online=False)
+    if got is None:
+        ps.allreduce_info = {"skipped": "offline render, and the measuring run kept no probe"}
+        return
+    ps.allreduce, ps.allreduce_info, ps.tp_comm = pd.DataFrame(got["rows"]), got["info"], pd.DataFrame(got["tp_comm"])
 
 
 def _run_probe(ps: ParallelStudy, prep: Prepared, load: LoadSpec) -> None:
@@ -310,15 +309,14 @@ def findings(ps: ParallelStudy) -> list[Finding]:
                                else (), controls=CONTROLS)
         f = cmp.finding(name, name, better=x.arm.knobs, worse=Knobs())
         f.title = f"{name} vs {base}" if f.applies else f.title
-        if x.kind == "replicas" and f.applies and f.evidence.get("direction") == "better":
+        if x.kind == "replicas" and f.applies and f.direction == "better":
             f.recommendation = _replica_recipe(ps, x)
         per.append(f)
     refused = [x for x in ps.layouts if x.refused]
-    best = [f for f in per if f.applies and f.effect is not None and f.evidence.get("direction") == "better"
-            and f.confidence in ("high", "medium")]
+    top = best_of(per)
     notes = "; ".join(f"{x.arm.name}: {x.refused}" for x in refused)
-    if best:
-        top = max(best, key=lambda f: f.effect.value_pct)
+    if top is not None:
+        assert top.effect is not None
         head = Finding(thread=THREAD, title=f"Use {top.effect.treatment}", confidence=top.confidence,
                        claim=f"{top.effect.treatment} served more than {base} on the same {ps.device_kind}: "
                              f"{top.effect.text()}." + _balance_words(ps, top.effect.treatment)
@@ -328,14 +326,13 @@ def findings(ps: ParallelStudy) -> list[Finding]:
                        evidence={"per_layout": [f.model_dump(mode="json") for f in per],
                                  "refused": {x.arm.name: x.refused for x in refused}})
     elif any(f.applies for f in per):
-        worse = [f for f in per if f.evidence.get("direction") == "worse" and f.confidence in ("high", "medium")]
+        worse = [f for f in per if f.resolved_as("worse")]
         if worse and len(worse) == len([f for f in per if f.applies]):
-            title, conf = f"Keep {base}: every other layout measured served less", min(
-                (f.confidence for f in worse), key=("low", "medium", "high").index)
+            title, conf = f"Keep {base}: every other layout measured served less", weakest([f.confidence for f in worse])
         else:
             title, conf = f"No layout shown to beat {base}", "low"
         head = Finding(thread=THREAD, title=title, confidence=conf,  # type: ignore[arg-type]
-                       claim=f"Against {base}: " + "; ".join(f.claim.split(". ")[0] for f in per if f.applies)
+                       claim=f"Against {base}: " + "; ".join(f.headline for f in per if f.applies)
                              + "." + (f" Not launched: {notes}." if notes else ""),
                        evidence={"per_layout": [f.model_dump(mode="json") for f in per],
                                  "refused": {x.arm.name: x.refused for x in refused}})
@@ -371,17 +368,12 @@ def baseline(ps: ParallelStudy) -> str:
 
 def _replica_recipe(ps: ParallelStudy, x: Layout) -> str:
     """How to run the replicas the way they were measured: each server's pinning, and the routing."""
-    pts = ps.study.results.points
-    mine = pts[pts["config"] == x.arm.name] if len(pts) else pts
-    if mine.empty:
+    pt = ps.study.results.point(x.arm.name)
+    if pt is None:
         return ""
-    import json
-    from pathlib import Path
-
-    man = json.loads((Path(mine["path"].iloc[0]) / "manifest.json").read_text())
-    reps = man.get("target", {}).get("replicas", [])
+    reps = pt.replicas
     route = (x.arm.knobs.route or "round_robin").replace("_", "-")
-    return (f"run {len(reps)} servers, one per device share ({'; '.join(r['placement'] for r in reps)}), "
+    return (f"run {len(reps)} servers, one per device share ({'; '.join(r.placement for r in reps)}), "
             f"behind a {route} load balancer")
 
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pandas as pd
 
-from ..engines import get_engine
+from ..context import RepetitionPlan, RunContext
 from ..engines.audit import find_rules
 from ..findings import Finding
-from ..spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
+from ..spec import Knobs, ProfileSpec
 from ..study import Arm, Comparison, Study, run_study
 
 THREAD = "05_torch_compile"
@@ -25,24 +25,17 @@ STUDIED = ("compile", "eager")
 CONTROLS = ("graph_decode", "graph_prefill", "tp", "dp")
 
 
-def arms(engine: dict[str, Any] | EngineSpec) -> list[Arm]:
+def arms(ctx: RunContext) -> list[Arm]:
     """Compiled and eager, each asking for its compile state, both pinning the same graph mode."""
-    graphs = get_engine(parse(EngineSpec, engine, "engine").name).compile_study_graphs
+    graphs = ctx.adapter.compile_study_graphs
     return [Arm(TREATMENT, Knobs(torch_compile=True, cuda_graph=graphs), f"torch.compile on, CUDA graphs {graphs}"),
             Arm(BASELINE, Knobs(torch_compile=False, cuda_graph=graphs), f"torch.compile off, CUDA graphs {graphs}")]
 
 
-def run(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
-        repetitions: int = 3, store_dir: str = "", offline: bool = False, force: bool = False,
-        progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None,
-        profile: dict[str, Any] | ProfileSpec | None = None, max_repetitions: int | None = None,
-        budget_s: float = 0.0) -> Study:
-    """Measure both arms in alternating repetitions (inputs are validated before anything launches): at least
-    `repetitions`, more up to max_repetitions within budget_s while compile's effect is not resolved."""
-    return run_study(THREAD, engine, model, load, arms(engine), repetitions=repetitions, store_dir=store_dir,
-                     offline=offline, force=force, progress=progress, telemetry=telemetry,
-                     profile=profile, max_repetitions=max_repetitions, budget_s=budget_s,
-                     headlines=[(BASELINE, TREATMENT)])
+def run(ctx: RunContext) -> Study:
+    """Measure both arms in alternating repetitions: at least the plan's minimum, more within it while compile's
+    effect is not resolved."""
+    return run_study(THREAD, ctx, arms(ctx), headlines=[(BASELINE, TREATMENT)])
 
 
 def comparison(study: Study) -> Comparison:
@@ -62,8 +55,7 @@ class Exclusion:
     evidence: pd.DataFrame
 
 
-def piecewise_exclusion(study: Study, model: dict[str, Any] | ModelSpec, load: dict[str, Any] | LoadSpec,
-                        store_dir: str = "", offline: bool = False, force: bool = False) -> Exclusion:
+def piecewise_exclusion(study: Study) -> Exclusion:
     """Ask this engine version for compile and piecewise graphs at once: if it cannot express that, say why; if it
     can, launch once (one repetition, the lightest load level) and read what it resolved. The audit's rules that turn
     graphs off when compile is on are listed with it."""
@@ -80,12 +72,12 @@ def piecewise_exclusion(study: Study, model: dict[str, Any] | ModelSpec, load: d
         return Exclusion("not verified", "nothing was measured, so the engine version is unknown",
                          _with_audit(study, rows))
     rows.append({"source": "knobs", "where": "", "text": " ".join(flags)})
-    ld = parse(LoadSpec, load, "load")
+    ld = study.ctx.load
     level = min(ld.concurrency) if ld.mode == "closed" else 1
     probe_load = ld.model_copy(update={"concurrency": (level,), "num_requests": max(4, 2 * level), "duration_s": None})
-    probe = run_study(THREAD, study.engine, model, probe_load, [Arm(PROBE, Knobs(torch_compile=True,
-                      cuda_graph="piecewise"), "compile on, piecewise graphs asked")], repetitions=1,
-                      store_dir=store_dir, offline=offline, force=force, progress=False)
+    one = study.ctx.with_(load=probe_load, plan=RepetitionPlan(1, 1), progress=False, profile=ProfileSpec())
+    probe = run_study(THREAD, one, [Arm(PROBE, Knobs(torch_compile=True, cuda_graph="piecewise"),
+                                        "compile on, piecewise graphs asked")])
     st = probe.states.get(PROBE)
     if st is None:
         err = probe.results.errors["summary"].iloc[0] if len(probe.results.errors) else "no point"

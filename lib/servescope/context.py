@@ -1,0 +1,115 @@
+"""The run context: everything a thread runs with, built once from a notebook's (or a suite's) parameters.
+
+`context(...)` is where the engine's name becomes its adapter: below it, code is handed the adapter and never looks
+an engine up by name. A thread takes a RunContext and declares its arms; the study and the store do the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from .analysis.ab import EQUIVALENCE_PCT
+from .engines import get_engine
+from .engines.base import EngineAdapter
+from .errors import ServescopeError, SpecError
+from .spec import EngineSpec, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
+from .store import Store
+
+
+@dataclass(frozen=True)
+class RepetitionPlan:
+    """How many repetitions: at least min_reps; more, one at a time, while the study's `until` callback names
+    configurations whose headline effect is not resolved, up to max_reps and while the next repetition fits in
+    budget_s of wall time (0: no time limit)."""
+
+    min_reps: int = 3
+    max_reps: int = 3
+    budget_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.min_reps < 1:
+            raise ServescopeError("repetitions must be at least 1")
+        if self.max_reps < self.min_reps:
+            raise ServescopeError(f"max_repetitions ({self.max_reps}) is below repetitions ({self.min_reps})")
+        if self.budget_s < 0:
+            raise ServescopeError("budget_s must be 0 (no limit) or more")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Engine (spec and adapter), model, load, store, offline/force, telemetry, profile and repetition plan of one
+    run; threads read it, the study measures through it."""
+
+    engine: EngineSpec
+    adapter: EngineAdapter
+    model: ModelSpec
+    load: LoadSpec
+    store: Store
+    offline: bool = False
+    force: bool = False
+    progress: bool = True
+    telemetry: TelemetrySpec = field(default_factory=TelemetrySpec)
+    profile: ProfileSpec = field(default_factory=ProfileSpec)
+    plan: RepetitionPlan = field(default_factory=RepetitionPlan)
+    equivalence_pct: float = EQUIVALENCE_PCT
+
+    def with_(self, **changes: Any) -> RunContext:
+        """The same context with some fields replaced (a lighter load, one repetition, no profile)."""
+        return dataclasses.replace(self, **changes)
+
+    @cached_property
+    def engine_identity(self) -> str:
+        """What a store key says about the engine, computable without installing anything."""
+        e = self.engine
+        if e.url:
+            return f"external:{e.url}"
+        if e.python:
+            return f"{e.name}:{e.python}:{e.version or ''}"
+        env = self.adapter.managed_env(e.version)
+        return f"{e.name}:managed:{env.key if env else ''}"
+
+    @property
+    def model_key(self) -> dict[str, Any]:
+        """The model as store keys name it (a tiny model in full: it is the model)."""
+        return self.model.model_dump(mode="json", exclude_none=True)
+
+    def memo(self, kind: str, parts: dict[str, Any], compute: Callable[[], Any],
+             keep: Callable[[Any], bool] = lambda _: True, reuse_online: bool = True,
+             compute_offline: bool = False) -> tuple[Any, bool]:
+        """A kept answer (a probe's rows, a layout decision) keyed like points, the one way threads reuse what an
+        earlier run found: offline, or online when reuse_online and not forced, the kept answer; else (and offline
+        with none kept, where compute_offline: from what is already here) compute() and keep it where keep(answer)
+        says it is worth keeping. None offline when none was kept and none computed. Returns (answer, whether it
+        came from the store)."""
+        reuse = self.offline or (reuse_online and not self.force)
+        saved = self.store.note(kind, parts) if reuse else None
+        if saved is not None or (self.offline and not compute_offline):
+            return saved, saved is not None
+        answer = compute()
+        if keep(answer):
+            self.store.put_note(kind, parts, answer)
+        return answer, False
+
+
+def context(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSpec,
+            load: dict[str, Any] | LoadSpec | None = None, *, repetitions: int = 3, max_repetitions: int | None = None,
+            budget_s: float = 0.0, store: Store | str | None = None, store_dir: str = "", offline: bool = False,
+            force: bool = False, progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None,
+            profile: dict[str, Any] | ProfileSpec | None = None,
+            equivalence_pct: float = EQUIVALENCE_PCT) -> RunContext:
+    """Validate every parameter (before anything launches) and resolve the engine to its adapter, once."""
+    e = parse(EngineSpec, engine, "engine")
+    try:
+        plan = RepetitionPlan(repetitions, max(repetitions, max_repetitions or repetitions), float(budget_s))
+    except ServescopeError as ex:
+        raise SpecError(str(ex)) from None
+    st = store if isinstance(store, Store) else Store(store or store_dir or None)
+    return RunContext(engine=e, adapter=get_engine(e.name), model=parse(ModelSpec, model, "model"),
+                      load=parse(LoadSpec, load or {}, "load"), store=st, offline=offline, force=force,
+                      progress=progress, telemetry=parse(TelemetrySpec, telemetry or {}, "telemetry"),
+                      profile=parse(ProfileSpec, profile or {}, "profile"), plan=plan,
+                      equivalence_pct=equivalence_pct)

@@ -1,0 +1,93 @@
+"""An installed engine's flags from its own `--help`, reconciled with the static scan of its source."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from functools import cache
+
+import pandas as pd
+
+from ..errors import ServescopeError
+from .flagscan import FlagSet, help_flags, scan_flags
+from .source import SourceTree
+
+
+@cache
+def _scan_cached(tree: SourceTree) -> FlagSet:
+    return scan_flags(tree)
+
+
+@cache
+def known_release(engine: str, version: str) -> bool:
+    """Whether `make check-engines` read this release (data/engines/matrix.csv): its static scan is trusted."""
+    from ..paths import project_root
+
+    path = project_root() / "data" / "engines" / "matrix.csv"
+    if not path.is_file():
+        return False
+    m = pd.read_csv(path, dtype=str, keep_default_na=False)
+    return bool(((m["engine"] == engine) & (m["version"] == version) & (m["problems"] == "")).any())
+
+
+def run_help(python: str, engine: str, version: str, argv: tuple[str, ...], timeout_s: float = 300.0) -> FlagSet:
+    """The flags an installed engine's `--help` lists; ServescopeError where it does not run."""
+    try:
+        res = subprocess.run([python, *argv], capture_output=True, text=True, timeout=timeout_s,
+                             env={**os.environ, "COLUMNS": "200"})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ServescopeError(f"{engine} --help did not run: {e}") from e
+    if res.returncode != 0 or "usage" not in res.stdout.lower():
+        raise ServescopeError(f"{engine} --help failed: {res.stderr.strip()[-300:]}")
+    return help_flags(res.stdout, engine, version, f"--help of {engine} {version} under {python}")
+
+
+@cache
+def _help_cached(python: str, engine: str, version: str, argv: tuple[str, ...]) -> FlagSet | None:
+    """run_help once per install, or None where it cannot run here (logged: the static scan is used)."""
+    try:
+        return run_help(python, engine, version, argv)
+    except ServescopeError as e:
+        logging.getLogger(__name__).warning("%s %s: %s; using the static scan", engine, version, e)
+        return None
+
+
+def flag_disagreements(static: FlagSet, helped: FlagSet) -> pd.DataFrame:
+    """The flags the static scan and `--help` do not share (flag, in: 'source only' / '--help only'); `--no-x`
+    negations and positionals aside."""
+    a, b = set(static.table["flag"]), set(helped.table["flag"])
+    rows = [{"flag": f, "in": "source only"} for f in sorted(a - b) if len(f) > 2 and not f.startswith("<")] + \
+           [{"flag": f, "in": "--help only"} for f in sorted(b - a) if not f.startswith("--no-") and f != "--help"]
+    return pd.DataFrame(rows, columns=["flag", "in"])
+
+
+_WARNED: set[tuple[str, str, str]] = set()
+
+
+def reconcile_flags(static: FlagSet | None, helped: FlagSet, scan_error: Exception | None = None) -> FlagSet:
+    """`--help` as the source of truth: its flags, with choices/file/line/deprecation from the static scan where it
+    knows the flag (choices `--help` prints win); the flags each lists that the other does not, in disagreements."""
+    table = helped.table.copy()
+    if static is not None:
+        known = static.table.set_index("flag")
+        for col in ("dest", "file", "line", "deprecated"):
+            table[col] = [known.at[f, col] if f in known.index else v for f, v in zip(table["flag"], table[col],
+                                                                                      strict=True)]
+        table["choices"] = [c if c is not None else (known.at[f, "choices"] if f in known.index else None)
+                            for f, c in zip(table["flag"], table["choices"], strict=True)]
+        dis = flag_disagreements(static, helped)
+        both = len(set(static.table["flag"]) & set(helped.table["flag"]))
+        origin = f"{helped.origin} (the truth; static scan of {static.origin}: {both} flags in both)"
+    else:
+        dis = pd.DataFrame([{"flag": "(all)", "in": f"--help only: the static scan failed ({scan_error})"}])
+        origin = f"{helped.origin} (the truth; the static scan failed)"
+    if len(dis) and (helped.engine, helped.version, helped.origin) not in _WARNED:
+        _WARNED.add((helped.engine, helped.version, helped.origin))
+        logging.getLogger(__name__).warning("%s %s: --help and the static scan disagree on %d flags (%s)",
+                                            helped.engine, helped.version, len(dis),
+                                            ", ".join(f"{f} ({w})" for f, w in zip(dis["flag"].head(8),
+                                                                                   dis["in"].head(8), strict=True)))
+    return FlagSet(engine=helped.engine, version=helped.version, table=table, origin=origin,
+                   phases=static.phases if static else {}, enums=static.enums if static else {},
+                   disagreements=dis)

@@ -1,0 +1,180 @@
+"""The shape of lib/: layers imported only downwards and no cycle, engines looked up by name only at entry points,
+no function over 60 lines (argument parsing and the regime decision tree aside), threads that hold no file reading
+and no store-or-measure logic, and a point's files named only by the store and the server."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+LIB = Path(__file__).resolve().parents[1] / "lib" / "servescope"
+
+# lowest first; a module may import its own layer or any below it
+LAYERS: list[tuple[str, ...]] = [
+    ("servescope", "errors", "util", "paths", "hostcpu", "deaths", "spec", "plots", "_reaper", "_build_tiny_model",
+     "engine_site"),
+    ("server", "findings", "models", "store", "telemetry", "load", "probes"),
+    ("analysis",),
+    ("engines",),
+    ("context", "launch", "profile"),
+    ("experiment",),
+    ("study",),
+    ("threads",),
+    ("nb", "summary", "report", "suite", "doctor", "cli"),
+]
+# where a name becomes an adapter: the run context, the public launch call, the suite's check, the doctor, CLI verbs,
+# the release matrix of `make check-engines`, and the registry itself
+ENTRY_POINTS = {"context.context", "launch.prepare", "suite.load_suite", "doctor.run_doctor", "engines.__init__",
+                "engines.matrix.check_engines"}
+LONG_ALLOWED = {("cli", "main"), ("analysis.regime", "decide")}
+POINT_FILES = ("server.stdout.log", "server.stderr.log", "resolved_config.json", "manifest.json", "replica-")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in LIB.rglob("*.py"):
+        rel = p.relative_to(LIB).with_suffix("")
+        parts = [x for x in rel.parts if x != "__init__"]
+        out[".".join(parts) or "servescope"] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _target(mod: str, path: Path, node: ast.ImportFrom | ast.Import) -> list[str]:
+    if isinstance(node, ast.Import):
+        names = [a.name.removeprefix("servescope.") for a in node.names if a.name.startswith("servescope")]
+    else:
+        if node.level:
+            pkg = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+            if mod == "servescope":
+                pkg = []
+            base = pkg[: len(pkg) - (node.level - 1)]
+        elif (node.module or "").startswith("servescope"):
+            base = []
+        else:
+            return []
+        full = ".".join(base + ([(node.module or "").removeprefix("servescope").lstrip(".")] if node.module and
+                                 node.module != "servescope" else []))
+        names = [f"{full}.{a.name}".strip(".") if f"{full}.{a.name}".strip(".") in MODULES else full
+                 for a in node.names]
+    out = []
+    for n in names:
+        n = n.strip(".") or "servescope"
+        while n not in MODULES and "." in n:
+            n = n.rsplit(".", 1)[0]
+        if n in MODULES and n != mod:
+            out.append(n)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    g: dict[str, set[str]] = defaultdict(set)
+    for mod, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                g[mod].update(_target(mod, path, node))
+    return g
+
+
+def _layer(mod: str) -> int:
+    top = mod.split(".")[0]
+    for i, names in enumerate(LAYERS):
+        if top in names or mod in names:
+            return i
+    raise AssertionError(f"{mod} is in no layer of tests/test_architecture.py: place it")
+
+
+def test_every_import_goes_down_the_layers():
+    up = [f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)})" for m, ts in _graph().items() for t in ts
+          if _layer(t) > _layer(m)]
+    assert not up, "\n".join(up)
+
+
+def test_the_import_graph_has_no_cycle():
+    g = _graph()
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        seen[m] = 1
+        for t in sorted(g.get(m, ())):
+            if t.startswith(m + ".") and MODULES[m].name == "__init__.py":
+                continue  # a package importing its own modules to register them is not a cycle back into it
+            if seen.get(t) == 1:
+                cycles.append(path[path.index(t):] + [t] if t in path else [m, t])
+            elif t not in seen:
+                visit(t, path + [t])
+        seen[m] = 2
+    for m in sorted(MODULES):
+        if m not in seen:
+            visit(m, [m])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _functions(tree: ast.AST) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    out = []
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((prefix + ch.name, ch))
+                walk(ch, prefix + ch.name + ".")
+            elif isinstance(ch, ast.ClassDef):
+                walk(ch, prefix + ch.name + ".")
+            else:
+                walk(ch, prefix)
+    walk(tree, "")
+    return out
+
+
+def test_engines_are_looked_up_by_name_only_at_entry_points():
+    calls = []
+    for mod, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        for name, fn in _functions(tree):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == \
+                        "get_engine":
+                    calls.append(f"{mod}.{name.split('.')[0]}")
+    outside = sorted({c for c in calls if c not in ENTRY_POINTS and not c.startswith("cli.")})
+    assert not outside, f"get_engine called outside the entry points: {outside}"
+
+
+def test_no_function_is_over_sixty_lines():
+    long = [f"{mod}.{name}: {fn.end_lineno - fn.lineno + 1} lines" for mod, path in MODULES.items()
+            for name, fn in _functions(ast.parse(path.read_text()))
+            if fn.end_lineno - fn.lineno + 1 > 60 and (mod, name) not in LONG_ALLOWED]
+    assert not long, "\n".join(long)
+
+
+FILE_CALLS = {"open", "read_text", "read_bytes", "write_text", "read_parquet", "read_csv", "read_json", "load",
+              "is_file", "exists", "glob", "rglob", "iterdir"}
+STORE_CALLS = {"Store", "note", "put_note", "read_store", "has", "get", "keys", "put_alias", "drop_partial"}
+
+
+@pytest.mark.parametrize("path", sorted((LIB / "threads").glob("*.py")), ids=lambda p: p.name)
+def test_a_thread_holds_no_file_reading_and_no_store_or_measure_logic(path):
+    tree = ast.parse(path.read_text())
+    bad = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        owner = f.value if isinstance(f, ast.Attribute) else None
+        on_store = isinstance(owner, ast.Attribute) and owner.attr == "store" or \
+            isinstance(owner, ast.Name) and owner.id == "store"
+        if name in FILE_CALLS and name != "get" or (name in STORE_CALLS and (on_store or isinstance(f, ast.Name))):
+            bad.append(f"line {node.lineno}: {ast.unparse(node)[:80]}")
+    assert not bad, "\n".join(bad)
+
+
+def test_only_the_store_and_the_server_name_a_points_files():
+    named = [f"{mod}: {s!r}" for mod, path in MODULES.items() if mod not in ("store", "server")
+             for s in POINT_FILES if s in path.read_text()]
+    assert not named, "\n".join(named)
