@@ -199,7 +199,7 @@ def test_static_flag_scan_agrees_with_the_real_help():
     """The flags read from the installed vLLM's source are the ones its own --help lists."""
     from servescope.threads import environment as t00
 
-    check = t00.flags_check({"name": "vllm"})
+    check = t00.flags_check(context({"name": "vllm"}, {"tiny": {}}))
     assert check[check["in"] == "source only"].empty, check
     assert check.attrs["summary"].startswith("367 flags in the source")
 
@@ -222,7 +222,7 @@ def test_an_unread_version_takes_its_real_help_as_the_truth(monkeypatch):
     dis = dict(zip(fs.disagreements["flag"], fs.disagreements["in"], strict=True))
     assert dis.get("--format") == "--help only" and dis.get("--non-blocking") == "source only"
     assert ad.knob_flags(Knobs(cuda_graph="full", torch_compile=True), inst) == ["--cb-use-cuda-graph", "--compile"]
-    check = t00.flags_check({"name": "transformers", "python": python})
+    check = t00.flags_check(context({"name": "transformers", "python": python}, {"tiny": {}}))
     assert set(check["flag"]) >= {"--format", "--non-blocking"}
 
 
