@@ -34,3 +34,32 @@ def test_failed_point_goes_to_failed_and_keeps_tables(tmp_path):
     (failed,) = st.failed_attempts(key)
     assert pd.read_parquet(failed / "requests.parquet")["y"].tolist() == [3]
     assert "server died" in (failed / "manifest.json").read_text()
+
+
+def test_a_point_is_an_object_with_its_record_replicas_and_logs_read_once(tmp_path):
+    """What a launch left (logs, the reported configuration, replicas as data) comes back through the Point, and its
+    readers share one read of each file."""
+    import json
+
+    s = Store(tmp_path)
+    with s.writing("k", {"a": 1}) as w:
+        (w.dir / "server.stdout.log").write_text("out line\n")
+        (w.dir / "server.stderr.log").write_text("err line\n")
+        (w.dir / "replica-1").mkdir()
+        (w.dir / "replica-1" / "server.stderr.log").write_text("replica one\n")
+        (w.dir / "resolved_config.json").write_text(json.dumps({"graphs": "off"}))
+        w.manifest["target"] = {"flags": ["--x", "1"], "install": {"python": "p", "version": "1"},
+                                "replicas": [{"replica": 1, "placement": "replica 1: cores 1", "base_url": "u1"},
+                                             {"replica": 0, "placement": "replica 0: cores 0", "base_url": "u0"}]}
+        w.manifest["resolved"] = {"graphs": "off"}
+    pt = s.get("k")
+    assert pt.log() == "out line\n\nerr line\n" and pt.log(stderr_first=True) == "err line\n\nout line\n"
+    assert pt.log(replica=1) == "replica one\n" and pt.has_log(1)
+    assert [(r.index, r.placement) for r in pt.replicas] == [(0, "replica 0: cores 0"), (1, "replica 1: cores 1")]
+    assert pt.replicas[1].log_dir == pt.path / "replica-1"
+    assert pt.resolved_config == {"graphs": "off"} == pt.resolved and pt.flags == ["--x", "1"]
+    assert pt.install == {"python": "p", "version": "1"}
+    (pt.path / "server.stdout.log").unlink()
+    (pt.path / "resolved_config.json").unlink()
+    assert pt.log() == "out line\n\nerr line\n" and pt.resolved_config == {"graphs": "off"}  # read once, kept
+    assert s.get("k").log() == "err line\n"  # a fresh read sees the file gone

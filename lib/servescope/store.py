@@ -12,6 +12,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ class Point:
     key: str
     path: Path
     manifest: dict[str, Any]
+    _logs: dict[tuple[int, bool], str] = field(default_factory=dict, repr=False, compare=False)
 
     def table(self, name: str) -> pd.DataFrame:
         """A parquet table of this point (empty DataFrame if it has none)."""
@@ -66,9 +68,9 @@ class Point:
         """The engine-neutral resolved record written at launch (ResolvedState.to_dict), None in older stores."""
         return self.manifest.get("resolved")
 
-    @property
+    @cached_property
     def resolved_config(self) -> dict[str, Any] | None:
-        """The configuration the server reported about itself, as kept beside its logs."""
+        """The configuration the server reported about itself, as kept beside its logs (read once)."""
         return read_resolved(self.path)
 
     @property
@@ -93,8 +95,10 @@ class Point:
 
     def log(self, replica: int = 0, stderr_first: bool = False) -> str:
         """The server log (both streams) a replica left ('' where none was kept, as in exported stores)."""
-        order = (STDERR_LOG, STDOUT_LOG) if stderr_first else (STDOUT_LOG, STDERR_LOG)
-        return read_logs(replica_log_dir(self.path, replica), order)
+        if (replica, stderr_first) not in self._logs:  # read once: every reader of the point shares it
+            order = (STDERR_LOG, STDOUT_LOG) if stderr_first else (STDOUT_LOG, STDERR_LOG)
+            self._logs[(replica, stderr_first)] = read_logs(replica_log_dir(self.path, replica), order)
+        return self._logs[(replica, stderr_first)]
 
     def has_log(self, replica: int = 0) -> bool:
         """True when the replica's server log was kept."""
