@@ -79,3 +79,17 @@ def test_the_recorded_amx_cpu_shows_the_permission_is_what_keeps_tiles_alive():
     # the development VM (EPYC, no AMX): nothing asked, nothing run
     epyc = (FIXTURES / "site_check_epyc_no_amx.txt").read_text()
     assert "sitecustomize_says=not asked: no AMX tile data on this CPU" in epyc and "result=skipped" in epyc
+
+
+def test_it_raises_the_loggers_an_engine_keeps_below_its_decisions():
+    """transformers 5.17 logs its CUDA-graph decision at INFO on 'ContinuousBatchingLogger', a logger of its own that
+    `--log-level` does not reach (seen on the H200, 2026-12-02: the line was missing at --log-level info)."""
+    code = ("import logging; import sitecustomize as s; "
+            "print(s.LOGGERS, logging.getLogger('ContinuousBatchingLogger').getEffectiveLevel())")
+    env = {**os.environ, "PYTHONPATH": engine_site_path(),
+           "SERVESCOPE_LOGGER_LEVELS": "ContinuousBatchingLogger=INFO, bad=NOPE"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.stdout.split() == ["['ContinuousBatchingLogger']", "20"], r.stderr
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": engine_site_path()})
+    assert plain.stdout.split() == ["[]", "30"]  # nothing asked: the engine's own default (WARNING) stands

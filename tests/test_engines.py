@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -112,6 +113,12 @@ def test_transformers_model_positional_or_force_model(wheel_install):
         torch_compile=True, cuda_graph="full"), extra_env={})
     assert plan.command[3:5] == ["serve", "/m"] and plan.command[-2:] == ["--cb-use-cuda-graph", "--compile"]
     assert ad.served_name("/m", "x") == "/m"
+    # its CUDA-graph decision is logged at INFO on continuous batching's own logger, which --log-level misses
+    assert plan.env["SERVESCOPE_LOGGER_LEVELS"] == "ContinuousBatchingLogger=INFO" and "--log-level" in plan.command
+    line = ("2026-12-02 00:49:16,208 - ContinuousBatchingLogger - INFO - Using cuda graphs for (varlen, decode) "
+            "paths: (False, False)")
+    st = ad.resolved_state(ad.resolved_from_command(plan.command), line)
+    assert (st.graph_prefill, st.graph_decode, st.graph_mode) == ("off", "off", "log: (varlen, decode) = (False, False)")
     newer = typer_flags("def serve(force_model: Annotated[str | None, typer.Option(help='m')] = None,\n"
                         "          compile: Annotated[bool, typer.Option()] = False): pass\n", "serve.py")
     assert {r["flag"] for r in newer} == {"--force-model", "--compile", "--no-compile"}
@@ -216,6 +223,21 @@ def test_transformers_audit_and_graph_decision_from_its_log(wheel_install):
     assert rule["effect"].iloc[0] == "continuous-batching CUDA graphs off (both paths)"
     log = analyze_log("INFO Using cuda graphs for (varlen, decode) paths: (False, True)", patterns_for("transformers"))
     assert (log["varlen"].iloc[0], log["decode"].iloc[0]) == ("False", "True")
+
+
+def test_transformers_on_the_h200_states_its_graph_decision_from_its_own_log():
+    """Recorded on the H200 (tests/fixtures/h200_thread01): with continuous batching's logger raised to INFO, the
+    server's log says both paths run without CUDA graphs, and why (an attention implementation that needs a mask)."""
+    import json
+
+    fix = Path(__file__).parent / "fixtures" / "h200_thread01"
+    ad = get_engine("transformers")
+    log = (fix / "server.stdout.log").read_text() + "\n" + (fix / "server.stderr.log").read_text()
+    st = ad.resolved_state(json.loads((fix / "resolved_config.json").read_text()), log)
+    assert (st.graph_prefill, st.graph_decode) == ("off", "off") and st.source == "command line + log"
+    assert "is_attn_mask_needed = True" in log and "--log-level info" in (fix / "command.txt").read_text()
+    silent = ad.resolved_state(json.loads((fix / "resolved_config.json").read_text()), "")
+    assert silent.graphs is None and "not logged" in silent.why_missing("graph_decode")
 
 
 def test_transformers_load_goes_without_ignore_eos():

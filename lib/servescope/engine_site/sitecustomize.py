@@ -7,6 +7,10 @@ fused MoE) pick AMX paths whenever the CPU reports AMX but never ask, so an eage
 the server tree (spawned workers included) asks here, before any engine code runs. Where the kernel offers no
 AMX tile data, nothing is asked and nothing changes. SERVESCOPE_AMX_PERMISSION=0 turns this off.
 
+It also raises the level of loggers an engine keeps below what it logs by default, where the engine offers no switch
+for them: SERVESCOPE_LOGGER_LEVELS="name=LEVEL,..." (transformers 5.17's continuous batching logs its CUDA-graph
+decision at INFO on its own 'ContinuousBatchingLogger', which `--log-level` does not reach).
+
 This file runs inside the engine's interpreter, which does not have servescope installed: standard library only.
 """
 
@@ -46,6 +50,25 @@ except Exception as e:  # noqa: BLE001 - never stop the engine from starting
 if AMX == "granted" or AMX.startswith(("refused", "asked")):
     # one line per process in the server's log: the evidence the doctor and the death reports read
     print(f"servescope: AMX tile permission {AMX} (pid {os.getpid()})", file=sys.stderr, flush=True)
+
+
+def _raise_loggers(spec: str) -> list[str]:
+    """Set each named logger's level ('name=LEVEL,...'); the names set."""
+    import logging
+
+    done = []
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        name, _, level = item.partition("=")
+        if name and isinstance(logging.getLevelName(level.upper()), int):  # a known level name (any Python 3)
+            logging.getLogger(name).setLevel(level.upper())
+            done.append(name)
+    return done
+
+
+try:
+    LOGGERS = _raise_loggers(os.environ.get("SERVESCOPE_LOGGER_LEVELS", ""))
+except Exception:  # noqa: BLE001 - never stop the engine from starting
+    LOGGERS = []
 
 
 def _chain() -> None:

@@ -104,6 +104,9 @@ class TransformersAdapter(EngineAdapter):
         else:  # 'auto' places the model with a device map, which needs accelerate
             cmd += ["--device", "cpu"]
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"} if model_path.startswith("/") else {}
+        # continuous batching logs its CUDA-graph decision at INFO on a logger of its own, which --log-level does not
+        # reach: the engine site module (on every launched server's PYTHONPATH) raises it
+        env["SERVESCOPE_LOGGER_LEVELS"] = "ContinuousBatchingLogger=INFO"
         env |= extra_env
         return LaunchPlan(command=cmd + flags, env=env,
                           ready=ReadyCheck(health_path="/health", models_path=None), flags=flags)
