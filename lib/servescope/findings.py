@@ -32,11 +32,6 @@ def weakest(cs: list[Confidence]) -> Confidence:
     return min(cs, key=confidence_rank) if cs else "none"
 
 
-def strongest(cs: list[Confidence]) -> Confidence:
-    """The highest of several confidences ('none' for none)."""
-    return max(cs, key=confidence_rank) if cs else "none"
-
-
 class Effect(BaseModel):
     """A measured relative effect: the geometric mean of paired per-repetition ratios (analysis.ab.Headline), its 90%
     confidence interval (t over the repetitions' log ratios), the per-repetition effects and their min..max, whether

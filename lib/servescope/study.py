@@ -565,12 +565,14 @@ def read_or_run(thread: str, ctx: RunContext, arms: Sequence[Arm],
     measuring(ctx) where given: what only a launch needs is decided only then). Offline with nothing to reuse, the
     arms are still run (each reported as not measured) when measure_offline, else the study is empty. Returns the
     study and where its points came from: 'stored', 'measured' or 'none'."""
-    picked = reuse(stored_points(ctx)) if reuse is not None and not ctx.force else None
+    stored = stored_points(ctx) if (reuse is not None and not ctx.force) or ctx.offline else None
+    picked = reuse(stored) if reuse is not None and stored is not None and not ctx.force else None
     if picked is not None:
         res, picked_arms = picked
         return Study(thread, ctx, picked_arms, res), "stored"
     if ctx.offline and not measure_offline:
-        return Study(thread, ctx, [], stored_points(ctx).select([])), "none"
+        assert stored is not None
+        return Study(thread, ctx, [], stored.select([])), "none"
     return run_study(thread, measuring(ctx) if measuring is not None else ctx, arms), "measured"
 
 
