@@ -102,8 +102,11 @@ def test_report_end_to_end_on_vllm(tmp_path):
     modes = {k: v["compile_mode"] for k, v in finding["evidence"]["resolved"].items()}
     assert modes == {"compiled": "DYNAMO_TRACE_ONCE", "eager": "NONE"}
     assert excl["title"].endswith("not expressible")  # the CPU build refuses graph modes before launching
-    (graphs,) = json.loads((out / "02_piecewise_cuda_graphs.findings.json").read_text())
+    graphs, ceiling = json.loads((out / "02_piecewise_cuda_graphs.findings.json").read_text())
     assert graphs["title"] == "No CUDA graph modes to compare here" and graphs["confidence"] == "high"
+    # the engine-free ceiling probe ran under the engine's interpreter, on the CPU: eager against compile only
+    assert ceiling["evidence"]["ceiling_info"]["forms"] == ["eager", "compile"] and not ceiling["applies"]
+    assert {r["batch"] for r in ceiling["evidence"]["ceiling"]} == {1, 16, 256}
     points = [p for p in (tmp_path / "store").iterdir() if not p.name.startswith((".", "_"))]
     # thread 1's defaults (also thread 2's, thread 4's one server and thread 5's compiled side: the same launch),
     # thread 4's two replica layouts, thread 5's eager, thread 6's profiled defaults
@@ -118,8 +121,12 @@ def test_report_end_to_end_on_vllm(tmp_path):
     assert moe["evidence"]["probe"] and moe["evidence"]["probe_info"]["device"] == "cpu"
     (summ,) = json.loads((out / "99_summary.findings.json").read_text())
     assert summ["evidence"]["ranked"] and 'id="summary"' in index
-    (nogpu,) = json.loads((out / "03_clocks_power.findings.json").read_text())
-    assert nogpu["title"].startswith("No GPU here") and nogpu["confidence"] == "high"
+    cpu_head, *_ = json.loads((out / "03_clocks_power.findings.json").read_text())
+    # the CPU server's own regime per level (its cores are the device), not "No GPU here"
+    assert cpu_head["title"].startswith("CPU server (engine defaults): c=1 ") and ", c=2 " in cpu_head["title"]
+    assert "The telemetry read no GPU" in cpu_head["claim"] and set(cpu_head["evidence"]["cpu_regimes"]) == \
+        {"c=1", "c=2"}
+    assert "Regime under load:</b> CPU server (engine defaults)" in index
     assert "5 points other threads measured" in (out / "03_clocks_power.html").read_text()
     import pandas as pd
 

@@ -191,6 +191,75 @@ AUDIT_SRC = textwrap.dedent('''
 ''')
 
 
+CHOOSING_SRC = textwrap.dedent('''
+    def decide(cb_config, is_attn_mask_needed, requested):
+        if not cuda_ok():
+            cb_config.use_cuda_graph = (False, False)
+        elif requested:
+            cb_config.use_cuda_graph = (True, True)
+        else:
+            paths = []
+            for c in cb_config.configs:
+                if c is None:
+                    paths.append(not is_attn_mask_needed)
+                    continue
+                logger.warning("compile mode uses cudagraphs")
+                paths.append(False)
+            cb_config.use_cuda_graph = tuple(paths)
+        logger.info(f"Using cuda graphs for paths: {cb_config.use_cuda_graph}")
+
+    def resolve(self, cudagraph_mode, support, backend):
+        if cudagraph_mode.has_full() and support == NEVER:
+            msg = f"CUDAGraphMode.{cudagraph_mode.name} is not supported with {backend} backend"
+            if self.piecewise:
+                msg += "; setting cudagraph_mode=PIECEWISE"
+                cudagraph_mode = CUDAGraphMode.PIECEWISE
+            logger.warning(msg)
+        if not self.capture_available:
+            fallback_mode = cudagraph_mode.without_piecewise()
+            logger.warning("Overriding to %s.", fallback_mode)
+            cudagraph_mode = fallback_mode
+        self.cudagraph_mode = cudagraph_mode
+
+    def choose_phase(server_args, cfg):
+        if supports_cp(server_args):
+            declare(server_args, cuda_graph_config=with_phase(cfg.cuda_graph_config, Phase.PREFILL,
+                                                              backend=Backend.BREAKABLE))
+        attn = with_phase(cfg.attention_config, "x", backend=pick())
+        wrapper = Wrapper(use_cuda_graph=True)
+
+    class Wrapper:
+        def __init__(self, use_cuda_graph):
+            self.use_cuda_graph = bool(use_cuda_graph)
+''')
+
+
+def test_audit_lists_rules_that_choose_graph_use():
+    """Rules that choose graph use from a computed condition, not only those that turn it off: the value with its
+    locals, the log line beside it or after the branches; not a component's own option, nor a write-back."""
+    a = audit_source(CHOOSING_SRC, "x.py")
+    chosen = a[a["form"] == "chooses"]
+    per_path = chosen[chosen["resolves_to"].str.startswith("tuple(paths)")]
+    assert len(per_path) == 1 and "not is_attn_mask_needed | False" in per_path["resolves_to"].iloc[0]
+    assert per_path["condition"].iloc[0] == "not (not cuda_ok()) and not (requested)"
+    # logged once after the if-chain, not the warning nested in the loop
+    assert per_path["message"].iloc[0] == "Using cuda graphs for paths: \u2039x\u203a"
+    on = chosen[chosen["effect"] == "CUDA graphs on (both paths)"]
+    assert list(on["condition"]) == ["not (not cuda_ok()) and requested"]
+    assert a[a["effect"].str.contains("off")]["form"].eq("disables").all()
+    # vLLM's downgrade: the warning built in a local, with this branch's own part
+    pw = chosen[chosen["effect"] == "CUDA-graph mode set to PIECEWISE"]
+    assert pw["message"].iloc[0] == "CUDAGraphMode.\u2039x\u203a is not supported with \u2039x\u203a backend; " \
+                                    "setting cudagraph_mode=PIECEWISE"
+    fallback = chosen[chosen["resolves_to"].str.startswith("fallback_mode")]
+    assert fallback["resolves_to"].iloc[0] == "fallback_mode, where fallback_mode = cudagraph_mode.without_piecewise()"
+    assert fallback["message"].iloc[0] == "Overriding to %s."
+    assert not chosen["statement"].str.startswith("self.cudagraph_mode = cudagraph_mode").any()  # write-back
+    phase = chosen[chosen["function"] == "choose_phase"]
+    assert list(phase["effect"]) == ["prefill CUDA graph set to BREAKABLE"]  # not attention's backend, nor Wrapper's
+    assert not a["function"].eq("Wrapper.__init__").any()
+
+
 def test_audit_forms_on_a_small_source():
     a = audit_source(AUDIT_SRC, "x.py")
     named = find_rules(a, condition="two-batch overlap")
@@ -306,7 +375,7 @@ def test_check_engines_on_one_release_per_form():
     # the committed matrix (the README's table) is what this code reads from these releases today
     committed = pd.read_csv(project_root() / "data" / "engines" / "matrix.csv", dtype={"version": str},
                             keep_default_na=False).set_index(["engine", "version"])
-    cols = ["flags", "choices", "knobs_built", "knobs_refused", "audit_startup", "audit_per_batch",
+    cols = ["flags", "choices", "knobs_built", "knobs_refused", "audit_startup", "audit_per_batch", "audit_chooses",
             "audit_named_rules", "audit_silent", "graph_intents", "declared"]
     now = matrix.set_index(["engine", "version"])[cols]
     pd.testing.assert_frame_equal(now, committed.loc[now.index, cols], check_dtype=False)

@@ -164,6 +164,12 @@ def test_audit_finds_vllm_enforce_eager_and_no_graph_platform(wheel_install):
     assert platform.iloc[0]["file"] == "vllm/config/vllm.py" and platform.iloc[0]["function"] == "VllmConfig.__post_init__"
     dispatch = find_rules(a, effect="this step runs eager", file="cudagraph_dispatcher")
     assert dispatch["condition"].str.contains("num_tokens > max_size").any()
+    # the attention backend's support downgrades the mode, and says so only as a WARNING (vllm PR #32936)
+    down = find_rules(a, condition="min_cg_support", effect="set to PIECEWISE", file="config/compilation.py")
+    assert len(down) >= 1 and (down["form"] == "chooses").all()
+    assert down["message"].str.contains(r"is not supported with \u2039x\u203a backend .*setting cudagraph_mode=PIECEWISE").any()
+    fallback = find_rules(a, effect="mode chosen from a computed value", file="config/vllm.py")
+    assert fallback["resolves_to"].str.contains("without_piecewise").any()
 
 
 def test_cli_audit_and_flags_read_published_wheels(wheel_install, capsys, tmp_path):
@@ -238,6 +244,35 @@ def test_transformers_on_the_h200_states_its_graph_decision_from_its_own_log():
     assert "is_attn_mask_needed = True" in log and "--log-level info" in (fix / "command.txt").read_text()
     silent = ad.resolved_state(json.loads((fix / "resolved_config.json").read_text()), "")
     assert silent.graphs is None and "not logged" in silent.why_missing("graph_decode")
+
+
+def test_transformers_audit_lists_the_rule_that_chose_graphs_off_on_the_h200(wheel_install):
+    """The audit lists continuous batching's choosing rule (graphs per path iff no attention mask is needed) with its
+    log line; the H200 server's resolved facts (tests/fixtures/h200_thread01) satisfy it, and name its remedy."""
+    import json
+
+    from servescope.engines.audit import CHOOSES
+    from servescope.engines.logs import analyze_log
+    from servescope.threads.graph_disable import explain_state
+
+    ad = get_engine("transformers")
+    a = graph_disable_audit(ad.source_tree(wheel_install("transformers-5.17.0")))
+    chosen = a[(a["form"] == CHOOSES) & a["resolves_to"].str.contains("is_attn_mask_needed")]
+    assert list(chosen["function"]) == ["decide_use_cuda_graphs"]
+    assert "not (cuda_graph_requested)" in chosen["condition"].iloc[0]
+    assert chosen["message"].iloc[0].startswith("Using cuda graphs for (varlen, decode) paths")
+    assert set(a["form"]) == {CHOOSES, "disables"}
+    fix = Path(__file__).parent / "fixtures" / "h200_thread01"
+    log = (fix / "server.stdout.log").read_text() + "\n" + (fix / "server.stderr.log").read_text()
+    st = ad.resolved_state(json.loads((fix / "resolved_config.json").read_text()), log)
+    assert st.facts["is_attn_mask_needed"] is True
+    why = explain_state(ad.fact_rules(st), a, analyze_log(log, ad.log_patterns()))
+    audit_rows = why[why["source"] == "audit"]
+    assert list(audit_rows["where"]) == [f"{chosen['file'].iloc[0]}:{chosen['line'].iloc[0]} decide_use_cuda_graphs"]
+    assert "attention mask" in audit_rows["fact"].iloc[0] and "flash" in audit_rows["remedy"].iloc[0]
+    # asked for explicitly, the user's choice is followed: no default rule explains it
+    st.graph_mode = "--no-cb-use-cuda-graph"
+    assert ad.fact_rules(st) == []
 
 
 def test_transformers_load_goes_without_ignore_eos():

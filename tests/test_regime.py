@@ -125,6 +125,24 @@ def test_the_real_server_on_the_h200_is_host_bound(tmp_path):
     assert t.loc[("cuda_graph=off (+nsys profile)", 0, "c=8"), "regime"] == "launch-bound"
 
 
+def test_an_under_loaded_point_on_the_h200():
+    """Recorded on the H200 (tests/fixtures/h200_underloaded, benchmarks/gpu/run_issue21_h200.sh part b):
+    transformers serve with its defaults at 0.25 requests/s, open loop. Every request completed, the GPU ran kernels
+    0% of the time at 18% of its power, no thread near a full core: the offered load was the limit, and the sweep's
+    unbounded rate served 17.5x more, where the server read as host-bound."""
+    store = Store(ROOT / "tests" / "fixtures" / "h200_underloaded" / "store")
+    st = Study("t", context(EngineSpec(name="transformers"), {"tiny": {}}, store=store), [], read_store(store))
+    t = st.regimes(per_rep=True).set_index("point")
+    low = t.loc["rate=0.25"]
+    assert (low["regime"], low["confidence"]) == ("under-loaded", "high")
+    assert "rate=inf in this sweep served 17.5x the output tok/s" in low["because"]
+    assert low["because"].endswith("the server first read as saturated at rate=inf (host-bound) in this sweep")
+    assert "power 18% of the limit" in low["because"] and low["action"].startswith("The offered load was the limit")
+    assert t.loc["rate=inf", "regime"] == "host-bound"
+    gpu = st.gpu_points().set_index("phase")
+    assert gpu.loc["rate=0.25", "gpu_util_pct_p50"] == 0 and gpu.attrs.get("gpu") is None
+
+
 def test_rules_without_a_recording():
     th = rg.RegimeThresholds()
     hot = dict(gpu_util_pct=99.0, power_pct_of_limit=60.0, sm_clock_pct_of_max=70.0, requests_completed=5)
@@ -139,10 +157,39 @@ def test_rules_without_a_recording():
     r = rg.decide(rg.Evidence(gpu_util_pct=100.0, mem_util_pct=95.0, power_pct_of_limit=70.0,
                               sm_clock_pct_of_max=100.0, requests_completed=5))
     assert (r.regime, r.confidence) == ("memory-bandwidth-bound", "medium") and "GPM" in r.missing[0]
-    # a waiting GPU with no saturated thread: not host-bound, and it says where else the wait may be
+    # a waiting GPU with no thread near a core: under-loaded; a higher level that served more makes it sure
     r = rg.decide(rg.Evidence(gpu_util_pct=40.0, busiest_thread_cpu_pct=30.0, requests_completed=5))
+    assert (r.regime, r.confidence) == ("under-loaded", "medium") and "higher load level" in r.missing[0]
+    r = rg.decide(rg.Evidence(gpu_util_pct=40.0, busiest_thread_cpu_pct=65.0, requests_completed=5, headroom_x=3.0,
+                              headroom_point="c=32"))
+    assert (r.regime, r.confidence) == ("under-loaded", "high") and "c=32 in this sweep served 3.0x" in r.because
+    # a thread between half a core and saturation, and no level that served more: the wait stays open
+    r = rg.decide(rg.Evidence(gpu_util_pct=40.0, busiest_thread_cpu_pct=65.0, requests_completed=5))
     assert r.regime == "undecided" and "too little load" in r.because
-    assert th.host_saturated_pct == 80.0
+    # a GPU mostly idle but not below half: not called under-loaded
+    assert rg.decide(rg.Evidence(gpu_util_pct=60.0, busiest_thread_cpu_pct=10.0, requests_completed=5)).regime \
+        == "undecided"
+    assert th.host_saturated_pct == 80.0 and th.underloaded_util_pct == 50.0
+
+
+def test_a_cpu_server_gets_its_regime_from_its_cores_and_the_sweep():
+    """The embedded engine computes on the CPU: a level below one that served 1.5x more is under-loaded (its cores
+    read busy either way: vLLM's CPU worker spins), a level with full cores and no such headroom is compute-bound,
+    and the under-loaded level names where the sweep first saturated."""
+    summary = pd.DataFrame({"config": ["a"] * 3, "rep": [0] * 3, "point": ["c=1", "c=4", "c=16"],
+                            "completed": [32] * 3, "failed": [0] * 3, "output_tok_s": [450.0, 500.0, 3400.0]})
+    host = pd.DataFrame({"config": ["a"] * 3, "rep": [0] * 3, "phase": ["c=1", "c=4", "c=16"],
+                         "server_cpu_pct_p50": [191.0, 194.0, 178.0], "busiest_thread": ["VLLM::Worker"] * 3,
+                         "busiest_thread_cpu_pct_p50": [94.0, 93.0, 93.0]})
+    got = {i["point"]: r for i, r in rg.point_regimes(summary, pd.DataFrame(), host, cpu_cores={("a", 0): 2})}
+    assert got["c=1"].regime == got["c=4"].regime == "under-loaded"
+    assert "c=16 in this sweep served 7.6x" in got["c=1"].because
+    assert got["c=1"].because.endswith("first read as saturated at c=16 (compute-bound) in this sweep")
+    assert (got["c=16"].regime, got["c=16"].confidence) == ("compute-bound", "medium")
+    assert "89% of them" in got["c=16"].because
+    # without the cores known (a GPU server whose NVML failed) the same readings decide nothing
+    blind = rg.point_regimes(summary, pd.DataFrame(), host)
+    assert {r.regime for _, r in blind} == {"undecided"}
 
 
 def test_dcgm_exporter_fields_stand_in_for_gpm():

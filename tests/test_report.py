@@ -110,8 +110,11 @@ def test_thread1_names_the_rule_from_the_audit_offline(offline_run):
     assert env["claim"].startswith("vllm 0.32.0 (cpu) on no NVIDIA GPU / NVML")
     # thread 2 on the CPU engine: no graph mode to compare, said with the adapter's reason, thread 1's resolved
     # point (read from the store, nothing launched) and the audit's rule; an answer, so the notebook is ok
-    (g,) = json.loads((offline_run / "02_piecewise_cuda_graphs.findings.json").read_text())
+    g, ceiling = json.loads((offline_run / "02_piecewise_cuda_graphs.findings.json").read_text())
     assert g["title"] == "No CUDA graph modes to compare here" and g["confidence"] == "high" and not g["applies"]
+    # the CPU ceiling probe kept in the reference store: eager against compile at batch 1, 16 and 256
+    assert ceiling["evidence"]["ceiling_info"]["device"] == "cpu" and "on a CPU only eager and compile" in \
+        ceiling["claim"]
     assert "CPU build has no CUDA graphs" in g["claim"] and "vllm/config/vllm.py:" in g["claim"]
     outcome = json.loads((offline_run / "02_piecewise_cuda_graphs.outcome.json").read_text())
     assert outcome["points_planned"] == outcome["points_measured"] == 1
@@ -209,8 +212,9 @@ def test_threads_02_05_on_real_transformers_serve_cpu_offline(tmp_path):
                      run_id="r", progress=False)
     status = {r.id: r.status for r in done.runs}
     assert status == {"02_piecewise_cuda_graphs": "no result", "05_torch_compile": "ok"}
-    head, full = json.loads((done.out_dir / "02_piecewise_cuda_graphs.findings.json").read_text())
+    head, ceiling, full = json.loads((done.out_dir / "02_piecewise_cuda_graphs.findings.json").read_text())
     assert head["title"] == "Graph modes: not compared" and full["title"] == "CUDA graphs full: not compared"
+    assert ceiling["title"] == "Graph ceiling: not measured" and "kept no probe" in ceiling["claim"]
     assert "graph_decode on full: asked full, the server resolved off" in full["claim"]
     f, excl = json.loads((done.out_dir / "05_torch_compile.findings.json").read_text())
     assert "Both sides resolved as asked in compile, eager" in f["claim"] and f["confidence"] == "low"
@@ -235,11 +239,18 @@ def test_h200_suite_renders_offline_as_measured(tmp_path):
     done = run_suite(ROOT / "data" / "suites" / "transformers-gpu.yaml", offline=True, reports_dir=tmp_path / "r",
                      store_dir=store, run_id="h", progress=False)
     status = {r.id: r.status for r in done.runs}
-    for nb in ("02_piecewise_cuda_graphs", "04_data_parallelism", "05_torch_compile", "06_grouped_gemm",
-               "03_clocks_power", "99_summary"):
+    for nb in ("01_cuda_graph_disable_reason", "02_piecewise_cuda_graphs", "04_data_parallelism", "05_torch_compile",
+               "06_grouped_gemm", "03_clocks_power", "99_summary"):
         assert status[nb] == "ok", (nb, status)
-    head, full = json.loads((done.out_dir / "02_piecewise_cuda_graphs.findings.json").read_text())
+    head, ceiling, full = json.loads((done.out_dir / "02_piecewise_cuda_graphs.findings.json").read_text())
     assert head["title"] == "Use CUDA graphs: full" and head["recommended_flags"] == ["--cb-use-cuda-graph"]
+    # the engine-free ceiling probe, recorded on the H200 (benchmarks/gpu/run_issue21_h200.sh): 1 to 256, 4 forms
+    rows = ceiling["evidence"]["ceiling"]
+    fg, pw = ({r["batch"]: r for r in rows if r["form"] == form} for form in ("full", "piecewise"))
+    assert sorted(fg) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert all(fg[b]["gain_pct"] > pw[b]["gain_pct"] > 0 and fg[b]["resolved"] for b in fg)
+    assert ceiling["title"].startswith("Full could give at most +") and "Measured with the engine: full" in \
+        ceiling["claim"] and ceiling["evidence"]["ceiling_info"]["moe_method"].endswith("(torch._grouped_mm)")
     levels = {k: v for k, v in full["evidence"]["effects"].items() if k.startswith("output_tok_s@")}
     assert len(levels) == 3 and all(v["effect_pct"] > 30 for v in levels.values())
     assert "Both sides resolved as asked in graph_decode, graph_prefill" in full["claim"]
@@ -257,7 +268,14 @@ def test_h200_suite_renders_offline_as_measured(tmp_path):
     assert lay[0]["title"] == "Layouts: not compared" and "Only one server fits on 1 GPUs" in lay[0]["claim"]
     (summ,) = json.loads((done.out_dir / "99_summary.findings.json").read_text())
     assert summ["title"] == "First change: Use CUDA graphs: full"
-    for nb in ("02_piecewise_cuda_graphs", "04_data_parallelism", "05_torch_compile", "06_grouped_gemm"):
+    # thread 01 names the rule that chose graphs off, from the server's own log and the audit of 5.17's source
+    # (the published release: the H200's install is not here), and the flag that turns them on
+    (why,) = json.loads((done.out_dir / "01_cuda_graph_disable_reason.findings.json").read_text())
+    assert why["title"] == "Why CUDA graphs are off" and why["confidence"] == "high"
+    assert "initialization.py:247 decide_use_cuda_graphs" in why["claim"] and "is_attn_mask_needed = True" in \
+        why["claim"] and why["recommended_flags"] == ["--cb-use-cuda-graph"]
+    for nb in ("01_cuda_graph_disable_reason", "02_piecewise_cuda_graphs", "04_data_parallelism",
+               "05_torch_compile", "06_grouped_gemm"):
         recorded = json.loads((H200 / "report" / f"{nb}.findings.json").read_text())
         offline = json.loads((done.out_dir / f"{nb}.findings.json").read_text())
         assert [(x["title"], x["claim"], x["confidence"]) for x in offline] == \
@@ -284,7 +302,7 @@ def test_a_second_cold_h200_recording_ranks_the_same_first_change(tmp_path):
     assert [f["title"] for f in first] == ["First change: Use CUDA graphs: full"] * 2
     assert [f["recommendation"] for f in first] == ["--cb-use-cuda-graph"] * 2
     assert [f["confidence"] for f in first] == ["high", "high"]
-    head, full = json.loads((done.out_dir / "02_piecewise_cuda_graphs.findings.json").read_text())
+    head, *_, full = json.loads((done.out_dir / "02_piecewise_cuda_graphs.findings.json").read_text())
     assert full["effect"]["n"] >= 3 and full["effect"]["stopped"] == "resolved after 3 repetitions"
     comp, _ = json.loads((done.out_dir / "05_torch_compile.findings.json").read_text())
     assert comp["effect"]["n"] >= 3 and comp["effect"]["stopped"] == "max_repetitions=4 reached"
@@ -311,7 +329,7 @@ def test_h200_profiled_graph_modes_render_kernel_rates_offline(tmp_path):
     done = run_suite(ROOT / "data" / "suites" / "h200-transformers-profiled.yaml", offline=True,
                      reports_dir=tmp_path / "r", store_dir=store, run_id="p", progress=False)
     assert [r.status for r in done.runs] == ["ok"]
-    _, full = json.loads((done.out_dir / "02_piecewise_cuda_graphs.findings.json").read_text())
+    *_, full = json.loads((done.out_dir / "02_piecewise_cuda_graphs.findings.json").read_text())
     rates = {r["config"]: r for r in full["evidence"]["kernel_rates"]}
     assert rates["full"]["graph_kernel_fraction"] > 0.9 and rates["off"]["graph_kernel_fraction"] == 0
     assert rates["full"]["kernels_per_s"] > 1.5 * rates["off"]["kernels_per_s"]

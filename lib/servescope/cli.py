@@ -231,10 +231,14 @@ def _cmd_audit(a: argparse.Namespace) -> int:
     audit = find_rules(graph_disable_audit(ad.source_tree(inst)), condition=a.condition or "", effect=a.effect or "")
     if a.kind:
         audit = audit[audit["kind"] == a.kind]
+    if a.form:
+        audit = audit[audit["form"] == a.form]
     with pd.option_context("display.width", 200, "display.max_colwidth", 90, "display.max_rows", 500):
-        print(f"{ad.name} {inst.version}: {len(audit)} places that turn CUDA graphs off or force eager")
-        print(audit[["file", "line", "function", "kind", "rule", "effect", "condition", "message"]]
-              .to_string(index=False))
+        chooses = int((audit["form"] == "chooses").sum())
+        print(f"{ad.name} {inst.version}: {len(audit) - chooses} places that turn CUDA graphs off or force eager, "
+              f"{chooses} that choose graph use")
+        print(audit[["file", "line", "function", "kind", "form", "rule", "effect", "resolves_to", "condition",
+                     "message"]].to_string(index=False))
     if a.out:
         audit.to_csv(a.out, index=False)
     return 0
@@ -354,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     ce.add_argument("--readme", action="store_true", help="write the README's engine table (full run, clean only)")
     ce.set_defaults(fn=_cmd_check_engines)
 
-    for name, fn, what in (("audit", _cmd_audit, "list every place in an engine's source that turns CUDA graphs off"),
+    for name, fn, what in (("audit", _cmd_audit, "list every place in an engine's source that turns CUDA graphs off "
+                                                 "or chooses graph use"),
                            ("flags", _cmd_flags, "the CLI flags an engine version defines and how each knob maps")):
         v = sub.add_parser(name, help=what)
         v.add_argument("engine", nargs="?", default="vllm", help="sglang, vllm or transformers (default vllm)")
@@ -364,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
             v.add_argument("--condition", help="only rules whose condition matches this regex")
             v.add_argument("--effect", help="only rules whose effect matches this regex")
             v.add_argument("--kind", choices=["startup", "per-batch"])
+            v.add_argument("--form", choices=["disables", "chooses"], help="only rules that turn graphs off, or only "
+                           "those that choose graph use from a computed condition")
             v.add_argument("--out", help="also write the table as CSV")
         else:
             v.add_argument("--all", action="store_true", help="list every flag with file:line")

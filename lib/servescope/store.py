@@ -80,6 +80,12 @@ class Point:
         return inst if isinstance(inst, dict) else None
 
     @property
+    def cpu_count(self) -> int | None:
+        """The cores the suite could use when the point ran (the manifest's cpu_count)."""
+        n = self.manifest.get("cpu_count")
+        return int(n) if isinstance(n, (int, float)) else None
+
+    @property
     def flags(self) -> list[str]:
         """The engine flags the configuration launched with."""
         return list(self.target.get("flags") or [])

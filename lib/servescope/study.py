@@ -222,8 +222,11 @@ class Study:
         if len(r.telemetry_status) and "gpu" in r.telemetry_status:
             status = {(row["config"], row["rep"]): ("" if row["gpu"] in ("ok", None) or str(row["gpu"]).startswith(
                 "replayed") else str(row["gpu"])) for _, row in r.telemetry_status.iterrows()}
+        # a server that computes on the CPU: its cores are the device its regime is read from
+        cpu = {key: pt.cpu_count for key, pt in r.stored.items()
+               if (pt.install or {}).get("platform") == "cpu" and pt.cpu_count}
         return point_regimes(summary, self.gpu_points(), self.host_points(), r.kernels, r.runtime, r.profiles,
-                             status)
+                             status, cpu_cores=cpu)
 
     def regimes(self, per_rep: bool = False) -> pd.DataFrame:
         """The regime verdicts as a table: arm, point, GPU, regime, how many repetitions reached it (or one row per

@@ -16,8 +16,10 @@ import pandas as pd
 
 from . import kernels as ak
 
-REGIMES = ("idle", "client-limited", "host-bound", "launch-bound", "memory-bandwidth-bound", "compute-bound",
-           "power-capped", "thermal-throttled", "hw-slowdown")
+REGIMES = ("idle", "client-limited", "under-loaded", "host-bound", "launch-bound", "memory-bandwidth-bound",
+           "compute-bound", "power-capped", "thermal-throttled", "hw-slowdown")
+# a regime where the server had more to give than the load asked of it: the level at which it first saturated is named
+NOT_SATURATED = ("idle", "client-limited", "under-loaded", "undecided")
 THERMAL = ("sw_thermal_slowdown", "hw_thermal_slowdown")
 HW = ("hw_slowdown", "hw_power_brake_slowdown")
 NAN = float("nan")
@@ -46,6 +48,11 @@ class RegimeThresholds:
     launch_kernels_per_s: float = 20000.0  # with short kernels: launched faster than they can be fed
     short_kernel_us: float = 10.0
     kernel_share: float = 0.6  # kernel-name categories (matmul vs copy/elementwise) deciding a busy trace
+    underloaded_util_pct: float = 50.0  # NVML "utilization" below this with no hot server thread: the GPU waits for
+    # requests, not for the host (seen on the H200: transformers at c=1, the GPU busy a few percent, 5% of a core)
+    underloaded_thread_pct: float = 50.0  # the busiest server thread below this share of a core: far from saturating
+    headroom_x: float = 1.5  # a higher level of the same sweep served this many times the output tok/s: room left
+    cpu_cores_full_pct: float = 80.0  # a CPU server's processes at this share of its cores: the cores are full
 
 
 ACTIONS = {
@@ -53,6 +60,9 @@ ACTIONS = {
             "and the point's errors.",
     "client-limited": "The load generator was the limit: rerun with more client processes or a rate it can keep; "
                       "the server's figures at this point understate it.",
+    "under-loaded": "The offered load was the limit: the server waited for requests. Raise the concurrency or the "
+                    "request rate (the level where it first saturated is named) before tuning the server; its "
+                    "figures here say little about its capacity.",
     "host-bound": "A server thread saturates a core while the GPU waits: cut host work per step (more requests per "
                   "step, the engine's overlap or async scheduler, detokenization off the scheduler thread); CUDA "
                   "graphs remove only the launch share of it.",
@@ -98,6 +108,10 @@ class Evidence:
     gemm_share: float = NAN
     memory_share: float = NAN
     gpu_why_missing: str = ""  # why there are no GPU counters (no GPU, NVML error)
+    server_cpu_pct: float = NAN  # the server's processes together, % of one core (host sampler)
+    server_cores: float = NAN  # a CPU server's cores (it computes on them); NaN for a GPU server
+    headroom_x: float = NAN  # the most output tok/s a higher level of the same sweep served, over this point's
+    headroom_point: str = ""  # that level
 
     def has(self, name: str) -> bool:
         """Whether a reading is present."""
@@ -198,6 +212,9 @@ def decide(ev: Evidence, th: RegimeThresholds = RegimeThresholds()) -> Regime:
         tiny = gpm and util >= th.idle_util_pct and ev.sm_active_pct < th.tiny_kernel_sm_ratio * util
         if launch_trace:
             return out("launch-bound", trace_words + (f"; {host_words}" if host_words else ""), "high")
+        under = _under_loaded(ev, th, util, util_words, host_words, out)
+        if under is not None:
+            return under
         if trace_words and (host_hot or not ev.has("busiest_thread_cpu_pct")):
             return out("host-bound", f"{trace_words}: the GPU waits while the host does other work than launching"
                        + (f"; {host_words}" if host_words else ""), "high" if host_hot else "medium")
@@ -246,10 +263,62 @@ def decide(ev: Evidence, th: RegimeThresholds = RegimeThresholds()) -> Regime:
                missing=["SM activity and DRAM bandwidth (GPM or DCGM) to confirm"])
 
 
+def _headroom_words(ev: Evidence) -> str:
+    return (f"{ev.headroom_point} in this sweep served {ev.headroom_x:.1f}x the output tok/s on the same server"
+            if ev.has("headroom_x") else "")
+
+
+def _under_loaded(ev: Evidence, th: RegimeThresholds, util: float, util_words: str, host_words: str,
+                  out: Any) -> Regime | None:
+    """A GPU server that waited for requests: they completed, the client kept up, the GPU was mostly idle and no
+    server thread came near a full core (or one below saturation, where a higher level of the sweep served more)."""
+    if not (ev.has("requests_completed") and ev.requests_completed > 0 and ev.has("busiest_thread_cpu_pct")):
+        return None
+    room = ev.has("headroom_x") and ev.headroom_x >= th.headroom_x
+    cold = ev.busiest_thread_cpu_pct < th.underloaded_thread_pct or (
+        ev.busiest_thread_cpu_pct < th.host_saturated_pct and room)
+    if util >= th.underloaded_util_pct or not cold:
+        return None
+    power = f", power {_fmt(ev.power_pct_of_limit)} of the limit" if ev.has("power_pct_of_limit") else ""
+    said = (f"{util_words}{power} and no server thread near a full core ({host_words}), with every request "
+            "completed and the client keeping up: the server waited for requests")
+    return out("under-loaded", said + (f"; {_headroom_words(ev)}" if room else ""), "high" if room else "medium",
+               missing=[] if room else ["a higher load level in the same sweep that served more"])
+
+
+def _cpu_server(ev: Evidence, th: RegimeThresholds, out: Any, host_hot: bool, host_words: str) -> Regime:
+    """A server that computes on the CPU: its cores are the device. Their busy share cannot tell work from threads
+    that spin while waiting (vLLM's CPU worker reads 95% of a core at every level), so the sweep decides first:
+    a higher level that served more shows the server had room."""
+    cores = ev.server_cores
+    busy = 100 * ev.server_cpu_pct / (100 * cores) if ev.has("server_cpu_pct") else NAN
+    cores_words = (f"the CPU server's processes used {_fmt(ev.server_cpu_pct)} of one core over its {cores:.0f} "
+                   f"cores ({_fmt(busy)} of them)" if busy == busy else f"the CPU server has {cores:.0f} cores")
+    room = ev.has("headroom_x") and ev.headroom_x >= th.headroom_x
+    if room:
+        return out("under-loaded", f"{_headroom_words(ev)}: the server had room, and the load did not ask for it "
+                   f"({cores_words}; on a CPU engine that share includes threads spinning while they wait)",
+                   "medium")
+    if busy == busy and busy >= th.cpu_cores_full_pct:
+        top = "no higher level of this sweep" if not ev.has("headroom_x") else \
+            f"{ev.headroom_point} served only {ev.headroom_x:.2f}x as much"
+        return out("compute-bound", f"{cores_words}, and {top}: its cores are the limit", "medium",
+                   missing=[] if ev.has("headroom_x") else ["a higher load level, to show the cores were doing work"])
+    if host_hot:
+        return out("host-bound", f"{host_words} while the server's cores were not full ({cores_words})", "medium")
+    if busy == busy and ev.has("requests_completed") and ev.requests_completed > 0:
+        return out("under-loaded", f"{cores_words} and no thread saturated one: the server waited for requests",
+                   "medium")
+    return out("undecided", f"{cores_words}; the server's processes were not read", "none",
+               ("under-loaded", "host-bound", "compute-bound"), ["the server's processes (host sampler)"])
+
+
 def _trace_only(ev: Evidence, th: RegimeThresholds, out: Any, host_hot: bool, host_words: str, launch_trace: bool,
                 trace_words: str) -> Regime:
-    """No GPU counters: the trace (and the host) decide what they can."""
+    """No GPU counters: the trace (and the host) decide what they can; a CPU server's own cores decide for it."""
     why = ev.gpu_why_missing or "no GPU counters were read"
+    if ev.has("server_cores") and not ev.has("trace_busy_pct"):
+        return _cpu_server(ev, th, out, host_hot, host_words)
     if not ev.has("trace_busy_pct"):
         if host_hot:
             return out("undecided", f"{host_words}; {why}", "low", ("host-bound", "launch-bound", "compute-bound"),
@@ -340,6 +409,7 @@ def point_evidence(gpu: pd.Series | None = None, host: pd.Series | None = None, 
         ev.reason_shares = {k[len("reason_"):-len("_share")]: float(v) for k, v in gpu.items()
                             if str(k).startswith("reason_") and str(k).endswith("_share") and v == v}
     if host is not None:
+        ev.server_cpu_pct = _num(host, "server_cpu_pct_p50")
         ev.busiest_thread_cpu_pct = _num(host, "busiest_thread_cpu_pct_p50")
         ev.busiest_thread = str(host.get("busiest_thread") or "")
     for k, v in (trace or {}).items():
@@ -377,16 +447,65 @@ __all__ = ["ACTIONS", "Evidence", "REGIMES", "Regime", "RegimeThresholds", "deci
            "regime_table", "trace_evidence", "trace_regime"]
 
 
+def _level(point: str) -> float:
+    """A point's load level: its concurrency or request rate ('rate=inf' is the highest)."""
+    if "=inf" in point:
+        return float("inf")
+    m = pd.Series([point]).str.extract(r"(\d+(?:\.\d+)?)")[0].iloc[0]
+    return float(m) if isinstance(m, str) else NAN
+
+
+def _kind(point: str) -> str:
+    """'c' for a concurrency level, 'rate' for a request rate."""
+    return point.split("=", 1)[0]
+
+
+def _headroom(summary: pd.DataFrame, ids: list[str]) -> dict[tuple, tuple[float, str]]:
+    """Per point (ids..., point): the most output tok/s a higher level of the same sweep served, over this point's,
+    and that level."""
+    if "output_tok_s" not in summary or "point" not in summary:
+        return {}
+    out: dict[tuple, tuple[float, str]] = {}
+    for key, g in (summary.groupby(ids, sort=False) if ids else [((), summary)]):
+        key = key if isinstance(key, tuple) else (key,)
+        lv = [(_level(str(r.point)), str(r.point), float(r.output_tok_s)) for r in g.itertuples()]
+        for lvl, pt, tok in lv:  # levels of one kind: concurrency against concurrency, rates against rates
+            higher = [(t, p) for lv2, p, t in lv if lv2 > lvl and t == t and _kind(p) == _kind(pt)]
+            if higher and tok == tok and tok > 0:
+                best = max(higher)
+                out[(*key, pt)] = (best[0] / tok, best[1])
+    return out
+
+
+def _name_saturation(out: list[tuple[dict[str, Any], Regime]]) -> None:
+    """An under-loaded point names the lowest higher level of its sweep at which the server saturated, if any."""
+    for ident, r in out:
+        if r.regime != "under-loaded":
+            continue
+        mine = _level(ident["point"])
+        later = sorted((_level(i["point"]), i["point"], q.regime) for i, q in out
+                       if i.get("config") == ident.get("config") and i.get("rep") == ident.get("rep")
+                       and i.get("gpu") == ident.get("gpu") and _kind(i["point"]) == _kind(ident["point"])
+                       and _level(i["point"]) > mine)
+        sat = next(((p, g) for _, p, g in later if g not in NOT_SATURATED), None)
+        r.because += (f"; the server first read as saturated at {sat[0]} ({sat[1]}) in this sweep" if sat else
+                      "; no level of this sweep saturated it")
+
+
 def point_regimes(summary: pd.DataFrame, gpu_points: pd.DataFrame, host_points: pd.DataFrame,
                   kernels: pd.DataFrame | None = None, runtime: pd.DataFrame | None = None,
                   profiles: pd.DataFrame | None = None, gpu_status: dict[tuple, str] | None = None,
-                  th: RegimeThresholds = RegimeThresholds()) -> list[tuple[dict[str, Any], Regime]]:
+                  th: RegimeThresholds = RegimeThresholds(),
+                  cpu_cores: dict[tuple, int] | None = None) -> list[tuple[dict[str, Any], Regime]]:
     """A verdict for every measured point (config, rep, point; per GPU where there are GPUs) from the run's tables:
-    the load summary with client health, GPU points, host points, and a stored profile of the same level."""
+    the load summary with client health, GPU points, host points, a stored profile of the same level, the sweep's
+    higher levels (room the server had), and for a server that computes on the CPU, its cores (cpu_cores per
+    config and rep)."""
     out: list[tuple[dict[str, Any], Regime]] = []
     if summary.empty:
         return out
     ids = [c for c in ("config", "rep") if c in summary]
+    room = _headroom(summary, ids)
     for _, load in summary.iterrows():
         key = {c: load[c] for c in ids}
         point = str(load["point"]) if "point" in load else f"c={int(load['concurrency'])}"
@@ -418,6 +537,11 @@ def point_regimes(summary: pd.DataFrame, gpu_points: pd.DataFrame, host_points: 
         for gpu in ([r for _, r in gpus.iterrows()] or [None]):
             ev = point_evidence(gpu, host.iloc[0] if len(host) else None, load, trace,
                                 gpu_why_missing=why or ("" if gpu is not None else "no GPU readings"))
+            ev.headroom_x, ev.headroom_point = room.get((*key.values(), point), (NAN, ""))
+            cores = (cpu_cores or {}).get(tuple(key.values()))
+            if cores and gpu is None:
+                ev.server_cores = float(cores)
             ident = {**key, "point": point, "gpu": int(gpu["gpu"]) if gpu is not None and "gpu" in gpu else None}
             out.append((ident, decide(ev, th)))
+    _name_saturation(out)
     return out

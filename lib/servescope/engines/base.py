@@ -21,7 +21,7 @@ from .flagscan import FlagSet
 from .helpcheck import _help_cached, _scan_cached, known_release, reconcile_flags
 from .logs import LogPattern
 from .source import SourceTree
-from .state import FIELDS, ResolvedState, expected_state
+from .state import FIELDS, FactRule, ResolvedState, expected_state
 
 
 @dataclass(frozen=True)
@@ -205,9 +205,9 @@ class EngineAdapter(ABC):
         except ServescopeError:
             return []
 
-    def fact_rules(self, state: ResolvedState) -> list[tuple[str, str]]:
-        """Facts of a resolved state, each with the regex of the audit condition it satisfies ('file:<regex>' matches
-        the rule's file instead): how thread 1 names the rule that turned graphs off."""
+    def fact_rules(self, state: ResolvedState) -> list[FactRule]:
+        """Facts of a resolved state, each with the regex of the audit rule it satisfies and its remedy: how thread 1
+        names the rule that turned graphs off, or chose them off."""
         return []
 
     def graph_metrics(self) -> dict[str, str]:

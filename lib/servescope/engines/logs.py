@@ -120,6 +120,13 @@ TRANSFORMERS_PATTERNS = [
                r"Using cuda graphs for \(varlen, decode\) paths: (?:\((?P<varlen>True|False), (?P<decode>True|False)\))?",
                "continuous batching's CUDA-graph decision for its prefill (varlen) and decode paths", "transformers",
                "5.17.0"),
+    LogPattern("cb_graph_inputs", "graph_capture",
+               r"because use_cuda_graphs = (?P<use_cuda_graphs>True|False) and "
+               r"is_attn_mask_needed = (?P<attn_mask_needed>True|False)",
+               "the inputs continuous batching chose from: graphs in use, and whether its attention needs a mask "
+               "(graphs are chosen off when it does)", "transformers", "5.17.0 5.23.0"),
+    LogPattern("cb_flash_advice", "attention_backend", r"Continuous batching is much better when using flash attention",
+               "the attention implementation is not a flash one", "transformers", "5.17.0 5.23.0"),
     LogPattern("cb_cuda_graph_off", "graph_disabled", r"turning off (?:cuda|accelerator) graphs",
                "CUDA graphs asked for but no graph backend (no CUDA) is available (5.17: 'cuda', 5.19: 'accelerator')",
                "transformers", "5.17.0"),
@@ -154,15 +161,15 @@ def analyze_log_file(path: str | Path, engine: str) -> pd.DataFrame:
     return analyze_log(Path(path).read_text(errors="replace"), patterns_for(engine))
 
 
-def _template(node: ast.AST) -> str | None:
+def template_of(node: ast.AST) -> str | None:
     """A message template from a string literal, an f-string (holes for expressions) or implicit concatenation."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
         return "".join(v.value if isinstance(v, ast.Constant) else HOLE for v in node.values)
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mod)):
-        left = _template(node.left)
-        right = _template(node.right) if isinstance(node.op, ast.Add) else ""
+        left = template_of(node.left)
+        right = template_of(node.right) if isinstance(node.op, ast.Add) else ""
         return None if left is None else left + (right or "")
     return None
 
@@ -185,7 +192,7 @@ def is_log_call(name: str) -> bool:
 def log_template(node: ast.Call) -> str | None:
     """The message template of a log call: its first argument, or the second where the first is the logger."""
     for arg in node.args[:2]:
-        t = _template(arg)
+        t = template_of(arg)
         if t:
             return t
     return None

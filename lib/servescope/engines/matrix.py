@@ -1,7 +1,8 @@
 """`servescope check-engines`: every engine release a user may run, read from its published source. Per release:
 the flags the scan finds (and that the core flags are among them), every knob's launch plan (built, or refused with
-that version's own reason), and the graph-disable audit's rows by kind. Anything inconsistent (a scan that fails, a
-plan that emits a flag or value the version does not define, an audit that finds nothing) fails the check."""
+that version's own reason), and the graph audit's rows by kind and how many rules choose graph use. Anything
+inconsistent (a scan that fails, a plan that emits a flag or value the version does not define, an audit that finds
+nothing) fails the check."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ import pandas as pd
 
 from ..errors import KnobError, ServescopeError, SpecError
 from ..spec import Knobs
-from .audit import PER_BATCH, SILENT, STARTUP, graph_disable_audit
+from .audit import CHOOSES, PER_BATCH, SILENT, STARTUP, graph_disable_audit
 from .base import KNOB_PROBES, EngineAdapter, EngineInstall
 from .flagscan import FlagSet
 from .source import SourceTree, fetch_sdist, fetch_wheel, index_files
 
 MATRIX_COLUMNS = ["engine", "version", "source", "declared", "flags", "core", "choices", "phases", "knobs_built",
-                  "knobs_refused", "audit_startup", "audit_per_batch", "audit_named_rules", "audit_silent",
+                  "knobs_refused", "audit_startup", "audit_per_batch", "audit_chooses", "audit_named_rules", "audit_silent",
                   "graph_intents", "scan_s", "problems"]
 
 # the releases the check covers (issue 15): SGLang from 0.4.0 (the last patch of each 0.4 minor, every 0.5.x),
@@ -147,6 +148,7 @@ def check_release(adapter: EngineAdapter, tree: SourceTree) -> ReleaseCheck:
     if audit is not None:
         row |= {"audit_startup": int((audit["kind"] == STARTUP).sum()),
                 "audit_per_batch": int((audit["kind"] == PER_BATCH).sum()),
+                "audit_chooses": int((audit["form"] == CHOOSES).sum()),
                 "audit_named_rules": int(audit["rule"].fillna("").ne("").sum()),
                 "audit_silent": int((audit["message"] == SILENT).sum())}
         if not len(audit):
@@ -179,7 +181,8 @@ def check_engines(engines: list[str], versions: dict[str, list[str]] | None = No
             r = res.row
             say(f"{name:<12} {v:<12} {r.get('flags', 0):>4} flags  {r.get('knobs_built', 0):>2} built "
                 f"{r.get('knobs_refused', 0):>2} refused  audit {r.get('audit_startup', 0):>3} startup "
-                f"{r.get('audit_per_batch', 0):>3} per-batch  {'PROBLEM: ' + r['problems'] if r.get('problems') else 'ok'}")
+                f"{r.get('audit_per_batch', 0):>3} per-batch {r.get('audit_chooses', 0):>3} choosing  "
+                f"{'PROBLEM: ' + r['problems'] if r.get('problems') else 'ok'}")
     matrix = pd.DataFrame(rows).reindex(columns=MATRIX_COLUMNS)
     matrix["problems"] = matrix["problems"].fillna("")
     return matrix, (pd.concat(knobs, ignore_index=True) if knobs else pd.DataFrame())
@@ -193,8 +196,8 @@ def readme_table(matrix: pd.DataFrame) -> str:
         return f"{lo}" if lo == hi else f"{lo}–{hi}"
 
     lines = ["| Engine | Releases | Flags declared as | Flags | CUDA-graph intents it can run | "
-             f"Knob plans built (of {len(KNOB_PROBES)}) | Audit rows (startup / per-batch) | Check |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"Knob plans built (of {len(KNOB_PROBES)}) | Audit rows (startup / per-batch) | Rules that choose graph use | "
+             "Check |", "|---|---|---|---|---|---|---|---|---|"]
     for engine, g in matrix.groupby("engine", sort=False):
         g = g.reset_index(drop=True)
         start = 0
@@ -210,7 +213,8 @@ def readme_table(matrix: pd.DataFrame) -> str:
                 ok = "clean" if not block["problems"].astype(bool).any() else "problems"
                 lines.append(f"| {engine} | {rel} | {block['declared'].iloc[0]} | {span(block['flags'])} | "
                              f"{block['graph_intents'].iloc[0] or '—'} | {span(block['knobs_built'])} | "
-                             f"{span(block['audit_startup'])} / {span(block['audit_per_batch'])} | {ok} |")
+                             f"{span(block['audit_startup'])} / {span(block['audit_per_batch'])} | "
+                             f"{span(block['audit_chooses'])} | {ok} |")
             start = i
     return "\n".join(lines)
 

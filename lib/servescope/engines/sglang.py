@@ -26,7 +26,7 @@ from .envs import EngineEnvSpec
 from .flagscan import FlagSet
 from .http import get_json, post
 from .logs import LogPattern, patterns_for
-from .state import ResolvedState
+from .state import FactRule, ResolvedState
 
 # old per-backend switches, before --moe-runner-backend existed
 _OLD_MOE_FLAGS = {"flashinfer_cutlass": "--enable-flashinfer-cutlass-moe",
@@ -306,22 +306,22 @@ class SglangAdapter(EngineAdapter):
             **{f: no_info if not r else "this version's server args do not carry it"
                for f in ("compile", "graph_decode", "graph_prefill", "tp", "dp", "ep", "device", "dtype")}})
 
-    def fact_rules(self, state: ResolvedState) -> list[tuple[str, str]]:
+    def fact_rules(self, state: ResolvedState) -> list[FactRule]:
         """Attention backend, DeepEP mode, compile, PD disaggregation, two-batch overlap, pipeline parallelism."""
         f, out = state.facts, []
         if f.get("attention_backend") in ("torch_native", "flex_attention"):
-            out.append((f"attention backend is {f['attention_backend']}", re.escape(f"== '{f['attention_backend']}'")))
+            out.append(FactRule(f"attention backend is {f['attention_backend']}", re.escape(f"== '{f['attention_backend']}'")))
         if f.get("deepep_mode") == "normal":
-            out.append(("DeepEP in normal mode", r"deepep_mode == 'normal'"))
+            out.append(FactRule("DeepEP in normal mode", r"deepep_mode == 'normal'"))
         if f.get("enable_torch_compile"):
-            out.append(("torch.compile is on", r"enable_torch_compile"))
+            out.append(FactRule("torch.compile is on", r"enable_torch_compile"))
         if f.get("disaggregation_mode") in ("prefill", "decode"):
-            out.append((f"PD disaggregation, {f['disaggregation_mode']} server",
+            out.append(FactRule(f"PD disaggregation, {f['disaggregation_mode']} server",
                         re.escape(f"disaggregation_mode == '{f['disaggregation_mode']}'")))
         if f.get("enable_two_batch_overlap"):
-            out.append(("two-batch overlap is on", r"enable_two_batch_overlap"))
+            out.append(FactRule("two-batch overlap is on", r"enable_two_batch_overlap"))
         if (f.get("pp_size") or 1) > 1:
-            out.append(("pipeline parallelism", r"pp_size > 1"))
+            out.append(FactRule("pipeline parallelism", r"pp_size > 1"))
         return out
 
     def graph_metrics(self) -> dict[str, str]:

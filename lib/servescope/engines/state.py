@@ -8,7 +8,7 @@ verification never treats an unreported field as equal to the request.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -20,6 +20,16 @@ GRAPH_PHASES: dict[str, tuple[str, str]] = {"off": ("off", "off"), "decode_only"
 # the fields a request can pin, in table order
 FIELDS = ("compile", "graph_decode", "graph_prefill", "eager", "tp", "dp", "ep", "moe_backend", "attention_backend")
 NOT_REPORTED = "not reported"
+
+
+class FactRule(NamedTuple):
+    """A fact of a resolved state and the regex of the audit rule it satisfies (matched against the rule's condition
+    and what it resolves to; 'file:<regex>' matches the rule's file instead), with the change that undoes it in the
+    engine's spelling where there is one beyond turning graphs on."""
+
+    fact: str
+    pattern: str
+    remedy: str = ""
 
 
 @dataclass

@@ -14,7 +14,7 @@ from ..spec import Knobs
 from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version
 from .envs import EngineEnvSpec
 from .logs import LogPattern, patterns_for
-from .state import ResolvedState
+from .state import FactRule, ResolvedState
 
 
 class TransformersAdapter(EngineAdapter):
@@ -165,6 +165,9 @@ class TransformersAdapter(EngineAdapter):
                 st.graph_decode = "full" if decode == "True" else "off"
                 st.graph_mode = f"log: (varlen, decode) = ({varlen}, {decode})"
                 st.source += " + log"
+            inputs = lines[lines["name"] == "cb_graph_inputs"]
+            if len(inputs) and "attn_mask_needed" in inputs:
+                st.facts["is_attn_mask_needed"] = inputs["attn_mask_needed"].iloc[-1] == "True"
             if len(lines[lines["name"] == "cb_cuda_graph_off"]):
                 st.graph_decode = st.graph_prefill = "off"
                 st.graph_mode = "log: graphs asked for, turned off (no graph backend: no CUDA)"
@@ -180,11 +183,27 @@ class TransformersAdapter(EngineAdapter):
             "device": "--device not given",
             "dtype": "--dtype not given and the model's config is not readable here"})
 
-    def fact_rules(self, state: ResolvedState) -> list[tuple[str, str]]:
-        """No CUDA device: continuous batching turns its graphs off."""
-        if state.facts.get("device") != "cuda":
-            return [("no CUDA device", r"^not torch\.cuda\.is_available\(\)$|get_accelerator_graph_name\(\) is None")]
-        return []
+    def fact_rules(self, state: ResolvedState) -> list[FactRule]:
+        """No CUDA device: continuous batching turns its graphs off. On CUDA, with graphs neither asked for nor
+        refused: its default chooses them per path, on iff the attention needs no mask, i.e. iff a flash attention
+        was requested (`is_attn_mask_needed = not is_flash_attention_requested(config)`)."""
+        f = state.facts
+        if f.get("device") != "cuda":
+            return [FactRule("no CUDA device", r"^not torch\.cuda\.is_available\(\)$|get_accelerator_graph_name\(\) is None")]
+        if state.graph_mode and state.graph_mode.startswith("--"):  # --(no-)cb-use-cuda-graph: as given
+            return []
+        attn = f.get("attn_implementation")
+        logged = f.get("is_attn_mask_needed")
+        if logged is False or (logged is None and attn and "flash" in str(attn)):
+            return []
+        said = ("it logged is_attn_mask_needed = True" if logged else
+                f"--attn-implementation {attn} is not a flash one" if attn else
+                "--attn-implementation not given: the model's default, not a flash one")
+        return [FactRule(f"the attention needs an attention mask ({said}), and neither --cb-use-cuda-graph nor "
+                         "--no-cb-use-cuda-graph was given: continuous batching's default then chooses graphs off "
+                         "for both paths", r"\bnot is_attn_mask_needed\b",
+                         "or serve a flash attention implementation (`--attn-implementation flash_attention_2`, with "
+                         "the flash-attn package installed), for which its default chooses graphs on")]
 
     def log_patterns(self) -> list[LogPattern]:
         """Uvicorn start, CUDA-graph lines, common errors."""

@@ -17,7 +17,7 @@ from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
 from .http import get_json, post
-from .state import ResolvedState
+from .state import FactRule, ResolvedState
 
 EMBEDDED_VERSION = "0.32.0"
 
@@ -302,18 +302,18 @@ class VllmAdapter(EngineAdapter):
             **{f: "no /server_info (VLLM_SERVER_DEV_MODE=1 serves it) and no engine config line in the log"
                for f in ("compile", "graph_decode", "graph_prefill", "eager", "tp", "dp", "ep", "device", "dtype")}})
 
-    def fact_rules(self, state: ResolvedState) -> list[tuple[str, str]]:
+    def fact_rules(self, state: ResolvedState) -> list[FactRule]:
         """Device, --enforce-eager and TORCH_COMPILE_DISABLE, against vLLM's config-time rules."""
         f, out = state.facts, []
         if f.get("device") not in (None, "cuda"):
-            out.append((f"device is {f.get('device')}: this platform has no static CUDA-graph mode",
+            out.append(FactRule(f"device is {f.get('device')}: this platform has no static CUDA-graph mode",
                         r"^not \(current_platform\.support_static_graph_mode\(\)\)$"))
         if f.get("device") == "cpu":
-            out.append(("device is cpu: vLLM's CPU model runner has no CUDA graphs", "file:cpu_model_runner\\.py$"))
+            out.append(FactRule("device is cpu: vLLM's CPU model runner has no CUDA graphs", "file:cpu_model_runner\\.py$"))
         if f.get("enforce_eager"):
-            out.append(("--enforce-eager was given", r"model_config\.enforce_eager$"))
+            out.append(FactRule("--enforce-eager was given", r"model_config\.enforce_eager$"))
         if f.get("TORCH_COMPILE_DISABLE") in ("1", 1, True):
-            out.append(("TORCH_COMPILE_DISABLE=1 in the environment", r"TORCH_COMPILE_DISABLE"))
+            out.append(FactRule("TORCH_COMPILE_DISABLE=1 in the environment", r"TORCH_COMPILE_DISABLE"))
         return out
 
     def graph_metrics(self) -> dict[str, str]:

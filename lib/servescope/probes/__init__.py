@@ -52,8 +52,11 @@ def _run_script(name: str, python: str, spec: dict[str, Any], timeout_s: float) 
     try:
         res = subprocess.run([python, str(script), json.dumps(spec)], capture_output=True, text=True,
                              timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ServescopeError(f"{name} did not finish in {timeout_s:.0f} s under {python}") from None
+    except subprocess.TimeoutExpired as ex:  # what it said so far tells how far it got
+        said = ex.stderr.decode(errors="replace") if isinstance(ex.stderr, bytes) else (ex.stderr or "")
+        tail = " | ".join(said.strip().splitlines()[-3:])
+        raise ServescopeError(f"{name} did not finish in {timeout_s:.0f} s under {python}"
+                              + (f"; last said: {tail}" if tail else "")) from None
     if res.returncode != 0:
         tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
         raise ServescopeError(f"{name} failed under {python}: {' | '.join(tail)}")
@@ -69,3 +72,17 @@ def moe_ceiling(python: str, experts: int, top_k: int, hidden: int, inter: int, 
             "device": device, "dtype": dtype, "reps": reps, "seed": seed}
     out = _run_script("moe_ceiling.py", python, spec, timeout_s)
     return pd.DataFrame(out.pop("rows")), out
+
+
+def graph_ceiling(python: str, shape: dict[str, int], batches: list[int], device: str = "cpu",
+                  dtype: str = "float32", forms: tuple[str, ...] = ("eager", "full", "piecewise", "compile"),
+                  steps: int = 20, reps: int = 7, seed: int = 0,
+                  timeout_s: float = 600) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Milliseconds per decode step of a layer stack of the model's shapes in each form (eager, one full CUDA
+    graph, piecewise with the MoE eager, torch.compile; eager and compile only on a CPU), per batch size (see
+    probes/graph_ceiling.py): a table (form, batch, ms_per_step, tokens_per_s, runs_ms: every run's ms per step)
+    and what ran."""
+    spec = {**shape, "batches": list(batches), "device": device, "dtype": dtype, "forms": list(forms),
+            "steps": steps, "reps": reps, "seed": seed}
+    out = _run_script("graph_ceiling.py", python, spec, timeout_s)
+    return pd.DataFrame(out.pop("rows"), columns=["form", "batch", "ms_per_step", "tokens_per_s", "runs_ms"]), out

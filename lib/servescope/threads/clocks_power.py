@@ -214,9 +214,13 @@ def findings(ps: PowerStudy) -> list[Finding]:
                         f"stored for this engine and model ({ps.source}).", applies=False, reason=ps.source)]
     if not ps.has_gpu:
         why = ps.gpu_missing_reason()
-        out.append(Finding(thread=THREAD, title="No GPU here: clocks, power and GPU regimes not measured",
-                           claim=f"The telemetry read no GPU ({why}); the host and server side are shown instead.",
-                           applies=False, reason=why, confidence="high", evidence={"gpu_status": why}))
+        cpu = _cpu_headline(ps)
+        title = cpu[0] if cpu else "No GPU here: clocks, power and GPU regimes not measured"
+        out.append(Finding(thread=THREAD, title=title,
+                           claim=(f"{cpu[1]} " if cpu else "") + f"The telemetry read no GPU ({why}): clocks and "
+                           "power are not measured; the host and server side are shown instead.",
+                           applies=False, reason=why, confidence="medium" if cpu else "high",
+                           evidence={"gpu_status": why, "cpu_regimes": cpu[2] if cpu else {}}))
     if ps.has_gpu:
         out.append(_headline(ps))
     s = res.summary
@@ -227,7 +231,7 @@ def findings(ps: PowerStudy) -> list[Finding]:
             continue
         regimes = [r for _, r in vs]
         r = max(regimes, key=lambda x: CONFIDENCE_ORDER.index(x.confidence))
-        if not ps.has_gpu and r.regime not in ("idle", "client-limited"):
+        if not ps.has_gpu and r.regime == "undecided":
             continue  # said once above: GPU regimes cannot be told without GPU counters
         decided = r.regime != "undecided"
         ran_with = set(" ".join(res.points.loc[res.points["config"] == cfg, "flags"].astype(str)).split())
@@ -244,6 +248,27 @@ def findings(ps: PowerStudy) -> list[Finding]:
 
 
 THROTTLES = ("power-capped", "thermal-throttled", "hw-slowdown")
+
+
+def _cpu_headline(ps: PowerStudy) -> tuple[str, str, dict[str, str]] | None:
+    """A server that computes on the CPU: its regime per level (the most repetitions' verdict) for the first
+    configuration (the engine's defaults where measured), as (title, claim, level -> regime); None if undecided."""
+    cpu = [(i, r) for i, r in ps.verdicts if "server_cores" in r.evidence]
+    if not cpu:
+        return None
+    cfgs = list(dict.fromkeys(i["config"] for i, _ in cpu))
+    cfg = "engine defaults" if "engine defaults" in cfgs else cfgs[0]
+    per: dict[str, dict[str, int]] = {}
+    for i, r in cpu:
+        if i["config"] == cfg:
+            per.setdefault(i["point"], {}).setdefault(r.regime, 0)
+            per[i["point"]][r.regime] += 1
+    levels = sorted(per, key=lambda p: float("".join(ch for ch in p if ch.isdigit() or ch == ".") or 0))
+    top = {p: max(per[p].items(), key=lambda kv: kv[1])[0] for p in levels}
+    words = ", ".join(f"{p} {top[p]}" for p in levels)
+    claim = (f"The server computes on the CPU, so its cores are the device: per level ({cfg}, the verdict most "
+             f"repetitions reached) {words}.")
+    return f"CPU server ({cfg}): {words}", claim, top
 
 
 def _headline(ps: PowerStudy) -> Finding:

@@ -7,6 +7,7 @@ as the reason."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -15,8 +16,9 @@ from ..context import RepetitionPlan, RunContext
 from ..engines.audit import graph_disable_audit
 from ..engines.base import EngineInstall
 from ..engines.logs import analyze_log
-from ..engines.state import ResolvedState
-from ..errors import ServescopeError
+from ..engines.matrix import source_tree as published_source
+from ..engines.state import FactRule, ResolvedState
+from ..errors import KnobError, ServescopeError, SpecError
 from ..findings import Finding
 from ..launch import find_install
 from ..spec import Knobs, ProfileSpec, parse
@@ -74,25 +76,35 @@ def explain(study: Study, audit: pd.DataFrame, log: pd.DataFrame) -> pd.DataFram
     return explain_state(study.adapter.fact_rules(state_of(study)), audit, log)
 
 
-def explain_state(fact_rules: list[tuple[str, str]], audit: pd.DataFrame, log: pd.DataFrame) -> pd.DataFrame:
-    """explain() for given fact rules: source ('audit' / 'log'), fact, where, effect, text."""
+def explain_state(fact_rules: list[FactRule], audit: pd.DataFrame, log: pd.DataFrame) -> pd.DataFrame:
+    """explain() for given fact rules: source ('audit' / 'log'), fact, where, effect, text, remedy."""
     rows = []
-    for fact, rx in fact_rules:
-        col, rx = ("file", rx[5:]) if rx.startswith("file:") else ("condition", rx)  # 'file:<regex>' matches paths
-        hit = audit[audit[col].str.contains(rx, regex=True)] if len(audit) else audit
+    for rule in fact_rules:
+        fact, rx, remedy = FactRule(*rule)
+        if not len(audit):
+            continue
+        if rx.startswith("file:"):  # 'file:<regex>' matches paths
+            hit = audit[audit["file"].str.contains(rx[5:], regex=True)]
+        else:  # a rule that turns graphs off by its condition, or chooses them by what it resolves to
+            chosen = audit["resolves_to"].fillna("") if "resolves_to" in audit else pd.Series("", index=audit.index)
+            hit = audit[audit["condition"].str.contains(rx, regex=True) | chosen.str.contains(rx, regex=True)]
         for r in hit.itertuples():
+            text = r.condition if getattr(r, "form", "") != "chooses" else f"{r.condition}: {r.resolves_to}"
             rows.append({"source": "audit", "fact": fact, "where": f"{r.file}:{r.line} {r.function}",
-                         "effect": r.effect, "text": r.condition if not r.message else f"{r.condition} -> {r.message}"})
+                         "effect": r.effect, "text": text if not r.message else f"{text} -> {r.message}",
+                         "remedy": remedy})
     if len(log):
         for r in log[log["kind"].isin(["graph_disabled", "graph_capture"])].itertuples():
             rows.append({"source": "log", "fact": r.meaning, "where": f"log line {r.line_no}", "effect": r.name,
-                         "text": r.line})
-    return pd.DataFrame(rows, columns=["source", "fact", "where", "effect", "text"])
+                         "text": r.line, "remedy": ""})
+    return pd.DataFrame(rows, columns=["source", "fact", "where", "effect", "text", "remedy"])
 
 
 def audit_for(ctx: RunContext, install: EngineInstall | None = None) -> pd.DataFrame:
-    """The graph-disable audit of the engine as installed (its managed environment or engine.python); empty for an
-    external server, whose source is not here."""
+    """The graph audit of the engine that ran (`install`, as the study's points recorded it; else the one installed
+    here: its managed environment or engine.python). Where that install's source is not on this machine (a store
+    rendered offline elsewhere), the published release of the same version is read instead (fetched from the
+    package index once, cached per user). Empty for an external server, whose source is not known."""
     ad = ctx.adapter
     if not ad.launches:
         return pd.DataFrame()
@@ -104,8 +116,37 @@ def audit_for(ctx: RunContext, install: EngineInstall | None = None) -> pd.DataF
         assert install is not None
     try:
         return graph_disable_audit(ad.source_tree(install))
-    except ServescopeError:  # an engine whose source servescope does not read (or is not here)
+    except (ServescopeError, OSError):  # the install is not on this machine, or its source is not readable
+        pass
+    if not (install.version and ad.distributions):
         return pd.DataFrame()
+    try:
+        audit = graph_disable_audit(published_source(ad, install.version))
+    except (ServescopeError, OSError):  # no network to the index and nothing cached
+        return pd.DataFrame()
+    audit.attrs["source"] = f"{audit.attrs.get('source', '')} (the published release of the version that ran)"
+    return audit
+
+
+def graphs_on_flags(study: Study) -> list[str]:
+    """The flags that turn CUDA graphs on in this engine version's spelling (full graphs, else decode-only, where the
+    version cannot run full ones); [] without CUDA, or where the version has no such knob or its install is unknown.
+    Where the install is not on this machine, the published release of the same version spells them."""
+    install = study.install
+    if install is None or not study.adapter.launches or install.platform != "cuda":  # no graphs without CUDA
+        return []
+    for inst in (install, None):
+        try:
+            inst = inst or replace(install, source=published_source(study.adapter, install.version).location)
+            for intent in ("full", "decode_only"):
+                try:
+                    return study.adapter.knob_flags(parse(Knobs, {"cuda_graph": intent}, "knobs"), inst)
+                except (KnobError, SpecError):
+                    continue
+            return []
+        except (ServescopeError, OSError):  # not here: try the published release (no network: nothing)
+            continue
+    return []
 
 
 def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding]:
@@ -127,6 +168,7 @@ def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding
                         claim=f"The server did not report its graph mode: {state.why_missing('graph_decode')}.",
                         reason=state.why_missing("graph_decode"), evidence={"resolved": state.to_dict()})]
     mode = state.graph_mode or state.graphs
+    on = graphs_on_flags(study) if state.graphs == "off" and not state.eager else []
     if len(crashed):
         claim = f"CUDA-graph capture failed: {crashed['line'].iloc[0]}"
     elif state.graphs == "off" and len(rules):
@@ -137,6 +179,9 @@ def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding
         claim = f"CUDA graphs are off ({mode}); no rule of the audit matched a resolved fact."
     else:
         claim = f"CUDA graphs resolved to {state.graphs} ({mode})."
+    if on and not len(crashed):
+        remedies = [r for r in dict.fromkeys(rules["remedy"]) if r] if len(rules) and "remedy" in rules else []
+        claim += f" To turn them on: `{' '.join(on)}`" + (f", {'; '.join(remedies)}" if remedies else "") + "."
     if state.graphs == "off" and state.eager:
         claim += " The server was started with the engine's eager switch, which turns graphs off: drop it."
     if state.dtype:
@@ -145,7 +190,7 @@ def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding
     differs = asked is not None and state.graphs not in (asked, None)
     return [Finding(thread=THREAD, title="Why CUDA graphs are " + ("not as requested" if differs else state.graphs),
                     claim=claim + (f" Requested: {asked}." if asked else " Requested: the engine's defaults."),
-                    confidence="high" if len(rules) or len(crashed) else "medium",
+                    confidence="high" if len(rules) or len(crashed) else "medium", recommended_flags=on,
                     evidence={"engine": study.engine.name, "resolved_mode": state.graph_mode,
                               "resolved": state.to_dict(), "facts": state.facts,
                               "rules": rules.head(10).to_dict("records") if len(rules) else []})]

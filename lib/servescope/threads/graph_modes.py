@@ -8,16 +8,19 @@ engine-defaults point that thread 1 measures."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
-from .. import plots
+from .. import plots, probes
 from ..context import RepetitionPlan, RunContext
 from ..engines.base import EngineInstall
+from ..errors import ServescopeError
 from ..findings import Finding, best_of
+from ..models import model_config
 from ..plots import Figure
-from ..spec import Knobs, ProfileSpec
+from ..spec import Knobs, ModelSpec, ProfileSpec
 from ..study import Arm, Comparison, Study, expressible, run_study
 from .graph_disable import audit_for, explain_state, server_log
 
@@ -27,6 +30,9 @@ BASELINE = "off"
 DEFAULTS = "engine default"
 STUDIED = ("graph_decode", "graph_prefill")
 CONTROLS = ("compile", "tp", "dp")
+# the ceiling probe's decode batches: 1 to 256 on a GPU; fewer on a CPU, whose eager steps at 256 take 50 ms each
+CEILING_BATCHES = {"cuda": (1, 2, 4, 8, 16, 32, 64, 128, 256), "cpu": (1, 16, 256)}
+CEILING_FORMS = ("eager", "full", "piecewise", "compile")
 
 
 def arms() -> list[Arm]:
@@ -46,6 +52,44 @@ class GraphStudy:
 
     modes: pd.DataFrame
     study: Study
+    ceiling: pd.DataFrame = field(default_factory=pd.DataFrame)  # the probe's rows: form, batch, ms_per_step, ...
+    ceiling_info: dict[str, Any] = field(default_factory=dict)  # what ran (device, dtype, MoE method), or why not
+
+    def ceiling_gains(self) -> pd.DataFrame:
+        """Per batch size and form of the probe: ms per step (median of its runs), and the gain over eager with its
+        range over the paired runs (the forms ran interleaved, run by run); resolved where every pair agrees."""
+        c = self.ceiling
+        if c.empty:
+            return pd.DataFrame()
+        rows = []
+        for b, g in c.groupby("batch", sort=True):
+            eager = g[g["form"] == "eager"]
+            base = list(eager["runs_ms"].iloc[0]) if len(eager) and "runs_ms" in g else []
+            for r in g.itertuples():
+                out = {"batch": int(b), "form": r.form, "ms_per_step": r.ms_per_step}
+                runs = list(r.runs_ms) if "runs_ms" in g and r.runs_ms is not None else []
+                if r.form != "eager" and len(eager):
+                    ratios = sorted(e / f for e, f in zip(base, runs, strict=False) if f > 0) or \
+                        [float(eager["ms_per_step"].iloc[0]) / r.ms_per_step]
+                    out |= {"gain_pct": 100 * (float(eager["ms_per_step"].iloc[0]) / r.ms_per_step - 1),
+                            "gain_lo_pct": 100 * (ratios[0] - 1), "gain_hi_pct": 100 * (ratios[-1] - 1),
+                            "runs": len(ratios), "resolved": len(ratios) >= 3 and (ratios[0] > 1 or ratios[-1] < 1)}
+                rows.append(out)
+        return pd.DataFrame(rows)
+
+    def ceiling_table(self) -> pd.DataFrame:
+        """Per batch size: ms per decode step in each form of the probe, and each form's gain over eager with its
+        range over the paired runs."""
+        g = self.ceiling_gains()
+        if g.empty:
+            return g
+        t = g.pivot_table(index="batch", columns="form", values="ms_per_step", aggfunc="first")
+        t = t[[f for f in CEILING_FORMS if f in t.columns]].add_suffix("_ms")
+        for form in (f for f in CEILING_FORMS if f != "eager" and f in set(g["form"])):
+            sub = g[g["form"] == form].set_index("batch")
+            t[f"{form}_gain"] = [f"{r.gain_pct:+.0f}% ({r.gain_lo_pct:+.0f}..{r.gain_hi_pct:+.0f})"
+                                 + ("" if r.resolved else ", within noise") for r in sub.reindex(t.index).itertuples()]
+        return t.reset_index()
 
     @property
     def compared(self) -> list[str]:
@@ -84,26 +128,79 @@ class GraphStudy:
             if len(e) else None
 
 
-def run(ctx: RunContext) -> GraphStudy:
+def run(ctx: RunContext, ceiling: bool = True) -> GraphStudy:
     """Measure every expressible graph mode in alternating repetitions (more, within the plan, while a mode's effect
     against graphs off is not resolved); with fewer than two modes, only the engine-defaults point (thread 1's) is
-    read or measured, for its resolved configuration."""
+    read or measured, for its resolved configuration. Then the ceiling probe (what graphs could give at most on this
+    hardware), kept in the store like a point."""
     table = modes(ctx)
     can = list(table[table["expressible"]]["mode"])
     if BASELINE in can and len(can) >= 2:
-        return GraphStudy(table, run_study(THREAD, ctx, [a for a in arms() if a.name in can],
-                                           headlines=[(BASELINE, mode) for mode in can if mode != BASELINE]))
-    # the same store key as thread 1's launch (engine defaults, this load, repetition 0, no profile): nothing new is
-    # launched when thread 1 ran first
-    one = ctx.with_(plan=RepetitionPlan(1, 1), profile=ProfileSpec())
-    return GraphStudy(table, run_study(THREAD, one, [Arm(DEFAULTS, Knobs(), "the engine's defaults")]))
+        gs = GraphStudy(table, run_study(THREAD, ctx, [a for a in arms() if a.name in can],
+                                         headlines=[(BASELINE, mode) for mode in can if mode != BASELINE]))
+    else:
+        # the same store key as thread 1's launch (engine defaults, this load, repetition 0, no profile): nothing
+        # new is launched when thread 1 ran first
+        one = ctx.with_(plan=RepetitionPlan(1, 1), profile=ProfileSpec())
+        gs = GraphStudy(table, run_study(THREAD, one, [Arm(DEFAULTS, Knobs(), "the engine's defaults")]))
+    if ceiling:
+        _ceiling(gs, ctx)
+    return gs
+
+
+def stack_shape(model: ModelSpec) -> dict[str, int] | None:
+    """The layer shapes the ceiling probe builds its stack from: a generated model's spec, or a local folder's
+    config.json; None where neither is readable (a hub id not on disk)."""
+    if model.tiny is not None:
+        t = model.tiny
+        return {"layers": t.num_layers, "hidden": t.hidden_size, "heads": t.num_attention_heads,
+                "kv_heads": t.num_key_value_heads, "head_dim": t.head_dim, "experts": t.num_experts,
+                "top_k": t.top_k, "inter": t.moe_intermediate_size}
+    cfg = model_config(model.path or "")
+    if not cfg or not cfg.get("hidden_size"):
+        return None
+    heads = int(cfg.get("num_attention_heads") or 1)
+    experts = int(cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 1)
+    return {"layers": int(cfg.get("num_hidden_layers") or 1), "hidden": int(cfg["hidden_size"]), "heads": heads,
+            "kv_heads": int(cfg.get("num_key_value_heads") or heads),
+            "head_dim": int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads), "experts": experts,
+            "top_k": int(cfg.get("num_experts_per_tok") or 1) if experts > 1 else 1,
+            "inter": int(cfg.get("moe_intermediate_size") if experts > 1 else cfg.get("intermediate_size") or 0)}
+
+
+def _ceiling(gs: GraphStudy, ctx: RunContext) -> None:
+    """The engine-free ceiling probe under the engine's interpreter, on its device, kept in the store (offline
+    renders read the kept answer)."""
+    shape, install = stack_shape(ctx.model), gs.study.install
+    if shape is None:
+        gs.ceiling_info = {"skipped": "the model's layer shapes are not readable here"}
+        return
+    device = "cuda" if install is not None and install.platform == "cuda" else "cpu"
+    parts = {"engine": ctx.engine_identity, "shape": shape, "batches": list(CEILING_BATCHES[device])}
+
+    def compute() -> dict[str, Any]:
+        if install is None:
+            return {"skipped": "nothing was measured, so the engine's environment is not known"}
+        try:  # bf16 on a GPU as served; fp32 on a CPU, where bf16 products without AMX measure the CPU's emulation
+            rows, info = probes.graph_ceiling(install.python, shape, list(CEILING_BATCHES[device]), device=device,
+                                              dtype="bfloat16" if device == "cuda" else "float32", timeout_s=300)
+        except ServescopeError as ex:
+            return {"failed": str(ex)}
+        return {"rows": rows.to_dict("records"), "info": info}
+    got, _ = ctx.memo("graph_ceiling", parts, compute, keep=lambda a: "rows" in a)
+    if got is None:
+        gs.ceiling_info = {"skipped": "offline, and the measuring run kept no probe"}
+    elif "rows" in got:
+        gs.ceiling, gs.ceiling_info = pd.DataFrame(got["rows"]), got["info"]
+    else:
+        gs.ceiling_info = got
 
 
 def findings(gs: GraphStudy) -> list[Finding]:
     """The graph mode to use (the verified mode with the best throughput gain over graphs off), then each mode's
     effect; or, where the engine has no graph mode to choose, why, with its evidence."""
     if not gs.compared:
-        return [_no_modes(gs)]
+        return [_no_modes(gs), *[f for f in [_ceiling_finding(gs, None)] if f is not None]]
     rates = gs.kernel_rates()
     per_mode = []
     for mode, cmp in gs.comparisons().items():
@@ -135,7 +232,8 @@ def findings(gs: GraphStudy) -> list[Finding]:
                              "(medium or high confidence): " + "; ".join(
                                  f"{f.title}: {f.headline}" for f in per_mode) + ".",
                        evidence={"per_mode": [f.model_dump(mode="json") for f in per_mode]})
-    return [head, *per_mode]
+    ceiling = _ceiling_finding(gs, top)
+    return [head, *([ceiling] if ceiling is not None else []), *per_mode]
 
 
 def _no_modes(gs: GraphStudy) -> Finding:
@@ -164,3 +262,43 @@ def _no_modes(gs: GraphStudy) -> Finding:
                    reason=reasons[0], claim=claim,
                    evidence={"modes": gs.modes.to_dict("records"), "resolved": st.to_dict(),
                              "rules": rules.head(10).to_dict("records")})
+
+
+def _ceiling_finding(gs: GraphStudy, measured: Finding | None) -> Finding | None:
+    """What graphs (and compile) could give at most on this hardware, beside the measured effect."""
+    g = gs.ceiling_gains()
+    info = gs.ceiling_info
+    if g.empty:
+        why = info.get("skipped") or info.get("failed") or "the probe did not run"
+        return Finding(thread=THREAD, title="Graph ceiling: not measured", applies=False, confidence="none",
+                       claim=f"The engine-free ceiling probe did not run: {why}.", reason=why,
+                       evidence={"ceiling_info": info})
+    gains = g[g["form"] != "eager"]
+    if gains.empty:
+        return None
+    per_batch = "; ".join(f"batch {b}: " + ", ".join(f"{r.form} {r.gain_pct:+.0f}% ({r.gain_lo_pct:+.0f}.."
+                                                     f"{r.gain_hi_pct:+.0f})" for r in sub.itertuples())
+                          for b, sub in gains.groupby("batch", sort=True))
+    runs = int(gains["runs"].max())
+    up = gains[gains["resolved"] & (gains["gain_lo_pct"] > 0)]
+    if len(up):
+        at = up.loc[up["gain_pct"].idxmax()]
+        head = f"{at['form'].capitalize()} could give at most {at['gain_pct']:+.0f}% per step here (batch " \
+               f"{int(at['batch'])})"
+    else:
+        head = f"No form resolved above eager here ({', '.join(dict.fromkeys(gains['form']))})"
+    cpu = info.get("device") == "cpu"
+    said = (f"Engine-free probe on the model's layer shapes ({info.get('device')}, {info.get('dtype')}, MoE: "
+            f"{info.get('moe_method')}): each form's gain in ms per decode step over eager, with its range over "
+            f"{runs} paired runs: {per_batch}."
+            + (" CUDA graphs need CUDA: on a CPU only eager and compile are timed." if cpu else ""))
+    if measured is not None and measured.effect is not None:
+        said += (f" Measured with the engine: {measured.effect.treatment} {measured.effect.text()}. The probe bounds "
+                 "what the launch overhead alone can return; a measured gain far below it is host work graphs do "
+                 "not remove.")
+    if info.get("errors"):
+        said += " Forms that could not run: " + "; ".join(f"{k}: {v}" for k, v in info["errors"].items()) + "."
+    return Finding(thread=THREAD, title=head, applies=False, confidence="medium" if len(up) else "low", claim=said,
+                   reason="an engine-free bound on what graphs (or compile) can give on this hardware, not a change",
+                   evidence={"ceiling": g.drop(columns=[c for c in ("runs",) if c in g]).to_dict("records"),
+                             "ceiling_info": info})
