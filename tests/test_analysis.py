@@ -107,3 +107,28 @@ def test_levels_that_disagree_in_sign_headline_at_the_highest_level():
                   ("b", 16): [80, 82, 79]})
     h = headline_effect(s, "output_tok_s", "a", "b")
     assert h.scope == "at c=16" and h.status == "worse" and not h.same_sign
+
+
+def test_graph_use_from_a_trace_alone():
+    """Graph launches in the runtime table and kernels marked as graph nodes decide a window's graph use; a CPU
+    trace (no GPU kernel) cannot tell, and says why."""
+    from servescope.analysis.kernels import graph_use
+
+    def kernels(n: int, nodes: int, source: str) -> pd.DataFrame:
+        return pd.DataFrame({"name": ["k"] * n, "device": [0] * n, "source": [source] * n,
+                             "graph_node": [1.0] * nodes + [float("nan")] * (n - nodes)})
+
+    def runtime(graphs: int, eager: int) -> pd.DataFrame:
+        return pd.DataFrame({"name": ["cudaGraphLaunch"] * graphs + ["cudaLaunchKernel"] * eager})
+
+    assert graph_use(kernels(100, 0, "nsys"), runtime(0, 100))["graphs"] == "off"
+    on = graph_use(kernels(100, 97, "nsys"), runtime(3, 3))
+    assert on["graphs"] == "on" and on["kernels_in_graphs"] == 97 and "97% of 100 kernels" in on["why"]
+    assert graph_use(kernels(100, 20, "nsys"), runtime(1, 80))["graphs"] == "partly"
+    # the PyTorch profiler marks no graph node: the launch calls decide
+    torch_on = graph_use(kernels(50, 0, "torch"), runtime(10, 40))
+    assert torch_on["graphs"] == "on" and "does not mark graph nodes" in torch_on["why"]
+    assert graph_use(kernels(50, 0, "torch"), runtime(0, 50))["graphs"] == "off"
+    cpu = graph_use(pd.DataFrame({"name": ["aten::mm"], "device": [-1], "source": ["torch"],
+                                  "graph_node": [float("nan")]}))
+    assert cpu["graphs"] == "" and "CPU engine" in cpu["why"]

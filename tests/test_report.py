@@ -289,6 +289,34 @@ def test_h200_suite_renders_offline_as_measured(tmp_path):
     assert index.index('id="answer"') < index.index('id="notebooks"') and "--cb-use-cuda-graph" in index
 
 
+def test_thread01_infers_graphs_off_from_the_stored_pair_when_the_log_is_silent(tmp_path):
+    """The H200 defaults point with continuous batching's decision lines taken out of its logs (as before its logger
+    was raised): no reported mode, so thread 01 compares its speed with the stored explicit pair (graphs off and on,
+    same engine, model and load) and says which side it resembles, as an inference; without the pair, unknown."""
+    import yaml
+
+    from servescope.context import context
+    from servescope.threads import graph_disable as t01
+
+    store = tmp_path / "store"
+    shutil.copytree(H200 / "store", store)
+    for f in (store / "20094264bc1afc68").glob("server.*.log"):
+        f.write_text("\n".join(ln for ln in f.read_text().splitlines() if "ContinuousBatchingLogger" not in ln))
+    s = yaml.safe_load((ROOT / "data" / "suites" / "transformers-gpu.yaml").read_text())
+    ctx = context(s["engine"], s["model"], s["load"], store_dir=str(store), offline=True, progress=False)
+    study = t01.run(ctx)
+    assert t01.state_of(study).graphs is None
+    (f,) = t01.findings(study, pd.DataFrame(columns=["source"]), pd.DataFrame(columns=["kind", "name"]))
+    assert (f.title, f.confidence, f.applies) == ("CUDA graphs probably off (inferred from speed)", "medium", False)
+    assert "c=1: 42 tok/s against off 55, on 111" in f.claim and "inferred from speed, not read" in f.claim
+    assert [r["resembles"] for r in f.evidence["pair"]] == ["off"] * 3
+    for p in store.glob("*/manifest.json"):  # without the explicit pair nothing is inferred
+        if '"cuda_graph": "full"' in p.read_text():
+            shutil.rmtree(p.parent)
+    (f,) = t01.findings(t01.run(ctx), pd.DataFrame(columns=["source"]), pd.DataFrame(columns=["kind", "name"]))
+    assert f.title == "Resolved graph mode unknown" and "no stored pair" in f.claim
+
+
 def test_a_second_cold_h200_recording_ranks_the_same_first_change(tmp_path):
     """data/reference/h200/run2: threads 02 and 05 measured again on the H200 from an empty store (issue 20), at
     least three repetitions per arm, 05's eager side read from 02's graphs-off launches. Both recordings put
@@ -335,4 +363,9 @@ def test_h200_profiled_graph_modes_render_kernel_rates_offline(tmp_path):
     assert rates["full"]["kernels_per_s"] > 1.5 * rates["off"]["kernels_per_s"]
     assert rates["full"]["busy_fraction"] > 3 * rates["off"]["busy_fraction"]
     assert "Profiled windows: off 36,377 kernels/s" in full["claim"]
+    # the traces' own graph launches verify each side's graph state (nsys marks each kernel a graph ran)
+    assert "Graph use in the traces: off's profiled window: graphs off (0 graph launches of 44874 launch calls" \
+        in full["claim"] and "full's profiled window: graphs on (42 graph launches" in full["claim"]
+    assert full["evidence"]["graph_checks"]["full"]["status"] == "as requested"
+    assert full["evidence"]["graph_checks"]["off"]["status"] == "as requested"
     assert "ran their measured load under Nsight Systems tracing of the whole run" in full["claim"]

@@ -139,6 +139,12 @@ class Study:
             if st is None:
                 continue
             v = verify(self.adapter.expected_state(a.knobs), st)
+            if a.knobs.cuda_graph is not None:  # the profiled window's own graph launches, where there is one
+                status, words = self.graph_check(a.name)
+                v = pd.concat([v, pd.DataFrame([{"field": "graphs in trace", "requested": a.knobs.cuda_graph,
+                                                 "resolved": words, "status": status,
+                                                 "why": "" if status == "as requested" else words}])],
+                              ignore_index=True)
             frames.append(v.assign(config=a.name))
         if not frames:
             return pd.DataFrame(columns=["config", "field", "requested", "resolved", "status", "why"])
@@ -257,6 +263,33 @@ class Study:
                              "kernels_per_s": r.kernels_per_s, "busy_fraction": r.busy_fraction,
                              "kernel_us_p50": r.kernel_us_p50, "graph_kernel_fraction": r.graph_kernel_fraction})
         return pd.DataFrame(rows)
+
+    def graph_traces(self) -> pd.DataFrame:
+        """Per profiled point: whether its traced window ran CUDA graphs, from the trace alone (graph launches in
+        the runtime table, kernels marked as graph nodes): graphs on / partly / off, with the counts."""
+        k, rt = self.results.kernels, self.results.runtime
+        if k.empty:
+            return pd.DataFrame(columns=["config", "rep", "graphs", "why"])
+        rows = []
+        for (cfg, rep), g in k.groupby(["config", "rep"], sort=False):
+            r = rt[(rt["config"] == cfg) & (rt["rep"] == rep)] if len(rt) and "config" in rt else rt
+            rows.append({"config": cfg, "rep": rep, **ak.graph_use(g, r)})
+        return pd.DataFrame(rows)
+
+    def graph_check(self, arm: str) -> tuple[str, str]:
+        """What an arm's profiled windows say of its graph use against what it asked for: (status, words), status
+        'as requested' / 'differs' / 'not verified' (no profile of that arm, or a trace that cannot tell)."""
+        t = self.graph_traces()
+        t = t[(t["config"].astype(str).str.replace(r" \(\+\w+ profile\)$", "", regex=True) == arm) & (t["graphs"] != "")]
+        if t.empty:
+            return "not verified", f"no profiled window of {arm}"
+        seen = t["graphs"].value_counts().idxmax()
+        words = f"{arm}'s profiled window{'s' if len(t) > 1 else ''}: graphs {seen} ({t['why'].iloc[0]})"
+        asked = self.arm(arm).knobs.cuda_graph if arm in {a.name for a in self.arms} else None
+        if asked is None:
+            return "not verified", words
+        ok = (seen == "off") if asked == "off" else (seen in ("on", "partly"))
+        return ("as requested" if ok else "differs"), words
 
     def traced_whole_run(self) -> int:
         """How many points ran their measured load under a whole-run nsys capture (no engine profiler hook)."""
@@ -483,7 +516,14 @@ class Comparison:
         if starved:
             out += (f" The host was oversubscribed at {len(starved)} of {len(study.results.client_health())} "
                     "points, so latencies there include scheduling delay (evidence.client_starved).")
-        return out, {"short_outputs": short, "client_warnings": client, "client_starved": starved}
+        checks = {side: study.graph_check(side) for side in (self.baseline, self.treatment)}
+        seen = {side: c for side, c in checks.items() if c[1] and not c[1].startswith("no profiled window")}
+        if seen:
+            differs = [w for st, w in seen.values() if st == "differs"]
+            out += (f" The trace contradicts the graph state asked for: {'; '.join(differs)}." if differs else
+                    f" Graph use in the traces: {'; '.join(w for _, w in seen.values())}.")
+        return out, {"short_outputs": short, "client_warnings": client, "client_starved": starved,
+                     "graph_checks": {side: {"status": st, "words": w} for side, (st, w) in checks.items()}}
 
     def _recommend(self, knobs: Knobs | None, direction: Direction, conf: Confidence) -> tuple[list[str], str, str]:
         """(flags for the better side in the engine's spelling, a sentence to add, the reason) of a comparison."""
@@ -554,6 +594,27 @@ def _ci(r: Any) -> str:
 
 
 # -- one mechanism for "read what the store holds, or measure" -----------------------------------------------------
+def kept_probe(ctx: RunContext, kind: str, parts: dict[str, Any], install: EngineInstall | None,
+               run: Callable[[EngineInstall], tuple[pd.DataFrame, dict[str, Any]]]) -> tuple[pd.DataFrame,
+                                                                                             dict[str, Any]]:
+    """A probe run under the engine's interpreter (run(install) -> rows, what ran), kept in the store like a point
+    so that offline renders read the kept answer: (rows, info), or (empty, {'skipped' | 'failed': why})."""
+    def compute() -> dict[str, Any]:
+        if install is None:
+            return {"skipped": "nothing was measured, so the engine's environment is not known"}
+        try:
+            rows, info = run(install)
+        except ServescopeError as ex:
+            return {"failed": str(ex)}
+        return {"rows": rows.to_dict("records"), "info": info}
+    got, _ = ctx.memo(kind, parts, compute, keep=lambda a: "rows" in a)
+    if got is None:
+        return pd.DataFrame(), {"skipped": "offline, and the measuring run kept no probe"}
+    if "rows" in got:
+        return pd.DataFrame(got["rows"]), got["info"]
+    return pd.DataFrame(), got
+
+
 def stored_points(ctx: RunContext) -> Results:
     """Every complete point the store holds for this engine and model (what other threads measured), read without
     launching anything."""

@@ -4,6 +4,8 @@ kernel time, graph replay against eager launches, categories, the MoE path and i
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -176,3 +178,37 @@ def top_kernels(k: pd.DataFrame, n: int = 15) -> pd.DataFrame:
     g["us_p50"] /= 1e3
     g["share"] = g["kernel_ms"] * 1e6 / total
     return g.sort_values("kernel_ms", ascending=False, ignore_index=True).head(n)
+
+
+GRAPH_LAUNCH_APIS = ("cudaGraphLaunch", "cuGraphLaunch")
+
+
+def graph_use(k: pd.DataFrame, runtime: pd.DataFrame | None = None, on_share: float = 0.5) -> dict[str, Any]:
+    """Whether a traced window ran CUDA graphs, from the trace alone: graph launches in the runtime table (nsys or the
+    PyTorch profiler) and kernels that ran as graph nodes (nsys with node tracing). 'on' where most kernels ran from
+    graphs (or, without node marks, where graph launches are at least a tenth of the launch calls), 'partly' where
+    some did, 'off' where none did; '' with the reason where the trace cannot tell (no GPU kernel: a CPU engine)."""
+    gpu = k[k["device"] >= 0] if "device" in k else k
+    if gpu.empty:
+        return {"graphs": "", "why": "no GPU kernel in the trace (a CPU engine has no CUDA graphs to see)"}
+    rt = runtime if runtime is not None else pd.DataFrame(columns=["name"])
+    names = rt["name"].astype(str) if len(rt) else pd.Series([], dtype=str)
+    launches = names.isin(LAUNCH_APIS)
+    graph_calls = int(names.isin(GRAPH_LAUNCH_APIS).sum())
+    # nsys marks each kernel a graph ran (NaN: launched eagerly); the PyTorch profiler marks none
+    marked = "graph_node" in gpu and (gpu["graph_node"].notna().any() or
+                                      ("source" in gpu and bool((gpu["source"].astype(str) == "nsys").all())))
+    node_share = float(gpu["graph_node"].notna().mean()) if "graph_node" in gpu else 0.0
+    call_share = graph_calls / int(launches.sum()) if int(launches.sum()) else 0.0
+    in_graphs = int(gpu["graph_node"].notna().sum()) if "graph_node" in gpu else 0
+    if graph_calls == 0 and in_graphs == 0:
+        state = "off"
+    elif marked:
+        state = "on" if node_share >= on_share else "partly"
+    else:
+        state = "on" if call_share >= 0.1 else "partly"
+    return {"graphs": state, "graph_launches": graph_calls, "launch_calls": int(launches.sum()),
+            "kernels": int(len(gpu)), "kernels_in_graphs": int(gpu["graph_node"].notna().sum()) if marked else None,
+            "why": (f"{graph_calls} graph launches of {int(launches.sum())} launch calls"
+                    + (f"; {node_share:.0%} of {len(gpu)} kernels ran as graph nodes" if marked else
+                       "; the trace does not mark graph nodes per kernel"))}

@@ -7,6 +7,7 @@ as the reason."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -22,7 +23,7 @@ from ..errors import KnobError, ServescopeError, SpecError
 from ..findings import Finding
 from ..launch import find_install
 from ..spec import Knobs, ProfileSpec, parse
-from ..study import Arm, Study, run_study
+from ..study import Arm, Study, run_study, stored_points
 
 THREAD = "01_cuda_graph_disable_reason"
 ARM = "requested"
@@ -149,6 +150,53 @@ def graphs_on_flags(study: Study) -> list[str]:
     return []
 
 
+def graph_twin(study: Study, apart: float = 1.3) -> Finding | None:
+    """Where the server did not say its graph mode, which side of a stored explicit pair (graphs off, graphs on, same
+    engine, model and load) its throughput resembles, level by level: an inference from speed, stated as one. None
+    without such a pair, or where the pair's sides are not `apart` times apart at a level both measured."""
+    mine = study.results.summary
+    if mine.empty:
+        return None
+    stored = stored_points(study.ctx).summary
+    if stored.empty:
+        return None
+    sides = {"off": stored[stored["config"] == "cuda_graph=off"],
+             "on": stored[stored["config"].isin(["cuda_graph=full", "cuda_graph=decode_only"])]}
+    if any(g.empty for g in sides.values()):
+        return None
+    rows = []
+    for point, g in mine.groupby("point"):
+        me = float(g["output_tok_s"].median())
+        off, on = (float(sides[k].loc[sides[k]["point"] == point, "output_tok_s"].median()) for k in ("off", "on"))
+        if not (off == off and on == on and me > 0) or max(on, off) < apart * min(on, off):
+            continue
+        near = "off" if abs(math.log(me / off)) < abs(math.log(me / on)) else "on"
+        rows.append({"point": point, "output_tok_s": me, "off_tok_s": off, "on_tok_s": on, "resembles": near})
+    if not rows:
+        return None
+    rows.sort(key=lambda r: float(str(r["point"]).split("=")[-1]) if str(r["point"]).split("=")[-1].replace(
+        ".", "", 1).isdigit() else math.inf)
+    sides_seen = {r["resembles"] for r in rows}
+    words = "; ".join(f"{r['point']}: {r['output_tok_s']:.0f} tok/s against off {r['off_tok_s']:.0f}, on "
+                      f"{r['on_tok_s']:.0f}" for r in rows)
+    state = state_of(study)
+    if len(sides_seen) > 1:
+        return Finding(thread=THREAD, title="Resolved graph mode unknown (speed between graphs off and on)",
+                       applies=False, confidence="none", reason=state.why_missing("graph_decode"),
+                       claim=f"The server did not report its graph mode ({state.why_missing('graph_decode')}); its "
+                             f"speed resembles neither side of the stored pair at every level: {words}.",
+                       evidence={"resolved": state.to_dict(), "pair": rows})
+    side = sides_seen.pop()
+    return Finding(thread=THREAD, title=f"CUDA graphs probably {side} (inferred from speed)", applies=False,
+                   confidence="medium" if len(rows) >= 2 else "low", reason="an inference from throughput, not the "
+                   "engine's own report",
+                   claim=f"The server did not report its graph mode ({state.why_missing('graph_decode')}). At "
+                         f"{'every' if len(rows) > 1 else 'the one'} level where the stored explicit pair differs "
+                         f"by {apart:.1f}x or more, its throughput is nearer the graphs-{side} side: {words}. "
+                         "This is inferred from speed, not read from the engine.",
+                   evidence={"resolved": state.to_dict(), "pair": rows, "inferred": side})
+
+
 def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding]:
     """What thread 1 concludes: graphs as resolved, and why (rule, flag or crash), with the evidence."""
     state, knobs, errors = state_of(study), study.arm(ARM).knobs, study.results.errors
@@ -164,8 +212,13 @@ def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding
                         reason="launch failed; its log is under data/runs/_failed/",
                         evidence={"error": err[-2000:], "signal": first["signal"]})]
     if state.graphs is None:
+        twin = graph_twin(study)
+        if twin is not None:
+            return [twin]
         return [Finding(thread=THREAD, title="Resolved graph mode unknown", applies=False,
-                        claim=f"The server did not report its graph mode: {state.why_missing('graph_decode')}.",
+                        claim=f"The server did not report its graph mode: {state.why_missing('graph_decode')}, and "
+                              "no stored pair of graphs-off and graphs-on launches of this engine and model to "
+                              "compare its speed with.",
                         reason=state.why_missing("graph_decode"), evidence={"resolved": state.to_dict()})]
     mode = state.graph_mode or state.graphs
     on = graphs_on_flags(study) if state.graphs == "off" and not state.eager else []

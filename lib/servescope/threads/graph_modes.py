@@ -16,12 +16,11 @@ import pandas as pd
 from .. import plots, probes
 from ..context import RepetitionPlan, RunContext
 from ..engines.base import EngineInstall
-from ..errors import ServescopeError
 from ..findings import Finding, best_of
 from ..models import model_config
 from ..plots import Figure
 from ..spec import Knobs, ModelSpec, ProfileSpec
-from ..study import Arm, Comparison, Study, expressible, run_study
+from ..study import Arm, Comparison, Study, expressible, kept_probe, run_study
 from .graph_disable import audit_for, explain_state, server_log
 
 THREAD = "02_piecewise_cuda_graphs"
@@ -178,22 +177,10 @@ def _ceiling(gs: GraphStudy, ctx: RunContext) -> None:
     device = "cuda" if install is not None and install.platform == "cuda" else "cpu"
     parts = {"engine": ctx.engine_identity, "shape": shape, "batches": list(CEILING_BATCHES[device])}
 
-    def compute() -> dict[str, Any]:
-        if install is None:
-            return {"skipped": "nothing was measured, so the engine's environment is not known"}
-        try:  # bf16 on a GPU as served; fp32 on a CPU, where bf16 products without AMX measure the CPU's emulation
-            rows, info = probes.graph_ceiling(install.python, shape, list(CEILING_BATCHES[device]), device=device,
-                                              dtype="bfloat16" if device == "cuda" else "float32", timeout_s=300)
-        except ServescopeError as ex:
-            return {"failed": str(ex)}
-        return {"rows": rows.to_dict("records"), "info": info}
-    got, _ = ctx.memo("graph_ceiling", parts, compute, keep=lambda a: "rows" in a)
-    if got is None:
-        gs.ceiling_info = {"skipped": "offline, and the measuring run kept no probe"}
-    elif "rows" in got:
-        gs.ceiling, gs.ceiling_info = pd.DataFrame(got["rows"]), got["info"]
-    else:
-        gs.ceiling_info = got
+    # bf16 on a GPU as served; fp32 on a CPU, where bf16 products without AMX time the CPU's emulation of them
+    gs.ceiling, gs.ceiling_info = kept_probe(ctx, "graph_ceiling", parts, install, lambda inst: probes.graph_ceiling(
+        inst.python, shape, list(CEILING_BATCHES[device]), device=device,
+        dtype="bfloat16" if device == "cuda" else "float32", timeout_s=300))
 
 
 def findings(gs: GraphStudy) -> list[Finding]:

@@ -26,7 +26,7 @@ from ..findings import Finding
 from ..launch import find_install
 from ..models import EXPERT_KEYS, TOP_K_KEYS, model_config
 from ..spec import Knobs, ModelSpec, ProfileSpec
-from ..study import Arm, Study, drop_empty, read_or_run
+from ..study import Arm, Study, drop_empty, kept_probe, read_or_run
 
 THREAD = "06_grouped_gemm"
 DEFAULTS = "engine default"
@@ -245,24 +245,11 @@ def _probe(ms: MoeStudy, ctx: RunContext) -> None:
     assert s is not None
     parts = {"engine": ctx.engine_identity, "shape": s.__dict__, "tokens": sorted(set(load.concurrency))}
 
-    def compute() -> dict[str, Any]:
-        if install is None:
-            return {"skipped": "nothing was measured, so the engine's environment is not known"}
-        device = "cuda" if install.platform == "cuda" else "cpu"
-        dtype = s.dtype if s.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
-        try:
-            rows, info = probes.moe_ceiling(install.python, s.experts, s.top_k, s.hidden, s.inter,
-                                            sorted(set(load.concurrency)), device=device, dtype=dtype)
-        except ServescopeError as ex:
-            return {"failed": str(ex)}
-        return {"rows": rows.to_dict("records"), "info": info}
-    got, _ = ctx.memo("moe_ceiling", parts, compute, keep=lambda a: "rows" in a)
-    if got is None:
-        ms.probe_info = {"skipped": "offline, and the measuring run kept no probe"}
-    elif "rows" in got:
-        ms.probe, ms.probe_info = pd.DataFrame(got["rows"]), got["info"]
-    else:
-        ms.probe_info = got
+    device = "cuda" if install is not None and install.platform == "cuda" else "cpu"
+    dtype = s.dtype if s.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
+    ms.probe, ms.probe_info = kept_probe(ctx, "moe_ceiling", parts, install, lambda inst: probes.moe_ceiling(
+        inst.python, s.experts, s.top_k, s.hidden, s.inter, sorted(set(load.concurrency)), device=device,
+        dtype=dtype))
 
 
 def findings(ms: MoeStudy) -> list[Finding]:
