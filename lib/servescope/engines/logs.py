@@ -121,8 +121,8 @@ TRANSFORMERS_PATTERNS = [
                "continuous batching's CUDA-graph decision for its prefill (varlen) and decode paths", "transformers",
                "5.17.0"),
     LogPattern("cb_graph_inputs", "graph_capture",
-               r"because use_cuda_graphs = (?P<use_cuda_graphs>[\w.]+) and "
-               r"is_attn_mask_needed = (?P<attn_mask_needed>[\w.]+)",
+               r"because use_cuda_graphs = (?P<use_cuda_graphs>\w+(?:\.\d+)?) and "
+               r"is_attn_mask_needed = (?P<attn_mask_needed>\w+(?:\.\d+)?)",
                "the inputs continuous batching chose from: graphs in use, and whether its attention needs a mask "
                "(graphs are chosen off when it does)", "transformers", "5.17.0 5.23.0"),
     # its source builds this message in a local before logging it, so no literal template carries it: no version
