@@ -16,7 +16,7 @@ LIB = Path(__file__).resolve().parents[1] / "lib" / "servescope"
 LAYERS: list[tuple[str, ...]] = [
     ("servescope", "errors", "util", "paths", "hostcpu", "deaths", "spec", "plots", "_reaper", "_build_tiny_model",
      "engine_site"),
-    ("server", "findings", "models", "store", "telemetry", "load", "probes"),
+    ("server", "findings", "models", "store", "telemetry", "load", "probes", "mps"),
     ("analysis",),
     ("engines",),
     ("context", "launch", "profile"),

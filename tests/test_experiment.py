@@ -128,8 +128,9 @@ def test_thread02_picks_the_mode_that_helps_most(tmp_path, stub_engine):
     gs = t02.run(context(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path)))
     assert list(gs.modes["mode"][gs.modes["expressible"]]) == ["off", "decode_only", "full", "piecewise"]
     assert set(gs.study.verification()["status"]) == {"as requested"}
-    head, *per_mode = t02.findings(gs)
+    head, ceiling, *per_mode = t02.findings(gs)
     assert head.title == "Use CUDA graphs: piecewise" and head.recommended_flags == ["--itl-ms", "2"]
+    assert ceiling.title == "Graph ceiling: not measured"  # the stub's model has no layer shapes
     assert [f.effect.treatment for f in per_mode] == ["decode_only", "full", "piecewise"]
     assert all(f.direction == "better" for f in per_mode)
     assert all(f.confidence == "high" for f in per_mode), [(f.title, f.confidence) for f in per_mode]
@@ -152,8 +153,10 @@ def test_thread02_without_graph_modes_launches_only_the_defaults_point(tmp_path,
     load = {"concurrency": [1], "num_requests": 2, "output_len": 4, "warmup_requests": 0}
     gs = t02.run(context(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path)))
     assert [a.name for a in gs.study.arms] == ["engine default"] and len(gs.study.results.points) == 1
-    (f,) = t02.findings(gs)
+    f, ceiling = t02.findings(gs)
     assert f.title == "No CUDA graph modes to compare here" and not f.applies and f.answers
+    # the stub's model has no layer shapes to build the ceiling probe from: said, not guessed
+    assert ceiling.title == "Graph ceiling: not measured" and "layer shapes are not readable" in ceiling.claim
     assert "this platform has no CUDA graphs" in f.claim and "resolved CUDA graphs off" in f.claim
 
 

@@ -139,6 +139,8 @@ def test_an_under_loaded_point_on_the_h200():
     assert low["because"].endswith("the server first read as saturated at rate=inf (host-bound) in this sweep")
     assert "power 18% of the limit" in low["because"] and low["action"].startswith("The offered load was the limit")
     assert t.loc["rate=inf", "regime"] == "host-bound"
+    # at 2 req/s the 8 drawn arrivals came out at 1.63 req/s with the client on time: its schedule says it kept up
+    assert t.loc["rate=2", "regime"] == "under-loaded"
     gpu = st.gpu_points().set_index("phase")
     assert gpu.loc["rate=0.25", "gpu_util_pct_p50"] == 0 and gpu.attrs.get("gpu") is None
 

@@ -1,6 +1,8 @@
 """Watchdog that kills a server's process group if the process that launched it dies.
 
-Run as a script (stdlib only) so it works whatever the import path: `python _reaper.py PGID GRACE_S`.
+Run as a script (stdlib only) so it works whatever the import path: `python _reaper.py PGID GRACE_S`, or
+`python _reaper.py --mps ROOT CONTROL PARENT_PID` for the suite's MPS control daemon (tell it to quit, kill it,
+remove ROOT).
 It covers the one case `finally` cannot: the launching Python (a notebook kernel, say) killed outright.
 """
 
@@ -22,7 +24,39 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _mps(root: str, control: str, parent: int) -> None:
+    """Wait for the parent (its pid given: it may die before this script reads its own parent) to die, then end the
+    MPS daemon whose pipe and log directories are under root."""
+    import shutil
+    import subprocess
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while os.getppid() == parent and os.path.isdir(root):
+        time.sleep(0.5)
+    if not os.path.isdir(root):
+        return
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=os.path.join(root, "pipe"),
+               CUDA_MPS_LOG_DIRECTORY=os.path.join(root, "log"))
+    try:
+        subprocess.run([control], input="quit\n", env=env, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        with open(os.path.join(root, "pipe", "nvidia-cuda-mps-control.pid")) as f:
+            pid = int(f.read().strip())
+        time.sleep(1.0)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:  # still that daemon, not a process that reused its pid
+            if b"mps" in f.read():
+                os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
+    if sys.argv[1] == "--mps":
+        _mps(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
     pgid, grace_s = int(sys.argv[1]), float(sys.argv[2])
     parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)

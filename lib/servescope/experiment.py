@@ -90,8 +90,8 @@ class Results:
     def client_health(self) -> pd.DataFrame:
         """Per configuration, repetition and point: how busy the load client was, whether it limited the
         measurement, or was starved by an oversubscribed host (NaN for points stored before this was measured)."""
-        cols = ["config", "rep", "point", "client_cpu_pct", "loop_lag_ms_p99", "loop_lag_ms_max", "achieved_rate",
-                "requested_rate", "client_limited", "client_starved", "client_warning"]
+        cols = ["config", "rep", "point", "client_cpu_pct", "loop_lag_ms_p99", "loop_lag_ms_max", "send_lag_ms_p99",
+                "achieved_rate", "requested_rate", "client_limited", "client_starved", "client_warning"]
         if self.summary.empty:
             return pd.DataFrame(columns=cols)
         s = self.summary.copy()

@@ -139,8 +139,8 @@ class Study:
             if st is None:
                 continue
             v = verify(self.adapter.expected_state(a.knobs), st)
-            if a.knobs.cuda_graph is not None:  # the profiled window's own graph launches, where there is one
-                status, words = self.graph_check(a.name)
+            status, words = self.graph_check(a.name) if a.knobs.cuda_graph is not None else ("", "")
+            if words and not words.startswith("no profiled window"):  # the profiled window's own graph launches
                 v = pd.concat([v, pd.DataFrame([{"field": "graphs in trace", "requested": a.knobs.cuda_graph,
                                                  "resolved": words, "status": status,
                                                  "why": "" if status == "as requested" else words}])],

@@ -83,7 +83,8 @@ class GraphStudy:
         if g.empty:
             return g
         t = g.pivot_table(index="batch", columns="form", values="ms_per_step", aggfunc="first")
-        t = t[[f for f in CEILING_FORMS if f in t.columns]].add_suffix("_ms")
+        t = t[[f for f in CEILING_FORMS if f in t.columns]].add_suffix("_ms").round(3)
+        t.columns.name = None
         for form in (f for f in CEILING_FORMS if f != "eager" and f in set(g["form"])):
             sub = g[g["form"] == form].set_index("batch")
             t[f"{form}_gain"] = [f"{r.gain_pct:+.0f}% ({r.gain_lo_pct:+.0f}..{r.gain_hi_pct:+.0f})"

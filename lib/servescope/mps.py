@@ -1,0 +1,222 @@
+"""CUDA Multi-Process Service (MPS) for replicas that share one GPU, managed by the suite.
+
+The suite starts a control daemon of its own, in a private pipe and log directory (CUDA_MPS_PIPE_DIRECTORY,
+CUDA_MPS_LOG_DIRECTORY), before the replicas, and gives them those variables; it checks that the replicas are the
+daemon's clients (its server and client lists); at teardown, on a fault or an interrupt, it tells the daemon to quit,
+kills what is left of it and removes its directories. A watchdog does the same if the launching process is killed
+outright. Nothing here changes the GPU's compute mode or any other device setting: where the device or driver
+refuses MPS (no control program, MIG, a prohibited compute mode, a GPU older than Volta) the layout is refused
+before anything launches, with the reason; where a daemon already serves the GPU, the suite says so and uses it
+rather than start a second one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ServescopeError
+
+CONTROL = "nvidia-cuda-mps-control"
+PID_FILE = "nvidia-cuda-mps-control.pid"
+DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"  # where a daemon started without CUDA_MPS_PIPE_DIRECTORY listens
+
+
+class MpsError(ServescopeError):
+    """MPS cannot be used here, or the daemon did not behave."""
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """What decides whether MPS can serve a GPU (read by the caller from NVML; None where not read)."""
+
+    index: int
+    compute_mode: str | None = None  # 'Default' | 'Exclusive_Process' | 'Prohibited'
+    mig_enabled: bool | None = None
+    compute_capability: tuple[int, int] | None = None
+
+
+def refusal(gpus: list[GpuFacts], env: dict[str, str] | None = None) -> str:
+    """Why MPS cannot serve these GPUs here, in one line ('' where it can): no control program on PATH, MIG
+    enabled, a prohibited compute mode, a GPU older than Volta, or no GPU at all."""
+    env = dict(os.environ) | (env or {})
+    if not gpus:
+        return "no NVIDIA GPU here: MPS shares a GPU between processes"
+    if shutil.which(CONTROL, path=env.get("PATH")) is None:
+        return f"no {CONTROL} on PATH (the driver's MPS is not installed here)"
+    for g in gpus:
+        if g.mig_enabled:
+            return f"GPU {g.index} has MIG enabled: servescope does not run MPS inside MIG instances"
+        if g.compute_mode == "Prohibited":
+            return f"GPU {g.index}'s compute mode is Prohibited: no process may use it, and servescope changes no " \
+                   "device setting"
+        if g.compute_capability is not None and g.compute_capability < (7, 0):
+            return (f"GPU {g.index} has compute capability {g.compute_capability[0]}.{g.compute_capability[1]}: "
+                    "servescope runs MPS on Volta (7.0) and newer")
+    return ""
+
+
+def existing_daemon(env: dict[str, str] | None = None) -> str:
+    """The pipe directory of an MPS control daemon already running for this user's view ('' where none): the one
+    CUDA_MPS_PIPE_DIRECTORY names, else the driver's default."""
+    env = dict(os.environ) | (env or {})
+    pipe = Path(env.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIR)
+    pid = _read_pid(pipe / PID_FILE)
+    return str(pipe) if pid is not None and _alive(pid) else ""
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class MpsDaemon:
+    """One control daemon of the suite's own (a context manager): start() before the replicas, client_env() into
+    their environment, clients() to check them, stop() at teardown (also on a fault or an interrupt)."""
+
+    active_thread_pct: int | None = None  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for each client, where asked
+    control: str = CONTROL
+    start_timeout_s: float = 15.0
+    root: Path | None = field(default=None, init=False)
+    pid: int | None = field(default=None, init=False)
+    _watchdog: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def pipe_dir(self) -> Path:
+        """CUDA_MPS_PIPE_DIRECTORY of this daemon."""
+        assert self.root is not None, "the daemon is not started"
+        return self.root / "pipe"
+
+    @property
+    def log_dir(self) -> Path:
+        """CUDA_MPS_LOG_DIRECTORY of this daemon (its control.log and server.log)."""
+        assert self.root is not None, "the daemon is not started"
+        return self.root / "log"
+
+    def env(self) -> dict[str, str]:
+        """The variables that point the control program and the daemon's clients at this daemon."""
+        return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir)}
+
+    def client_env(self) -> dict[str, str]:
+        """What each replica's environment needs to be this daemon's client."""
+        extra = {} if self.active_thread_pct is None else \
+            {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(self.active_thread_pct)}
+        return self.env() | extra
+
+    def start(self) -> MpsDaemon:
+        """Start the daemon in private directories and wait until it answers; MpsError (with its log) if not."""
+        if self.active_thread_pct is not None and not 1 <= self.active_thread_pct <= 100:
+            raise MpsError(f"active_thread_pct must be 1..100, not {self.active_thread_pct}")
+        self.root = Path(tempfile.mkdtemp(prefix="servescope-mps-"))
+        for d in (self.pipe_dir, self.log_dir):
+            d.mkdir(mode=0o700)
+        try:
+            said = self.log_dir / "start.out"  # a file, not a pipe: the daemon it forks may keep its fds open
+            with said.open("w") as out:
+                res = subprocess.run([self.control, "-d"], env=dict(os.environ) | self.env(), stdin=subprocess.DEVNULL,
+                                     stdout=out, stderr=subprocess.STDOUT, timeout=self.start_timeout_s)
+            if res.returncode != 0:
+                raise MpsError(f"{self.control} -d failed (exit {res.returncode}): "
+                               f"{said.read_text().strip()[-300:]}")
+            deadline = time.monotonic() + self.start_timeout_s
+            while self.pid is None and time.monotonic() < deadline:
+                self.pid = _read_pid(self.pipe_dir / PID_FILE)
+                if self.pid is None:
+                    time.sleep(0.1)
+            if self.pid is None:
+                raise MpsError(f"the MPS control daemon wrote no pid file in {self.start_timeout_s:.0f} s; its "
+                               f"log: {self._log_tail()}")
+            self._watchdog = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("_reaper.py")), "--mps", str(self.root), self.control,
+                 str(os.getpid())])
+        except BaseException as ex:  # an interrupt too: nothing of a half-started daemon is left behind
+            self.stop()
+            if isinstance(ex, (OSError, subprocess.TimeoutExpired)):
+                raise MpsError(f"could not start the MPS control daemon: {ex}") from None
+            raise
+        return self
+
+    def command(self, text: str, timeout_s: float = 10.0) -> str:
+        """Send one command to the daemon (what `echo CMD | nvidia-cuda-mps-control` does) and return its answer."""
+        res = subprocess.run([self.control], input=text + "\n", env=dict(os.environ) | self.env(),
+                             capture_output=True, text=True, timeout=timeout_s)
+        if res.returncode != 0:
+            raise MpsError(f"MPS command {text!r} failed (exit {res.returncode}): {res.stderr.strip()[-300:]}")
+        return res.stdout
+
+    def servers(self) -> list[int]:
+        """The MPS server processes the daemon runs (one per user and GPU set once a client connected)."""
+        return [int(x) for x in self.command("get_server_list").split() if x.isdigit()]
+
+    def clients(self) -> list[int]:
+        """Every client process of every server of this daemon."""
+        out: list[int] = []
+        for s in self.servers():
+            out += [int(x) for x in self.command(f"get_client_list {s}").split() if x.isdigit()]
+        return out
+
+    def check_clients(self, trees: dict[int, list[int]]) -> dict[int, bool]:
+        """Per replica (its process tree's pids): whether one of its processes is a client of this daemon."""
+        mine = set(self.clients())
+        return {replica: bool(mine & set(pids)) for replica, pids in trees.items()}
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Tell the daemon to quit, kill what is left of it, remove its directories and the watchdog; safe to call
+        twice, and after a failed start."""
+        if self.root is None:
+            return
+        self.pid = self.pid or _read_pid(self.pipe_dir / PID_FILE)  # a start that gave up may have one running
+        if self.pid is not None and _alive(self.pid):
+            try:
+                self.command("quit", timeout_s=grace_s)
+            except (MpsError, OSError, subprocess.TimeoutExpired):
+                pass  # a daemon that does not answer is killed below
+            deadline = time.monotonic() + grace_s
+            while _alive(self.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                if _alive(self.pid):
+                    try:
+                        os.kill(self.pid, sig)
+                    except ProcessLookupError:
+                        break
+                    time.sleep(0.5)
+        if self._watchdog is not None:
+            self._watchdog.kill()
+            self._watchdog.wait()
+            self._watchdog = None
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root, self.pid = None, None
+
+    def _log_tail(self) -> str:
+        try:
+            return " | ".join((self.log_dir / "control.log").read_text().strip().splitlines()[-3:]) or "empty"
+        except OSError:
+            return "none written"
+
+    def __enter__(self) -> MpsDaemon:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
