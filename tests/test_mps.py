@@ -111,3 +111,16 @@ def test_a_killed_launcher_leaves_no_daemon(stub_path, tmp_path):
     child.kill()
     child.wait()
     assert _gone(int(pid), Path(root), within_s=15)
+
+
+def test_the_daemon_on_the_real_driver_of_the_h200():
+    """Recorded on the H200 (tests/fixtures/h200_mps): the same class against the real nvidia-cuda-mps-control: its
+    server took both CUDA processes as clients, and nothing of the daemon was left after it stopped."""
+    import json
+
+    rep = json.loads((Path(__file__).parent / "fixtures" / "h200_mps" / "mps.json").read_text())
+    assert rep["refusal"] == "" and rep["existing_before"] == "" and rep["gpus"][0]["compute_capability"] == [9, 0]
+    assert rep["clients_ready"] == ["ready", "ready"] and len(rep["servers"]) == 1 and len(rep["clients"]) == 2
+    assert rep["check"] == {"0": True, "1": True} and "is ACTIVE" in rep["server_log"]
+    assert not rep["after_root_exists"] and not rep["after_daemon_alive"] and rep["after_mps_processes"] == []
+    assert rep["after_servers_alive"] == [] and rep["existing_after"] == ""
