@@ -443,11 +443,11 @@ def regime_table(verdicts: list[tuple[dict[str, Any], Regime]], per_rep: bool = 
     return out.reset_index(drop=True)
 
 
-__all__ = ["ACTIONS", "Evidence", "REGIMES", "Regime", "RegimeThresholds", "decide", "point_evidence",
+__all__ = ["ACTIONS", "Evidence", "REGIMES", "Regime", "RegimeThresholds", "decide", "point_evidence", "point_level",
            "regime_table", "trace_evidence", "trace_regime"]
 
 
-def _level(point: str) -> float:
+def point_level(point: str) -> float:
     """A point's load level: its concurrency or request rate ('rate=inf' is the highest)."""
     if "=inf" in point:
         return float("inf")
@@ -468,7 +468,7 @@ def _headroom(summary: pd.DataFrame, ids: list[str]) -> dict[tuple, tuple[float,
     out: dict[tuple, tuple[float, str]] = {}
     for key, g in (summary.groupby(ids, sort=False) if ids else [((), summary)]):
         key = key if isinstance(key, tuple) else (key,)
-        lv = [(_level(str(r.point)), str(r.point), float(r.output_tok_s)) for r in g.itertuples()]
+        lv = [(point_level(str(r.point)), str(r.point), float(r.output_tok_s)) for r in g.itertuples()]
         for lvl, pt, tok in lv:  # levels of one kind: concurrency against concurrency, rates against rates
             higher = [(t, p) for lv2, p, t in lv if lv2 > lvl and t == t and _kind(p) == _kind(pt)]
             if higher and tok == tok and tok > 0:
@@ -482,11 +482,11 @@ def _name_saturation(out: list[tuple[dict[str, Any], Regime]]) -> None:
     for ident, r in out:
         if r.regime != "under-loaded":
             continue
-        mine = _level(ident["point"])
-        later = sorted((_level(i["point"]), i["point"], q.regime) for i, q in out
+        mine = point_level(ident["point"])
+        later = sorted((point_level(i["point"]), i["point"], q.regime) for i, q in out
                        if i.get("config") == ident.get("config") and i.get("rep") == ident.get("rep")
                        and i.get("gpu") == ident.get("gpu") and _kind(i["point"]) == _kind(ident["point"])
-                       and _level(i["point"]) > mine)
+                       and point_level(i["point"]) > mine)
         sat = next(((p, g) for _, p, g in later if g not in NOT_SATURATED), None)
         r.because += (f"; the server first read as saturated at {sat[0]} ({sat[1]}) in this sweep" if sat else
                       "; no level of this sweep saturated it")

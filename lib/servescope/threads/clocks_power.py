@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analysis.regime import Regime, regime_table
+from ..analysis.regime import Regime, point_level, regime_table
 from ..context import RepetitionPlan, RunContext
 from ..errors import ServescopeError
 from ..experiment import Results
@@ -263,7 +263,7 @@ def _cpu_headline(ps: PowerStudy) -> tuple[str, str, dict[str, str]] | None:
         if i["config"] == cfg:
             per.setdefault(i["point"], {}).setdefault(r.regime, 0)
             per[i["point"]][r.regime] += 1
-    levels = sorted(per, key=lambda p: float("".join(ch for ch in p if ch.isdigit() or ch == ".") or 0))
+    levels = sorted(per, key=point_level)
     top = {p: max(per[p].items(), key=lambda kv: kv[1])[0] for p in levels}
     words = ", ".join(f"{p} {top[p]}" for p in levels)
     claim = (f"The server computes on the CPU, so its cores are the device: per level ({cfg}, the verdict most "

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..analysis.regime import point_level
 from ..context import RepetitionPlan, RunContext
 from ..engines.audit import graph_disable_audit
 from ..engines.base import EngineInstall
@@ -174,8 +175,7 @@ def graph_twin(study: Study, apart: float = 1.3) -> Finding | None:
         rows.append({"point": point, "output_tok_s": me, "off_tok_s": off, "on_tok_s": on, "resembles": near})
     if not rows:
         return None
-    rows.sort(key=lambda r: float(str(r["point"]).split("=")[-1]) if str(r["point"]).split("=")[-1].replace(
-        ".", "", 1).isdigit() else math.inf)
+    rows.sort(key=lambda r: point_level(str(r["point"])))
     sides_seen = {r["resembles"] for r in rows}
     words = "; ".join(f"{r['point']}: {r['output_tok_s']:.0f} tok/s against off {r['off_tok_s']:.0f}, on "
                       f"{r['on_tok_s']:.0f}" for r in rows)
