@@ -90,3 +90,20 @@ class StubAdapter(EngineAdapter):
         dec, pre = GRAPH_PHASES[resolved["graphs"]]
         return ResolvedState("stub", source="/server_info", compile="on" if resolved["compile"] else "off",
                              graph_decode=dec, graph_prefill=pre, graph_mode=resolved["graphs"], tp=1, dp=1)
+
+
+@register
+class StubGpuAdapter(StubAdapter):
+    """The stub as if it served on a GPU, for tests of replicas sharing one GPU under a fake NVML: its memory knob
+    (--mem-fraction, accepted and ignored) counts on the GPU's total like vLLM's, and replicas sharing a GPU start one
+    after another. Each server becomes a client of a stub MPS daemon listening in its CUDA_MPS_PIPE_DIRECTORY."""
+
+    name = "stub-gpu"
+    mem_fraction_of = "total"
+
+    def probe(self, python):
+        return EngineInstall(python=python, version="0.0-stub", distribution="stub", platform="cuda")
+
+    def knob_flags(self, knobs: Knobs, install):
+        flags = super().knob_flags(knobs, install)
+        return flags + (["--mem-fraction", str(knobs.mem_fraction)] if knobs.mem_fraction is not None else [])

@@ -153,6 +153,7 @@ def main() -> None:
     p.add_argument("--itl-ms", type=float, default=0.0)
     p.add_argument("--chunk-tokens", type=int, default=1, help="/generate: tokens per streamed chunk after the first")
     p.add_argument("--pid-file", default="")
+    p.add_argument("--mem-fraction", type=float, default=None, help="accepted and ignored (the stub-gpu memory knob)")
     p.add_argument("--state", default="", help="JSON served at /server_info (the stub's 'resolved configuration')")
     p.add_argument("--child-sigill-at", type=int, default=0,
                    help="run a worker child that dies from SIGILL at the Nth completion request (1 = the readiness check)")
@@ -181,11 +182,26 @@ def main() -> None:
         worker = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; sys.stdin.readline(); "
                                    "os.kill(os.getpid(), signal.SIGILL)"], stdin=subprocess.PIPE)
         kids.append(worker)
+    _join_mps()
     if a.pid_file:
         with open(a.pid_file, "w") as fh:
             fh.write(" ".join(str(x) for x in [os.getpid(), *[k.pid for k in kids]]))
     print(f"stub: serving on {a.host}:{a.port}", flush=True)
     web.run_app(build_app(a, worker), host=a.host, port=a.port, print=None, handle_signals=not a.ignore_term)
+
+
+def _join_mps() -> None:
+    """Behave as a CUDA process does under MPS: where a control daemon listens in CUDA_MPS_PIPE_DIRECTORY (the stub
+    control program of tests/mps_stub.py), become a client of its server 1 (the stub answers get_server_list and
+    get_client_list from these files); STUB_MPS_CLIENT=0 stays away, as a process that never reached the GPU."""
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+    if not pipe or os.environ.get("STUB_MPS_CLIENT") == "0" or not os.path.exists(
+            os.path.join(pipe, "nvidia-cuda-mps-control.pid")):
+        return
+    with open(os.path.join(pipe, "servers"), "w") as fh:
+        fh.write("1\n")
+    with open(os.path.join(pipe, "clients-1"), "a") as fh:
+        fh.write(f"{os.getpid()}\n")
 
 
 if __name__ == "__main__":

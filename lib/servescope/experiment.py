@@ -32,7 +32,8 @@ from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, Telemetry
 from .store import Point, Store
 from .telemetry import Telemetry
 
-TELEMETRY_TABLES = ("gpu", "gpu_static", "host_cpu", "server_procs", "server_threads", "server_metrics", "dcgm")
+TELEMETRY_TABLES = ("gpu", "gpu_static", "gpu_procs", "host_cpu", "server_procs", "server_threads", "server_metrics",
+                    "dcgm")
 
 
 @dataclass(frozen=True)
@@ -335,14 +336,17 @@ def _keep_stopped(ctx: RunContext, configs: Sequence[Config], reps: int, stopped
 
 def launch_identity(prep: Prepared, cfg: Config, parts: dict[str, Any]) -> dict[str, Any]:
     """What makes two points the same measurement: the command and environment the adapter builds for the
-    configuration (port and paths left out), how many servers and how requests are routed, and everything else of
-    the point's key but the knobs (engine, model, load, repetition, profile)."""
+    configuration (port and paths left out), how many servers, how requests are routed and how the servers share a
+    GPU, and everything else of the point's key but the knobs (engine, model, load, repetition, profile)."""
     plan = prep.adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
                              host=prep.engine.host, port=1, knobs=cfg.knobs, extra_env=dict(prep.engine.env))
     cmd = ["{port}" if a == "1" and i and plan.command[i - 1] == "--port" else a for i, a in enumerate(plan.command)]
     cmd = [a.replace(prep.model_path, "{model}") for a in cmd]
-    return {**{k: v for k, v in parts.items() if k != "knobs"}, "command": cmd, "env": dict(sorted(plan.env.items())),
-            "replicas": cfg.knobs.replicas, "route": cfg.knobs.route or "round_robin"}
+    out = {**{k: v for k, v in parts.items() if k != "knobs"}, "command": cmd, "env": dict(sorted(plan.env.items())),
+           "replicas": cfg.knobs.replicas, "route": cfg.knobs.route or "round_robin"}
+    if cfg.knobs.gpu_share:  # the same commands on one GPU, time-sliced or through MPS, are different launches
+        out |= {"gpu_share": cfg.knobs.gpu_share, "mps_active_thread_pct": cfg.knobs.mps_active_thread_pct}
+    return out
 
 
 def _shared_point(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config) -> str | None:

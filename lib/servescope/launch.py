@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from . import mps
 from .engines import get_engine
 from .engines.base import EngineAdapter, EngineInstall
 from .engines.envs import ensure_engine_env
@@ -54,6 +57,7 @@ class Target:
     placement: str = ""  # where this server runs when it is one replica of several ('replica 1: cores 1')
     replica: int = 0  # its index among them
     replicas: list[Target] = field(default_factory=list)  # every replica, this one first, when there are several
+    gpu_share: dict[str, Any] = field(default_factory=dict)  # replicas on one GPU: how they shared it (mps.Sharing)
 
     @property
     def base_urls(self) -> list[str]:
@@ -72,7 +76,9 @@ class Target:
              "flags": self.flags, "command": self.command, "startup": self.startup}
         if self.replicas:
             d["replicas"] = [{"replica": r.replica, "base_url": r.base_url, "placement": r.placement, "command": r.command,
-                              "startup": r.startup} for r in self.replicas]
+                              "startup": r.startup, "pid": r.pid} for r in self.replicas]
+        if self.gpu_share:
+            d["gpu_share"] = self.gpu_share
         return d
 
 
@@ -151,37 +157,20 @@ def _serve_replicas(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[st
     if prep.engine.port:
         raise SpecError(f"engine.port pins one port, but knobs ask for {knobs.replicas} replicas: leave port unset")
     places = prep.adapter.placements(knobs, prep.install, prep.engine.env)
-    entered: list[tuple[Any, Target]] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def start(pl: Any) -> None:
-        first = pl.replica == 0
-        cm = _serve_one(prep, knobs, replica_log_dir(log_dir, pl.replica),
-                        [*pl.prefix, *((prefix or []) if first else [])],
-                        {**pl.env, **((extra_env or {}) if first else {})}, term_grace_s)
-        try:
-            t = cm.__enter__()
-        except BaseException as e:  # noqa: BLE001 - reported below, after every start has ended
-            with lock:
-                errors.append(e)
-            return
-        t.placement, t.replica = pl.words(), pl.replica
-        with lock:
-            entered.append((cm, t))
-
-    threads = [threading.Thread(target=start, args=(pl,), daemon=True) for pl in places]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    # the sharing outlives the replicas: entered first, left last (an MPS daemon stops once its clients are gone)
     with contextlib.ExitStack() as stack:
+        share = stack.enter_context(mps.sharing(knobs.gpu_share, knobs.mps_active_thread_pct))
+        in_turn = share is not None and prep.adapter.shared_starts_in_turn
+        entered, errors = _start_replicas(prep, knobs, log_dir, places, prefix, extra_env, term_grace_s,
+                                          share.env if share is not None else {}, in_turn)
         for cm, _ in entered:
             stack.push(cm.__exit__)
         if errors:
             raise errors[0]
         reps = sorted((t for _, t in entered), key=lambda t: t.replica)
-        head = dataclasses.replace(reps[0], replicas=reps)
+        if share is not None:
+            share.check({r.replica: _tree(r.pid) for r in reps})
+        head = dataclasses.replace(reps[0], replicas=reps, gpu_share=share.describe() if share is not None else {})
 
         def check_alive() -> None:
             for r in reps:
@@ -190,6 +179,55 @@ def _serve_replicas(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[st
 
         head.check_alive = check_alive
         yield head
+
+
+def _start_replicas(prep: Prepared, knobs: Knobs, log_dir: Path, places: list[Any], prefix: list[str] | None,
+                    extra_env: dict[str, str] | None, term_grace_s: float, share_env: dict[str, str],
+                    in_turn: bool) -> tuple[list[tuple[Any, Target]], list[BaseException]]:
+    """Start every replica, all at once or (in_turn) each once the one before is ready; the entered servers (to
+    leave) and the errors. prefix and extra_env go to replica 0 alone."""
+    entered: list[tuple[Any, Target]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def start(pl: Any) -> None:
+        first = pl.replica == 0
+        cm = _serve_one(prep, knobs, replica_log_dir(log_dir, pl.replica),
+                        [*pl.prefix, *((prefix or []) if first else [])],
+                        {**pl.env, **share_env, **((extra_env or {}) if first else {})}, term_grace_s)
+        try:
+            t = cm.__enter__()
+        except BaseException as e:  # noqa: BLE001 - reported by the caller, after every start has ended
+            with lock:
+                errors.append(e)
+            return
+        t.placement, t.replica = pl.words(), pl.replica
+        with lock:
+            entered.append((cm, t))
+
+    if in_turn:
+        for pl in places:
+            start(pl)
+            if errors:
+                break
+        return entered, errors
+    threads = [threading.Thread(target=start, args=(pl,), daemon=True) for pl in places]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return entered, errors
+
+
+def _tree(pid: int | None) -> list[int]:
+    """A server's process and its descendants (where a CUDA context may live)."""
+    if pid is None:
+        return []
+    try:
+        root = psutil.Process(pid)
+        return [pid, *(c.pid for c in root.children(recursive=True))]
+    except psutil.Error:
+        return [pid]
 
 
 @contextlib.contextmanager

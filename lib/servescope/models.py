@@ -125,3 +125,16 @@ def is_moe(path: str) -> bool:
     """Whether a local model folder's config.json describes a mixture of experts (False where it cannot tell)."""
     cfg = model_config(path)
     return any((cfg.get(k) or 0) > 1 for k in EXPERT_KEYS)
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def weights_bytes(path: str) -> int | None:
+    """Bytes of the weight files of a model folder (what each server loads onto its GPU), or None where the model
+    is not a local folder (a hub id) or holds no weight file."""
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    total = sum(f.stat().st_size for f in p.iterdir() if f.is_file() and f.suffix in WEIGHT_SUFFIXES)
+    return total or None

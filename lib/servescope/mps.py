@@ -12,6 +12,7 @@ rather than start a second one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,8 @@ class GpuFacts:
     compute_mode: str | None = None  # 'Default' | 'Exclusive_Process' | 'Prohibited'
     mig_enabled: bool | None = None
     compute_capability: tuple[int, int] | None = None
+    mem_total_mib: float | None = None
+    mem_free_mib: float | None = None
 
 
 def refusal(gpus: list[GpuFacts], env: dict[str, str] | None = None) -> str:
@@ -100,11 +104,23 @@ class MpsDaemon:
     start_timeout_s: float = 15.0
     root: Path | None = field(default=None, init=False)
     pid: int | None = field(default=None, init=False)
+    adopted: Path | None = field(default=None, init=False)  # the pipe directory of a daemon that was already running
     _watchdog: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def adopt(cls, pipe_dir: str, active_thread_pct: int | None = None) -> MpsDaemon:
+        """A daemon that already serves (from existing_daemon): its clients and lists are used, and stop() leaves it
+        running, since servescope did not start it."""
+        d = cls(active_thread_pct)
+        d.adopted = Path(pipe_dir)
+        d.pid = _read_pid(d.adopted / PID_FILE)
+        return d
 
     @property
     def pipe_dir(self) -> Path:
         """CUDA_MPS_PIPE_DIRECTORY of this daemon."""
+        if self.adopted is not None:
+            return self.adopted
         assert self.root is not None, "the daemon is not started"
         return self.root / "pipe"
 
@@ -116,6 +132,8 @@ class MpsDaemon:
 
     def env(self) -> dict[str, str]:
         """The variables that point the control program and the daemon's clients at this daemon."""
+        if self.adopted is not None:
+            return {"CUDA_MPS_PIPE_DIRECTORY": str(self.adopted)}
         return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir)}
 
     def client_env(self) -> dict[str, str]:
@@ -183,8 +201,8 @@ class MpsDaemon:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Tell the daemon to quit, kill what is left of it, remove its directories and the watchdog; safe to call
-        twice, and after a failed start."""
-        if self.root is None:
+        twice, and after a failed start; a daemon that was already running is left as it was."""
+        if self.root is None or self.adopted is not None:
             return
         self.pid = self.pid or _read_pid(self.pipe_dir / PID_FILE)  # a start that gave up may have one running
         if self.pid is not None and _alive(self.pid):
@@ -220,3 +238,76 @@ class MpsDaemon:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+@dataclass
+class Sharing:
+    """How the replicas of one launch share their GPU: the environment each replica gets and, with MPS, the daemon
+    they must be clients of (checked once they are ready)."""
+
+    mode: str  # 'time_slicing' | 'mps'
+    env: dict[str, str] = field(default_factory=dict)
+    daemon: MpsDaemon | None = None
+    origin: str = ""  # MPS: 'servescope' (started and stopped by the suite) | 'already running' (used, left running)
+    note: str = ""
+    clients: dict[int, bool] = field(default_factory=dict)
+    servers: list[int] = field(default_factory=list)
+
+    def check(self, trees: dict[int, list[int]]) -> None:
+        """With MPS, every replica (the pids of its process tree) must be a client of the daemon's server, else
+        MpsError naming it: its kernels would not go through MPS, and the point would measure something else."""
+        if self.daemon is None:
+            return
+        self.servers = self.daemon.servers()
+        self.clients = self.daemon.check_clients(trees)
+        missing = [r for r, ok in self.clients.items() if not ok]
+        if missing:
+            raise MpsError(f"replica(s) {', '.join(map(str, missing))} are not clients of the MPS daemon "
+                           f"({self.pipe_words()}; servers {self.servers or 'none'}): their kernels would not run "
+                           "through MPS")
+
+    def pipe_words(self) -> str:
+        """Where the daemon listens."""
+        return f"pipe directory {self.daemon.pipe_dir}" if self.daemon is not None else "no daemon"
+
+    def describe(self) -> dict[str, Any]:
+        """For the point's manifest: the mode, the daemon and who started it, its servers and each replica's check."""
+        d: dict[str, Any] = {"mode": self.mode}
+        if self.daemon is not None:
+            d |= {"daemon": self.origin, "active_thread_pct": self.daemon.active_thread_pct, "mps_servers": self.servers,
+                  "clients": {str(r): ok for r, ok in sorted(self.clients.items())}}
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+@contextlib.contextmanager
+def sharing(mode: str | None, active_thread_pct: int | None = None) -> Iterator[Sharing | None]:
+    """The sharing of one launch's replicas, for as long as they run: None without gpu_share; with MPS the suite's own
+    daemon (started here, stopped at the end, on a fault or an interrupt too), or one already serving (used and left
+    running); time-slicing replicas are kept off a daemon that already serves, with an empty pipe directory of their
+    own (a client that finds no daemon there runs without MPS)."""
+    if mode is None:
+        yield None
+        return
+    existing = existing_daemon()
+    if mode == "time_slicing":
+        if not existing:
+            yield Sharing(mode)
+            return
+        root = Path(tempfile.mkdtemp(prefix="servescope-nomps-"))
+        try:
+            yield Sharing(mode, {"CUDA_MPS_PIPE_DIRECTORY": str(root)},
+                          note=f"an MPS daemon already serves this machine ({existing}): these replicas were kept off "
+                               "it, with an empty pipe directory of their own")
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return
+    if existing:
+        d = MpsDaemon.adopt(existing, active_thread_pct)
+        yield Sharing(mode, d.client_env(), d, "already running",
+                      note=f"an MPS daemon already served this machine ({existing}): the replicas used it; servescope "
+                           "neither started nor stopped it")
+        return
+    with MpsDaemon(active_thread_pct) as d:
+        yield Sharing(mode, d.client_env(), d, "servescope")

@@ -79,6 +79,9 @@ class ModelSpec(_Spec):
 CudaGraphMode = Literal["off", "decode_only", "full", "piecewise"]
 # how the client spreads requests over replicas: in turn, or to the one with the fewest requests in flight
 Route = Literal["round_robin", "least_outstanding"]
+# replicas on the same GPU(s): the driver's time-slicing between their contexts, or one MPS server running their
+# kernels side by side
+GpuShare = Literal["time_slicing", "mps"]
 
 
 class Knobs(_Spec):
@@ -105,18 +108,27 @@ class Knobs(_Spec):
     # build), with the client spreading requests over their endpoints by route (default round_robin)
     replicas: int = Field(1, ge=1)
     route: Route | None = None
+    # the replicas share the same GPU(s) instead of one share each (each then needs its memory share: mem_fraction)
+    gpu_share: GpuShare | None = None
+    # MPS only: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of each replica (the share of the SMs its kernels may occupy)
+    mps_active_thread_pct: int | None = Field(None, ge=1, le=100)
     extra_args: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _routed(self) -> Knobs:
         if self.route is not None and self.replicas == 1:
             raise ValueError("route spreads requests over replicas: it needs replicas > 1")
+        if self.gpu_share is not None and self.replicas == 1:
+            raise ValueError("gpu_share puts replicas on the same GPU: it needs replicas > 1")
+        if self.mps_active_thread_pct is not None and self.gpu_share != "mps":
+            raise ValueError("mps_active_thread_pct is a share of MPS: it needs gpu_share='mps'")
         return self
 
     @property
     def devices(self) -> int:
-        """Devices (GPUs, or cores on a CPU build) the configuration asks for at least: TP x DP ranks per replica."""
-        return self.tp * self.dp * self.replicas
+        """Devices (GPUs, or cores on a CPU build) the configuration asks for at least: TP x DP ranks per replica,
+        times the replicas unless they share the same devices."""
+        return self.tp * self.dp * (1 if self.gpu_share else self.replicas)
 
     def label(self) -> str:
         """Short human label listing only the knobs that are set."""

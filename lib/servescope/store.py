@@ -99,6 +99,13 @@ class Point:
                                replica_log_dir(self.path, int(r.get("replica", i)))) for i, r in enumerate(reps)),
                       key=lambda r: r.index)
 
+    @property
+    def gpu_share(self) -> dict[str, Any]:
+        """How its replicas shared one GPU ({} where they did not): mode, and with MPS the daemon, who started it and
+        whether each replica was its client."""
+        share = self.target.get("gpu_share")
+        return share if isinstance(share, dict) else {}
+
     def log(self, replica: int = 0, stderr_first: bool = False) -> str:
         """The server log (both streams) a replica left ('' where none was kept, as in exported stores)."""
         if (replica, stderr_first) not in self._logs:  # read once: every reader of the point shares it

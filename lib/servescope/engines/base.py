@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -12,10 +13,12 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from .. import mps
 from ..errors import KnobError, ProfilingUnavailable, ServescopeError, SpecError
+from ..models import weights_bytes
 from ..server import ReadyCheck
 from ..spec import Knobs
-from .devices import device_ids, visible_devices
+from .devices import core_blocks, core_words, device_ids, gpu_facts, visible_devices
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
 from .helpcheck import _help_cached, _scan_cached, known_release, reconcile_flags
@@ -59,10 +62,53 @@ class Placement:
     kind: str  # 'GPUs' | 'cores'
     prefix: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    host_cores: tuple[int, ...] = ()  # a GPU replica's host threads, pinned to these cores
+    shared: bool = False  # its GPUs are every replica's
 
     def words(self) -> str:
-        """'replica 1: cores 1'."""
-        return f"replica {self.replica}: {self.kind} {','.join(map(str, self.devices))}"
+        """'replica 1: cores 1', 'replica 1: GPUs 0 (shared), cores 7-13'."""
+        return (f"replica {self.replica}: {self.kind} {','.join(map(str, self.devices))}"
+                + (" (shared)" if self.shared else "") + (f", cores {core_words(self.host_cores)}"
+                                                          if self.host_cores else ""))
+
+
+def mps_recipe(active_thread_pct: int | None) -> str:
+    """The MPS part of a replica recipe: the control daemon started before the servers and stopped after them."""
+    pct = (f", each server with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={active_thread_pct}" if active_thread_pct else "")
+    return ("; start an MPS control daemon for that GPU before the servers (`nvidia-cuda-mps-control -d`, with "
+            "CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY set for it and for the servers"
+            f"{pct}) and stop it after them (`echo quit | nvidia-cuda-mps-control`)")
+
+
+# what a replica holds on its GPU beyond its weights, at least: the CUDA context, activations, a minimal cache
+REPLICA_OVERHEAD_MIB = 1024.0
+
+
+def shared_fit(basis: str, n: int, share: float, weights_mib: float, gpu: mps.GpuFacts) -> str:
+    """Why n replicas, each given `share` through a memory knob counted on `basis`, do not fit on this GPU ('' where
+    they do, or where NVML did not say its memory). basis: 'total' (a share of the GPU's memory, weights included),
+    'free' (a share of what is free when the replica starts, weights included; the last to start finds least),
+    'cache' (a share of what is free once its weights are loaded, for the KV cache alone)."""
+    total, free = gpu.mem_total_mib, gpu.mem_free_mib
+    if total is None or free is None:
+        return ""
+    need = weights_mib + REPLICA_OVERHEAD_MIB
+    gib = lambda mib: f"{mib / 1024:.1f} GiB"  # noqa: E731
+    head = f"{n} replicas of a {gib(weights_mib)} model do not fit on GPU {gpu.index} ({gib(free)} free of {gib(total)})"
+    if basis == "total":
+        if share * total < need:
+            return f"{head}: each one's share ({share:g} of the GPU) is below its weights and context ({gib(need)})"
+        if n * share * total > free:
+            return f"{head}: {n} shares of {share:g} of the GPU need {gib(n * share * total)}"
+    elif basis == "free":
+        last = share * free * (1 - share) ** (n - 1)
+        if last < need:
+            return f"{head}: the last to start gets {share:g} of what is left, {gib(last)}, below its weights and " \
+                   f"context ({gib(need)})"
+    elif n * need > free * (1 - min(1.0, n * share)):
+        return f"{head}: their weights and contexts ({n} x {gib(need)}) do not fit beside caches of {n} x {share:g} " \
+               "of the free memory"
+    return ""
 
 
 class EngineAdapter(ABC):
@@ -84,6 +130,12 @@ class EngineAdapter(ABC):
     metric_prefixes: ClassVar[tuple[str, ...]] = ()
     # the metrics notebooks show per point (gauges' medians, counters' rates)
     key_metrics: ClassVar[tuple[str, ...]] = ()
+    # how its memory knob (Knobs.mem_fraction) counts, for replicas sharing a GPU (see shared_fit): 'total', 'free' or
+    # 'cache'; '' where it has none
+    mem_fraction_of: ClassVar[str] = ""
+    # replicas sharing a GPU start one after another, each sizing its memory from what the ones before left (True),
+    # or all at once (False: its share counts only what is free when its cache is made, so any order fits)
+    shared_starts_in_turn: ClassVar[bool] = True
 
     @abstractmethod
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
@@ -151,14 +203,45 @@ class EngineAdapter(ABC):
         if ranks > 1:
             have, what = visible_devices(install.platform, env or {})
             if have is not None and ranks > have:
-                per = f"{knobs.replicas} replicas of " if knobs.replicas > 1 else ""
+                per = f"{knobs.replicas} replicas of " if knobs.replicas > 1 and not knobs.gpu_share else ""
                 raise KnobError(f"{per}tp={knobs.tp} x dp={knobs.dp} needs {ranks} {what}; {have} visible here")
+        if knobs.gpu_share:
+            self._check_share(knobs, install, env or {}, model_path)
         if knobs.replicas > 1:
             self.placements(knobs, install, env)
-            if install.platform == "cpu" and not shutil.which("taskset"):
-                raise KnobError("replicas on a CPU build are pinned to their cores with taskset (util-linux), which "
-                                "is not installed here")
+            if install.platform in ("cpu", "cuda") and not shutil.which("taskset"):
+                raise KnobError("replicas are pinned to their cores with taskset (util-linux), which is not installed "
+                                "here")
         return flags
+
+    def shared_mem_fraction(self, n: int) -> float | None:
+        """Each of n replicas' memory share on one GPU in this engine's memory knob (Knobs.mem_fraction), or None
+        where it has no memory knob: 0.9 of the GPU split n ways ('total', 'free'), 0.8 of the free memory for caches
+        ('cache')."""
+        budget = {"total": 0.9, "free": 0.9, "cache": 0.8}.get(self.mem_fraction_of)
+        return None if budget is None else math.floor(100 * budget / n) / 100
+
+    def _check_share(self, knobs: Knobs, install: EngineInstall, env: dict[str, str], model_path: str) -> None:
+        """Refuse replicas on one GPU that cannot share it here: no GPU build, no memory knob or share, MPS refused
+        by the driver, more replicas than fit in the GPU's memory."""
+        n, v = knobs.replicas, f"{self.name} {install.version}"
+        if install.platform != "cuda":
+            raise KnobError(f"gpu_share puts replicas on one GPU, and {v} runs on {install.platform or 'no GPU'} here: "
+                            "its replicas take blocks of cores instead")
+        if not self.mem_fraction_of:
+            raise KnobError(f"{v} has no memory knob to give each replica its share of one GPU")
+        if knobs.mem_fraction is None:
+            raise KnobError(f"replicas sharing a GPU each need their memory share: set mem_fraction "
+                            f"({self.shared_mem_fraction(n)} for {n} on {self.name})")
+        gpus = gpu_facts(env)[:knobs.tp * knobs.dp]
+        if not gpus:
+            raise KnobError("gpu_share needs the GPU's memory and modes from NVML, and NVML sees no GPU here")
+        if knobs.gpu_share == "mps" and (why := mps.refusal(gpus, env)):
+            raise KnobError(f"MPS: {why}")
+        w = weights_bytes(model_path)
+        for g in gpus if w is not None else []:
+            if why := shared_fit(self.mem_fraction_of, n, knobs.mem_fraction, w / 2**20, g):
+                raise KnobError(why)
 
     def placements(self, knobs: Knobs, install: EngineInstall, env: dict[str, str] | None = None) -> list[Placement]:
         """Each replica's share of the devices: a contiguous block of GPUs (CUDA_VISIBLE_DEVICES) or of cores (the
@@ -166,26 +249,48 @@ class EngineAdapter(ABC):
         placement. Raises KnobError when the devices do not divide."""
         if knobs.replicas == 1:
             return [Placement(0, (), "")]
+        n, need = knobs.replicas, knobs.tp * knobs.dp
+        if install.platform == "cpu" and knobs.gpu_share:
+            raise KnobError("gpu_share puts replicas on one GPU; a CPU build's replicas take blocks of cores")
         ids = device_ids(install.platform, env or {})
-        per = len(ids) // knobs.replicas
-        need = knobs.tp * knobs.dp
+        shared = knobs.gpu_share is not None
+        per = need if shared and len(ids) >= need else len(ids) // n
         kind = "cores" if install.platform == "cpu" else "GPUs"
         if per < need:
-            raise KnobError(f"{knobs.replicas} replicas of tp={knobs.tp} x dp={knobs.dp} need {need * knobs.replicas} "
+            raise KnobError(f"{n} replicas of tp={knobs.tp} x dp={knobs.dp} need {need * (1 if shared else n)} "
                             f"{kind}; {len(ids)} visible here")
         out = []
-        for r in range(knobs.replicas):
-            block = tuple(ids[r * per:(r + 1) * per])
-            if install.platform == "cpu":
-                cores = ",".join(map(str, block))
-                out.append(Placement(r, block, kind, ("taskset", "-c", cores), self.cpu_pin_env(block)))
-            else:
-                out.append(Placement(r, block, kind, (), {"CUDA_VISIBLE_DEVICES": ",".join(map(str, block))}))
+        if install.platform == "cpu":
+            for r in range(n):
+                block = tuple(ids[r * per:(r + 1) * per])
+                out.append(Placement(r, block, kind, ("taskset", "-c", ",".join(map(str, block))),
+                                     self.cpu_pin_env(block)))
+            return out
+        # a GPU server's scheduler and tokenizer threads are what limit a host-bound one: each replica gets cores
+        # of its own, and OpenMP/torch pools sized to them
+        for r, cores in enumerate(core_blocks(n)):
+            block = tuple(ids[:need]) if shared else tuple(ids[r * per:(r + 1) * per])
+            out.append(Placement(r, block, kind, ("taskset", "-c", ",".join(map(str, cores))),
+                                 {"CUDA_VISIBLE_DEVICES": ",".join(map(str, block)), "OMP_NUM_THREADS": str(len(cores))},
+                                 cores, shared))
         return out
 
     def cpu_pin_env(self, cores: tuple[int, ...]) -> dict[str, str]:
         """Environment that keeps a CPU build's thread pools on its cores (OpenMP and torch by default)."""
         return {"OMP_NUM_THREADS": str(len(cores))}
+
+    # what spreads requests over replicas in front of this engine's servers, in words
+    balancer: ClassVar[str] = "a load balancer"
+
+    def replica_recipe(self, knobs: Knobs, install: EngineInstall, placements: list[str]) -> str:
+        """How to run knobs' replicas in production the way they were measured, in this engine's spelling: N servers
+        with their flags, each pinned as measured, behind a balancer with the route, and with MPS the daemon first."""
+        n, route = knobs.replicas, (knobs.route or "round_robin").replace("_", "-")
+        flags = " ".join(self.recommended_flags(knobs, install))
+        where = " on one GPU" if knobs.gpu_share else ""
+        out = (f"run {n} {self.name} servers{where}, each with {f'`{flags}`' if flags else 'its usual flags'}, pinned "
+               f"as measured ({'; '.join(placements)}), behind {self.balancer} spreading requests {route}")
+        return out + (mps_recipe(knobs.mps_active_thread_pct) if knobs.gpu_share == "mps" else "")
 
     def grouped_moe_advice(self) -> str:
         """How to make this engine run the experts as a grouped product, in words (thread 6's recommendation)."""

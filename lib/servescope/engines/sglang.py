@@ -21,7 +21,7 @@ from ..errors import KnobError
 from ..models import config_dtype, short_dtype
 from ..server import ReadyCheck
 from ..spec import Knobs
-from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version
+from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version, mps_recipe
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
 from .http import get_json, post
@@ -89,12 +89,31 @@ class SglangAdapter(EngineAdapter):
     name = "sglang"
     metric_prefixes = ("sglang:",)
     key_metrics = SGLANG_KEY_METRICS
+    # --mem-fraction-static counts from the memory free when the server starts (weights and KV pool together), and
+    # its pool is what is left of that after its weights: replicas start one after another
+    mem_fraction_of = "free"
     help_command = ("-m", "sglang.launch_server", "--help")
     # SGLang compiles the model inside its decode CUDA-graph runner: with graphs off, --enable-torch-compile does
     # nothing, so compile is compared with decode graphs on both sides
     compile_study_graphs = "decode_only"
     package = "sglang"
     distributions = ("sglang",)
+
+    balancer = ("sglang-router (`python -m sglang_router.launch_router --worker-urls URL1 URL2 ... --policy "
+                "round_robin`, the sglang-router package)")
+
+    def replica_recipe(self, knobs: Knobs, install: EngineInstall, placements: list[str]) -> str:
+        """Replicas on one GPU: the version's native same-GPU data parallelism where it declares it
+        (`--same-gpu-replicas N`, one endpoint behind its own DP controller), else N servers behind sglang-router."""
+        try:
+            native = bool(knobs.gpu_share) and self.flag_set(install).has("--same-gpu-replicas")
+        except Exception:  # noqa: BLE001 - offline without the release's source: the recipe that needs no flag
+            native = False
+        if not native:
+            return super().replica_recipe(knobs, install, placements)
+        flags = " ".join(["--same-gpu-replicas", str(knobs.replicas), *self.recommended_flags(knobs, install)])
+        out = f"run one SGLang {install.version} server with `{flags}` (its own DP controller spreads requests)"
+        return out + (mps_recipe(knobs.mps_active_thread_pct) if knobs.gpu_share == "mps" else "")
 
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
         """SGLang needs a CUDA machine: servescope never installs it, point engine.python at yours."""

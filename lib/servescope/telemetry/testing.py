@@ -40,6 +40,11 @@ class FakeGpu:
     dram_bw_util_pct: float = 0.0
     tensor_active_pct: float = 0.0
     gpm: bool = True
+    compute_mode: int = 0  # NVML_COMPUTEMODE_DEFAULT
+    mig_enabled: bool = False
+    compute_capability: tuple[int, int] = (9, 0)
+    procs: dict[int, float] = field(default_factory=dict)  # pid -> GPU memory it holds (MiB)
+    mps_procs: dict[int, float] = field(default_factory=dict)  # MPS clients: pid -> MiB
     unsupported: set[str] = field(default_factory=set)  # function names that raise NVMLError_NotSupported
     _energy_mj: float = 0.0
     _t: float = field(default_factory=time.monotonic)
@@ -110,6 +115,20 @@ def _fake_functions(gpus: list[FakeGpu]) -> dict[str, Any]:
         "nvmlGpmSampleFree": lambda s: None,
         "nvmlGpmSampleGet": gpm_get,
         "nvmlGpmMetricsGet": gpm_metrics,
+    } | _fake_sharing(dev)
+
+
+def _fake_sharing(dev: Any) -> dict[str, Any]:
+    """What decides GPU sharing, and who holds GPU memory, as the fake GPUs answer it."""
+    def procs(table: dict[int, float]) -> list[Any]:
+        return [SimpleNamespace(pid=p, usedGpuMemory=int(m * 2**20)) for p, m in table.items()]
+
+    return {
+        "nvmlDeviceGetComputeMode": lambda h: dev(h).compute_mode,
+        "nvmlDeviceGetMigMode": lambda h: [int(dev(h).mig_enabled), int(dev(h).mig_enabled)],
+        "nvmlDeviceGetCudaComputeCapability": lambda h: dev(h).compute_capability,
+        "nvmlDeviceGetComputeRunningProcesses": lambda h: procs(dev(h).procs),
+        "nvmlDeviceGetMPSComputeRunningProcesses": lambda h: procs(dev(h).mps_procs),
     }
 
 

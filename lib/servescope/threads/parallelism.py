@@ -4,9 +4,12 @@ Layouts, side by side under the same load: one server with the engine's own plac
 each pinned to its share of the devices (one GPU each; on a CPU build, a block of cores), with the client spreading
 requests over their endpoints round-robin or to the least-outstanding one (works for every engine); the engine's own
 data parallelism (SGLang --dp-size, DP attention; vLLM --data-parallel-size) and tensor parallelism where the version
-and the devices allow. A layout the engine or machine refuses is shown with the refusal, before anything launches;
-one that launches and then fails is shown with its error and log line. With two or more GPUs an all-reduce probe
-(NCCL) turns tensor parallelism's communication into milliseconds per layer for the model's hidden size.
+and the devices allow. On a GPU, N replicas may also share one GPU (each with its memory share through the engine's
+memory knob and host cores of its own), time-sliced by the driver or through an MPS daemon the suite runs: the server
+is often host-bound, and several host processes can fill a GPU one cannot. A layout the engine or machine refuses is
+shown with the refusal, before anything launches; one that launches and then fails is shown with its error and log
+line. With two or more GPUs an all-reduce probe (NCCL) turns tensor parallelism's communication into milliseconds per
+layer for the model's hidden size.
 """
 
 from __future__ import annotations
@@ -18,16 +21,19 @@ import pandas as pd
 
 from .. import probes
 from ..context import RunContext
+from ..engines.base import EngineAdapter
 from ..engines.devices import visible_devices
 from ..errors import KnobError, NotMeasuredError, ServescopeError, SpecError
 from ..findings import Finding, best_of, weakest
 from ..launch import Prepared, find_install, prepare
+from ..load.metrics import per_request_tpot
 from ..models import model_config, tiny_model_ready
 from ..spec import Knobs, LoadSpec
 from ..study import Arm, Study, drop_empty, run_study
 
 THREAD = "04_data_parallelism"
 ONE = "1 server"
+SHARED_KINDS = ("shared GPU", "shared GPU + MPS")  # replicas on one GPU, time-sliced or through MPS
 # the control fields: every layout runs the same compile and graph configuration as the one server
 CONTROLS = ("compile", "graph_decode", "graph_prefill")
 
@@ -38,9 +44,14 @@ class Layout:
     launched (empty when it was)."""
 
     arm: Arm
-    kind: str  # 'one server' | 'replicas' | 'engine DP' | 'DP attention' | 'TP'
+    kind: str  # 'one server' | 'replicas' | 'shared GPU' | 'shared GPU + MPS' | 'engine DP' | 'DP attention' | 'TP'
     devices: int
     refused: str = ""
+
+    @property
+    def shares_gpu(self) -> bool:
+        """Replicas on one GPU (time-sliced or through MPS)."""
+        return self.kind in SHARED_KINDS
 
 
 @dataclass
@@ -93,8 +104,9 @@ class ParallelStudy:
         return drop_empty(t[[c for c in cols if c in t]])
 
     def balance(self) -> pd.DataFrame:
-        """Per replicated layout, repetition and level: each replica's requests and output tokens, and the load
-        imbalance (largest replica's share over an even share, minus one)."""
+        """Per replicated layout, repetition, level and replica: its requests, output tokens, output tok/s (its tokens
+        over the level's duration), TTFT and TPOT medians, and the load imbalance (largest replica's share over an
+        even share, minus one)."""
         r = self.study.results.requests
         if r.empty or "replica" not in r:
             return pd.DataFrame()
@@ -102,9 +114,14 @@ class ParallelStudy:
         r = r[(r["phase"] == "measure") & r["config"].isin(names) & (r["status"] == "ok")]
         if r.empty:
             return pd.DataFrame()
+        r = r.assign(tpot_ms=per_request_tpot(r))
         g = r.groupby(["config", "rep", "point", "replica"], as_index=False).agg(
             requests=("request_id", "count"), output_tokens=("output_tokens", "sum"),
-            ttft_ms_p50=("ttft_ms", "median"))
+            ttft_ms_p50=("ttft_ms", "median"), tpot_ms_p50=("tpot_ms", "median"))
+        s = self.study.results.summary
+        if len(s) and {"point", "duration_s"} <= set(s.columns):
+            g = g.merge(s[["config", "rep", "point", "duration_s"]], on=["config", "rep", "point"], how="left")
+            g["output_tok_s"] = g["output_tokens"] / g.pop("duration_s")
         n = g["config"].map({x.arm.name: x.arm.knobs.replicas for x in self.layouts})
         g["share"] = g["output_tokens"] / g.groupby(["config", "rep", "point"])["output_tokens"].transform("sum")
         g["imbalance_pct"] = 100 * (g.groupby(["config", "rep", "point"])["share"].transform("max") * n - 1)
@@ -112,19 +129,75 @@ class ParallelStudy:
 
     def replica_host(self) -> pd.DataFrame:
         """Per replicated layout, repetition, level and replica: the server tree's CPU (median of the sum over its
-        processes) and memory, from the host sampler (each process tagged with its replica)."""
-        p = self.study.results.telemetry.get("server_procs", pd.DataFrame())
+        processes), its memory, and its busiest thread (median share of a core), from the host sampler (each process
+        tagged with its replica)."""
+        tele = self.study.results.telemetry
+        p = tele.get("server_procs", pd.DataFrame())
         if p.empty or "replica" not in p:
             return pd.DataFrame()
         p = p[p["replica"].notna() & ~p["phase"].str.startswith(("warmup:", "idle"))]
         if p.empty:
             return pd.DataFrame()
-        tree = p.groupby(["config", "rep", "phase", "replica", "time_unix"], as_index=False).agg(
-            cpu_pct=("cpu_pct", "sum"), rss_mib=("rss_mib", "sum"))
-        out = tree.groupby(["config", "rep", "phase", "replica"], as_index=False).agg(
-            server_cpu_pct_p50=("cpu_pct", "median"), server_rss_mib_max=("rss_mib", "max"))
+        keys = ["config", "rep", "phase", "replica"]
+        tree = p.groupby([*keys, "time_unix"], as_index=False).agg(cpu_pct=("cpu_pct", "sum"), rss_mib=("rss_mib", "sum"))
+        out = tree.groupby(keys, as_index=False).agg(server_cpu_pct_p50=("cpu_pct", "median"),
+                                                     server_rss_mib_max=("rss_mib", "max"))
+        t = tele.get("server_threads", pd.DataFrame())
+        if len(t) and "replica" in t:
+            t = t[t["replica"].notna()]
+            med = t.groupby([*keys, "thread", "tid"], as_index=False)["cpu_pct"].median()
+            top = med.sort_values("cpu_pct").groupby(keys).tail(1).rename(
+                columns={"thread": "busiest_thread", "cpu_pct": "busiest_thread_cpu_pct_p50"}).drop(columns="tid")
+            out = out.merge(top, on=keys, how="left")
         out["replica"] = out["replica"].astype(int)
         return out.rename(columns={"phase": "point"})
+
+    def replica_gpu_memory(self) -> pd.DataFrame:
+        """Per layout whose replicas share a GPU, repetition and replica: the GPU memory its processes held at most
+        (NVML's per-process reading, each process matched to its replica by pid; NaN where the driver does not say
+        per process), and how NVML listed it (a compute context, or an MPS client)."""
+        tele = self.study.results.telemetry
+        gp, sp = tele.get("gpu_procs", pd.DataFrame()), tele.get("server_procs", pd.DataFrame())
+        names = [x.arm.name for x in self.layouts if x.shares_gpu]
+        if gp.empty or sp.empty or "replica" not in sp:
+            return pd.DataFrame()
+        owner = sp[sp["config"].isin(names)][["config", "rep", "pid", "replica"]].dropna().drop_duplicates()
+        m = gp.merge(owner, on=["config", "rep", "pid"], how="inner")
+        if m.empty:
+            return pd.DataFrame()
+        per_t = m.groupby(["config", "rep", "replica", "gpu", "context", "time_unix"], as_index=False)[
+            "used_gpu_mem_mib"].sum(min_count=1)
+        out = per_t.groupby(["config", "rep", "replica", "gpu", "context"], as_index=False).agg(
+            used_gpu_mem_mib_max=("used_gpu_mem_mib", "max"), readings=("time_unix", "nunique"))
+        out["replica"] = out["replica"].astype(int)
+        return out
+
+    def gpu_activity(self) -> pd.DataFrame:
+        """Did sharing fill the GPU? Per layout and level (medians over repetitions): GPM SM activity and occupancy,
+        NVML utilization, power, and the GPU memory in use at most."""
+        gp = self.study.gpu_points()
+        if gp.empty:
+            return pd.DataFrame()
+        cols = [c for c in ("sm_active_pct_p50", "sm_occupancy_pct_p50", "gpu_util_pct_p50", "power_w_p50",
+                            "mem_used_mib_max") if c in gp]
+        out = gp.groupby(["config", "phase", "gpu"], as_index=False, sort=False)[cols].median()
+        return drop_empty(out.rename(columns={"phase": "point"}))
+
+    def mps_check(self) -> pd.DataFrame:
+        """Per point of a layout whose replicas share a GPU: how they shared it, and with MPS whose daemon served and
+        whether every replica was its client (read from the daemon's server and client lists at launch)."""
+        rows = []
+        for (config, rep), pt in sorted(self.study.results.stored.items()):
+            share = pt.gpu_share
+            if not share:
+                continue
+            clients = share.get("clients") or {}
+            rows.append({"config": config, "rep": rep, "mode": share.get("mode"), "daemon": share.get("daemon", ""),
+                         "active_thread_pct": share.get("active_thread_pct"),
+                         "mps_servers": ", ".join(map(str, share.get("mps_servers") or [])),
+                         "clients": ", ".join(f"replica {r}: {'yes' if ok else 'NO'}" for r, ok in clients.items()),
+                         "note": share.get("note", "")})
+        return drop_empty(pd.DataFrame(rows))
 
     def memory(self) -> pd.DataFrame:
         """Memory headroom per layout and level: GPU memory free at the level's peak (NVML) per GPU, or on a CPU
@@ -165,11 +238,15 @@ def _expressible(knobs: Knobs, prep: Prepared | None) -> str:
 
 
 ROUTES = ("round_robin", "least_outstanding")
+SHARED = (2, 3)  # replicas on one GPU: compared where it has one
 
 
-def layouts(prep: Prepared | None, replicas: int, platform: str, routes: tuple[str, ...] = ROUTES) -> list[Layout]:
-    """The layouts to compare on `replicas` devices' worth of this machine (replicas behind each of `routes`), each
-    checked against the engine version and the machine (a refusal is kept with its reason)."""
+def layouts(prep: Prepared | None, replicas: int, platform: str, routes: tuple[str, ...] = ROUTES,
+            shared: tuple[int, ...] = (), adapter: EngineAdapter | None = None,
+            mps_active_thread_pct: int | None = None) -> list[Layout]:
+    """The layouts to compare on `replicas` devices' worth of this machine (replicas behind each of `routes`) and,
+    on GPUs, `shared` replicas on one GPU (time-sliced, and through MPS), each checked against the engine version
+    and the machine (a refusal is kept with its reason)."""
     n = replicas
     # a CPU build's one server spreads over every core; on GPUs the engine's default is one GPU (tp=1)
     out = [Layout(Arm(ONE, Knobs(), "one server, the engine's own placement"), "one server",
@@ -179,6 +256,9 @@ def layouts(prep: Prepared | None, replicas: int, platform: str, routes: tuple[s
         k = Knobs(replicas=n, route=route)
         out.append(Layout(Arm(f"{n} replicas, {words}", k, f"{n} servers, one share of the devices each, requests "
                               f"spread {words}"), "replicas", n, _expressible(k, prep)))
+    if platform == "cuda":
+        out += _shared_layouts(prep, shared, routes, adapter or (prep.adapter if prep else None),
+                               mps_active_thread_pct)
     native = [("engine DP", Knobs(dp=n), f"dp={n}", "the engine's own data parallelism")]
     if platform != "cpu":
         native.append(("DP attention", Knobs(tp=n, attn_dp=n), f"dp attention={n}",
@@ -191,14 +271,38 @@ def layouts(prep: Prepared | None, replicas: int, platform: str, routes: tuple[s
     return out
 
 
+def _shared_layouts(prep: Prepared | None, shared: tuple[int, ...], routes: tuple[str, ...],
+                    adapter: EngineAdapter | None, pct: int | None) -> list[Layout]:
+    """n replicas on one GPU for each n of shared and each route: time-sliced, then through MPS; each replica gets
+    the engine's memory share for n (Knobs.mem_fraction) and host cores of its own."""
+    out = []
+    for n in shared:
+        frac = adapter.shared_mem_fraction(n) if adapter is not None else None
+        for mode, kind, tag in (("time_slicing", "shared GPU", ""), ("mps", "shared GPU + MPS", " with MPS")):
+            for route in routes:
+                words = route.replace("_", "-")
+                k = Knobs(replicas=n, route=route, gpu_share=mode, mem_fraction=frac,  # type: ignore[arg-type]
+                          mps_active_thread_pct=pct if mode == "mps" else None)
+                note = (f"{n} servers on one GPU{' through an MPS daemon of the suite' if mode == 'mps' else ''}, "
+                        f"each with a memory share of {frac} and cores of its own, requests spread {words}")
+                why = _expressible(k, prep) if frac is not None else \
+                    f"{adapter.name if adapter else 'this engine'} has no memory knob to give each replica its share"
+                out.append(Layout(Arm(f"{n} replicas on 1 GPU{tag}, {words}", k, note), kind, 1, why))
+    return out
+
+
 def run(ctx: RunContext, replicas: int | None = None, allreduce: bool = True,
-        routes: tuple[str, ...] | list[str] = ROUTES) -> ParallelStudy:
+        routes: tuple[str, ...] | list[str] = ROUTES, shared: tuple[int, ...] | list[int] = SHARED,
+        mps_active_thread_pct: int | None = None) -> ParallelStudy:
     """Check every layout before anything launches, measure the ones this engine and machine can run (the one-server
     layout is thread 1's engine-defaults point: its first repetition comes from the store when thread 1 ran), and
-    run the all-reduce probe when there are two or more GPUs."""
-    routes = _check_args(ctx, replicas, routes)
+    run the all-reduce probe when there are two or more GPUs. shared: replica counts to put on one GPU (GPUs only;
+    [] for none); mps_active_thread_pct: each MPS client's share of the SMs (default: the driver's, all)."""
+    routes, shared = _check_args(ctx, replicas, routes, shared, mps_active_thread_pct)
+    # the kept checks are keyed as before shared layouts existed: an online run checks again anyway, and offline a
+    # layout the measuring run did not check is shown as not measured
     parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "replicas": replicas}
-    lays, found, prep = _check_layouts(ctx, replicas, routes, parts)
+    lays, found, prep = _check_layouts(ctx, replicas, routes, parts, shared, mps_active_thread_pct)
     arms = [x.arm for x in lays if not x.refused]
     if arms == [lays[0].arm]:  # one server alone compares with nothing: launch nothing, say why below
         arms = []
@@ -211,19 +315,25 @@ def run(ctx: RunContext, replicas: int | None = None, allreduce: bool = True,
     return ps
 
 
-def _check_args(ctx: RunContext, replicas: int | None, routes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+def _check_args(ctx: RunContext, replicas: int | None, routes: tuple[str, ...] | list[str],
+                shared: tuple[int, ...] | list[int], pct: int | None) -> tuple[tuple[str, ...], tuple[int, ...]]:
     if replicas is not None and replicas < 2:
         raise SpecError("replicas: compare at least two replicas against one server")
     routes = tuple(routes)
     if not routes or set(routes) - set(ROUTES):
         raise SpecError(f"routes: give one or more of {', '.join(ROUTES)} (got {list(routes)})")
+    shared = tuple(sorted(set(shared)))
+    if any(n < 2 for n in shared):
+        raise SpecError(f"shared: replica counts on one GPU are 2 or more (got {list(shared)})")
+    if pct is not None and not 1 <= pct <= 100:
+        raise SpecError(f"mps_active_thread_pct: a share of the SMs, 1..100 (got {pct})")
     if not ctx.adapter.launches:
         raise SpecError("layouts are launched by servescope: an external server runs as it was started")
-    return routes
+    return routes, shared
 
 
-def _check_layouts(ctx: RunContext, replicas: int | None, routes: tuple[str, ...],
-                   parts: dict[str, Any]) -> tuple[list[Layout], dict[str, Any], Prepared | None]:
+def _check_layouts(ctx: RunContext, replicas: int | None, routes: tuple[str, ...], parts: dict[str, Any],
+                   shared: tuple[int, ...], pct: int | None) -> tuple[list[Layout], dict[str, Any], Prepared | None]:
     """The layouts with the engine's and the machine's refusals, checked online (and kept), read back offline."""
     prep: Prepared | None = None
 
@@ -234,10 +344,10 @@ def _check_layouts(ctx: RunContext, replicas: int | None, routes: tuple[str, ...
         platform = prep.install.platform
         n = replicas or (have if platform == "cuda" and have >= 2 else 2)
         return {"platform": platform, "have": have, "kind": kind, "n": n,
-                "refused": {x.arm.name: x.refused for x in layouts(prep, n, platform, routes)}}
+                "refused": {x.arm.name: x.refused for x in layouts(prep, n, platform, routes, shared, ctx.adapter, pct)}}
     found, _ = ctx.memo("layouts", parts, compute, reuse_online=False, compute_offline=True)
     lays = [Layout(x.arm, x.kind, x.devices, found["refused"].get(x.arm.name, "")) for x in
-            layouts(None, found["n"], found["platform"], routes)]
+            layouts(None, found["n"], found["platform"], routes, shared, ctx.adapter, pct)]
     return lays, found, prep
 
 
@@ -298,33 +408,27 @@ def _run_probe(ps: ParallelStudy, prep: Prepared, load: LoadSpec) -> None:
 
 
 def findings(ps: ParallelStudy) -> list[Finding]:
-    """The layout to use (the measured layout with the best verified throughput over one server), each layout's
-    effect against one server, the refusals, and TP's communication cost where the probe ran."""
+    """The layout to use (the measured layout with the best verified throughput over one server, with its latency
+    against it and, for replicas sharing a GPU, whether MPS mattered), each layout's effect against one server, MPS
+    against time-slicing for the same replicas, the refusals, and TP's communication cost where the probe ran."""
     base = baseline(ps)
-    names = [x.arm.name for x in ps.layouts if not x.refused and x.arm.name not in (ONE, base)]
-    per = []
-    for name in names:
-        x = ps.layout(name)
-        cmp = ps.study.compare(base, name, studied=("tp", "dp") if x.kind in ("TP", "engine DP", "DP attention")
-                               else (), controls=CONTROLS)
-        f = cmp.finding(name, name, better=x.arm.knobs, worse=Knobs())
-        f.title = f"{name} vs {base}" if f.applies else f.title
-        if x.kind == "replicas" and f.applies and f.direction == "better":
-            f.recommendation = _replica_recipe(ps, x)
-        per.append(f)
+    per = [_layout_finding(ps, ps.layout(x.arm.name), base) for x in ps.layouts
+           if not x.refused and x.arm.name not in (ONE, base)]
+    mps = _mps_findings(ps, base, per)
     refused = [x for x in ps.layouts if x.refused]
-    top = best_of(per)
     notes = "; ".join(f"{x.arm.name}: {x.refused}" for x in refused)
+    evidence = {"per_layout": [f.model_dump(mode="json") for f in per],
+                "refused": {x.arm.name: x.refused for x in refused}}
+    top = best_of(per)
     if top is not None:
         assert top.effect is not None
-        head = Finding(thread=THREAD, title=f"Use {top.effect.treatment}", confidence=top.confidence,
-                       claim=f"{top.effect.treatment} served more than {base} on the same {ps.device_kind}: "
-                             f"{top.effect.text()}." + _balance_words(ps, top.effect.treatment)
-                             + (f" Not launched: {notes}." if notes else ""),
+        name = top.effect.treatment
+        head = Finding(thread=THREAD, title=f"Use {name}", confidence=top.confidence,
+                       claim=f"{name} served more than {base} on the same {ps.device_kind}: {top.effect.text()}."
+                             + top.evidence.get("latency_words", "") + _balance_words(ps, name)
+                             + _mps_words(mps, name) + (f" Not launched: {notes}." if notes else ""),
                        effect=top.effect, recommended_flags=top.recommended_flags,
-                       recommendation=top.recommendation,
-                       evidence={"per_layout": [f.model_dump(mode="json") for f in per],
-                                 "refused": {x.arm.name: x.refused for x in refused}})
+                       recommendation=top.recommendation, evidence=evidence)
     elif any(f.applies for f in per):
         worse = [f for f in per if f.resolved_as("worse")]
         if worse and len(worse) == len([f for f in per if f.applies]):
@@ -333,9 +437,8 @@ def findings(ps: ParallelStudy) -> list[Finding]:
             title, conf = f"No layout shown to beat {base}", "low"
         head = Finding(thread=THREAD, title=title, confidence=conf,  # type: ignore[arg-type]
                        claim=f"Against {base}: " + "; ".join(f.headline for f in per if f.applies)
-                             + "." + (f" Not launched: {notes}." if notes else ""),
-                       evidence={"per_layout": [f.model_dump(mode="json") for f in per],
-                                 "refused": {x.arm.name: x.refused for x in refused}})
+                             + "." + "".join(_mps_words(mps, f.effect.treatment) for f in mps if f.effect)
+                             + (f" Not launched: {notes}." if notes else ""), evidence=evidence)
     else:
         errs = ps.study.results.errors
         only = not [x for x in ps.layouts if not x.refused and x.arm.name != ONE]
@@ -345,8 +448,8 @@ def findings(ps: ParallelStudy) -> list[Finding]:
                               "No layout was measured against one server")
                              + (f": {errs['summary'].iloc[0]}" if len(errs) else "") + "."
                              + (f" Not launched: {notes}." if notes else ""),
-                       reason=notes or "no data", evidence={"refused": {x.arm.name: x.refused for x in refused}})
-    out = [head, *per]
+                       reason=notes or "no data", evidence={"refused": evidence["refused"]})
+    out = [head, *per, *mps]
     for x in refused:
         out.append(Finding(thread=THREAD, title=f"{x.arm.name}: not available here", applies=False,
                            confidence="high", claim=f"{x.arm.name} ({x.arm.note}) was not launched: {x.refused}.",
@@ -354,6 +457,83 @@ def findings(ps: ParallelStudy) -> list[Finding]:
     if len(ps.tp_comm):
         out.append(_tp_finding(ps))
     return out
+
+
+def _layout_finding(ps: ParallelStudy, x: Layout, base: str) -> Finding:
+    """One layout against the baseline: throughput (the headline), TTFT and TPOT with their intervals; a layout that
+    serves more at a resolved latency cost is reported as that trade, and its recommendation says which goal it
+    serves."""
+    name = x.arm.name
+    cmp = ps.study.compare(base, name, studied=("tp", "dp") if x.kind in ("TP", "engine DP", "DP attention")
+                           else (), controls=CONTROLS)
+    words, worse_lat = _latency(cmp)
+    f = cmp.finding(name, name, better=x.arm.knobs, worse=Knobs(), extra=words)
+    f.title = f"{name} vs {base}" if f.applies else f.title
+    f.evidence["latency_words"] = words
+    if x.kind in ("replicas", *SHARED_KINDS) and f.applies and f.direction == "better":
+        recipe = _replica_recipe(ps, x)
+        if worse_lat:
+            lat = " and ".join(worse_lat)
+            f.title += f": a trade, more throughput for a higher {lat}"
+            f.evidence["trade"] = {"better": "output_tok_s", "worse": worse_lat}
+            recipe = (f"for throughput, where {lat} has room under its target: {recipe}. Where {lat} targets bind, "
+                      f"keep {base}")
+        f.recommendation = recipe
+    return f
+
+
+def _latency(cmp: Any) -> tuple[str, list[str]]:
+    """A sentence with TTFT and TPOT against the baseline (each a headline with its interval and call), and which of
+    them got worse, resolved."""
+    parts, worse = [], []
+    for metric, short in (("ttft_ms_p50", "TTFT"), ("tpot_ms_p50", "TPOT")):
+        h = cmp.headline(metric)
+        if h is None:
+            continue
+        parts.append(f"{short} {h.words()}, {'higher' if h.status == 'worse' else 'lower' if h.status == 'better' else h.status}")
+        if h.status == "worse":
+            worse.append(short)
+    return (f" Latency against {cmp.baseline} (median per level): {'; '.join(parts)}." if parts else ""), worse
+
+
+def _mps_findings(ps: ParallelStudy, base: str, per: list[Finding]) -> list[Finding]:
+    """For each replica count and route measured both ways on one GPU: MPS against time-slicing (did MPS matter?),
+    recommended only where the MPS layout also beat the baseline."""
+    out = []
+    beat = {f.effect.treatment for f in per if f.effect is not None and f.resolved_as("better")}
+    for x in ps.layouts:
+        if x.kind != "shared GPU + MPS" or x.refused:
+            continue
+        k = x.arm.knobs
+        ts = next((y for y in ps.layouts if y.kind == "shared GPU" and not y.refused and y.arm.knobs.replicas ==
+                   k.replicas and y.arm.knobs.route == k.route), None)
+        if ts is None:
+            continue
+        cmp = ps.study.compare(ts.arm.name, x.arm.name, (), CONTROLS)
+        words, _ = _latency(cmp)
+        f = cmp.finding(f"MPS with {k.replicas} replicas on 1 GPU", f"MPS with {k.replicas} replicas on 1 GPU",
+                        extra=words)
+        if f.applies:
+            f.title = f"MPS vs time-slicing: {x.arm.name}"
+        f.evidence["latency_words"] = words
+        if f.applies and f.direction == "better" and x.arm.name in beat:
+            f.recommendation = ("start the replicas under an MPS control daemon: " + _replica_recipe(ps, x))
+        elif f.applies:
+            f.claim += (f" Neither was resolved as better than {base}, so this says how to share a GPU, not to share "
+                        "one." if x.arm.name not in beat else "")
+        out.append(f)
+    return out
+
+
+def _mps_words(mps: list[Finding], name: str) -> str:
+    """Whether MPS mattered for the layout named (its MPS-vs-time-slicing comparison), as a sentence."""
+    for f in mps:
+        if f.effect is None or name not in (f.effect.treatment, f.effect.baseline):
+            continue
+        status = {"better": "MPS mattered", "worse": "MPS hurt", "no change": "MPS made no difference"}.get(
+            f.effect.status, "Whether MPS mattered is not resolved")
+        return f" {status} for {f.effect.treatment.split(' on ')[0]}: with MPS against time-slicing, {f.effect.text()}."
+    return ""
 
 
 def baseline(ps: ParallelStudy) -> str:
@@ -367,14 +547,13 @@ def baseline(ps: ParallelStudy) -> str:
 
 
 def _replica_recipe(ps: ParallelStudy, x: Layout) -> str:
-    """How to run the replicas the way they were measured: each server's pinning, and the routing."""
+    """How to run the replicas the way they were measured, in the engine's spelling: each server's flags and pinning,
+    the routing, and the MPS daemon where they shared a GPU through it."""
     pt = ps.study.results.point(x.arm.name)
-    if pt is None:
+    install = ps.study.install
+    if pt is None or install is None:
         return ""
-    reps = pt.replicas
-    route = (x.arm.knobs.route or "round_robin").replace("_", "-")
-    return (f"run {len(reps)} servers, one per device share ({'; '.join(r.placement for r in reps)}), "
-            f"behind a {route} load balancer")
+    return ps.study.adapter.replica_recipe(x.arm.knobs, install, [r.placement for r in pt.replicas])
 
 
 def _balance_words(ps: ParallelStudy, name: str) -> str:
