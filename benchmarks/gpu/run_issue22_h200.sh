@@ -4,12 +4,16 @@
 # through the suite's MPS daemon, each replica pinned to its cores and given its memory share, least-outstanding
 # routing, repetitions until resolved within BUDGET_S of measuring. The store starts from data/reference/h200/store,
 # or from the one an earlier call left (.device/i22store/store.tgz, carried); it comes back as $OUT/store.tgz with the
-# run's output. Device call: bash benchmarks/gpu/run_issue22_h200.sh, carry .device/wheels (and .device/i22store).
+# run's output. Device call: REPS=2 MAX_REPS=2 bash benchmarks/gpu/run_issue22_h200.sh, carry .device/wheels (and
+# .device/i22store), then the same with REPS=3 (MAX_REPS=4) to continue (KEEP=1 on a machine still warm).
 set -u
 source benchmarks/gpu/setup_h200.sh
 echo "taskset: $(command -v taskset)  mps: $(command -v nvidia-cuda-mps-control)  cores: $(nproc)"
-rm -rf /tmp/store
-if [ -f .device/i22store/store.tgz ]; then tar xzf .device/i22store/store.tgz -C /tmp; else cp -r data/reference/h200/store /tmp/store; fi
+# a warm machine keeps the store of the call before (KEEP=1); else the carried one, else the reference
+if [ "${KEEP:-0}" = 1 ] && [ -d /tmp/store ]; then echo "continuing /tmp/store";
+else rm -rf /tmp/store
+  if [ -f .device/i22store/store.tgz ]; then tar xzf .device/i22store/store.tgz -C /tmp; else cp -r data/reference/h200/store /tmp/store; fi
+fi
 PYTHONUNBUFFERED=1 timeout ${WALL_S:-560} python3 - <<'PY' 2>&1 | tee $OUT/run04.log | grep -v "^\s*$" | tail -70
 import os, time, yaml
 import pandas as pd
@@ -19,8 +23,10 @@ pd.set_option("display.width", 250); pd.set_option("display.max_colwidth", 120);
 suite = yaml.safe_load(open("data/suites/transformers-gpu.yaml"))
 p = next(n for n in suite["notebooks"] if n["id"].startswith("04"))["parameters"]
 t0 = time.time()
-ctx = context(suite["engine"], suite["model"], {**suite["load"], **p["load"]}, repetitions=p["repetitions"],
-              max_repetitions=p["max_repetitions"], budget_s=float(os.environ.get("BUDGET_S", "420")),
+reps = int(os.environ.get("REPS", p["repetitions"]))  # a call may take fewer repetitions; the next one continues
+ctx = context(suite["engine"], suite["model"], {**suite["load"], **p["load"]}, repetitions=reps,
+              max_repetitions=int(os.environ.get("MAX_REPS", p["max_repetitions"])),
+              budget_s=float(os.environ.get("BUDGET_S", "420")),
               store_dir="/tmp/store", telemetry=suite.get("telemetry"), progress=False)
 ps = t04.run(ctx, routes=p["routes"], shared=p["shared"])
 print("stopped:", ps.study.results.stopped)
