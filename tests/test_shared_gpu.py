@@ -270,3 +270,27 @@ def test_sharing_layouts_only_where_there_are_gpus():
                                                                          mps_active_thread_pct=50)}
     with pytest.raises(ServescopeError, match="shared: replica counts on one GPU are 2 or more"):
         t04.run(context({"name": "stub", "python": sys.executable}, {"path": "stub"}, LOAD), shared=[1])
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="needs two cores to pin two replicas")
+def test_one_sharing_mode_first_then_the_other_from_the_same_store(mps_box, gpu_engine, tmp_path):
+    load = {"concurrency": [2], "num_requests": 4, "output_len": 4, "warmup_requests": 0}
+    store = str(tmp_path / "s")
+    with fake_nvml([FakeGpu()]):
+        ps = t04.run(context(gpu_engine, {"path": "stub"}, load, repetitions=1, max_repetitions=1, store_dir=store,
+                             progress=False), routes=["least_outstanding"], shared=[2], share_modes=["mps"])
+        names = {x.arm.name for x in ps.layouts if x.shares_gpu}
+        assert names == {"2 replicas on 1 GPU with MPS, least-outstanding"}  # the time-sliced layout is not asked for
+        first = set(os.listdir(store))
+        both = t04.run(context(gpu_engine, {"path": "stub"}, load, repetitions=1, max_repetitions=1, store_dir=store,
+                               progress=False), routes=["least_outstanding"], shared=[2])
+    new = set(os.listdir(store)) - first
+    launched = [json.loads((Path(store) / k / "manifest.json").read_text())["parts"]["knobs"] for k in new
+                if (Path(store) / k / "manifest.json").exists()]
+    assert [k.get("gpu_share") for k in launched] == ["time_slicing"]  # 1 server and MPS came from the store
+    over = both.overview().set_index("layout")
+    assert over.loc["2 replicas on 1 GPU with MPS, least-outstanding", "status"].startswith("measured (1 launch")
+    assert over.loc["2 replicas on 1 GPU, least-outstanding", "status"].startswith("measured (1 launch")
+    with pytest.raises(ServescopeError, match="share_modes: give one or more of time_slicing, mps"):
+        t04.run(context(gpu_engine, {"path": "stub"}, load), shared=[2], share_modes=["mig"])
+    assert not _left(mps_box)

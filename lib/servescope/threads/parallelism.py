@@ -239,14 +239,15 @@ def _expressible(knobs: Knobs, prep: Prepared | None) -> str:
 
 ROUTES = ("round_robin", "least_outstanding")
 SHARED = (2, 3)  # replicas on one GPU: compared where it has one
+SHARE_MODES = ("time_slicing", "mps")  # how replicas share one GPU: the driver's time-slicing, or an MPS daemon
 
 
 def layouts(prep: Prepared | None, replicas: int, platform: str, routes: tuple[str, ...] = ROUTES,
             shared: tuple[int, ...] = (), adapter: EngineAdapter | None = None,
-            mps_active_thread_pct: int | None = None) -> list[Layout]:
+            mps_active_thread_pct: int | None = None, share_modes: tuple[str, ...] = SHARE_MODES) -> list[Layout]:
     """The layouts to compare on `replicas` devices' worth of this machine (replicas behind each of `routes`) and,
-    on GPUs, `shared` replicas on one GPU (time-sliced, and through MPS), each checked against the engine version
-    and the machine (a refusal is kept with its reason)."""
+    on GPUs, `shared` replicas on one GPU (in each of `share_modes`: time-sliced, through MPS), each checked against
+    the engine version and the machine (a refusal is kept with its reason)."""
     n = replicas
     # a CPU build's one server spreads over every core; on GPUs the engine's default is one GPU (tp=1)
     out = [Layout(Arm(ONE, Knobs(), "one server, the engine's own placement"), "one server",
@@ -258,7 +259,7 @@ def layouts(prep: Prepared | None, replicas: int, platform: str, routes: tuple[s
                               f"spread {words}"), "replicas", n, _expressible(k, prep)))
     if platform == "cuda":
         out += _shared_layouts(prep, shared, routes, adapter or (prep.adapter if prep else None),
-                               mps_active_thread_pct)
+                               mps_active_thread_pct, share_modes)
     native = [("engine DP", Knobs(dp=n), f"dp={n}", "the engine's own data parallelism")]
     if platform != "cpu":
         native.append(("DP attention", Knobs(tp=n, attn_dp=n), f"dp attention={n}",
@@ -272,13 +273,16 @@ def layouts(prep: Prepared | None, replicas: int, platform: str, routes: tuple[s
 
 
 def _shared_layouts(prep: Prepared | None, shared: tuple[int, ...], routes: tuple[str, ...],
-                    adapter: EngineAdapter | None, pct: int | None) -> list[Layout]:
+                    adapter: EngineAdapter | None, pct: int | None,
+                    modes: tuple[str, ...] = SHARE_MODES) -> list[Layout]:
     """n replicas on one GPU for each n of shared and each route: time-sliced, then through MPS; each replica gets
     the engine's memory share for n (Knobs.mem_fraction) and host cores of its own."""
     out = []
     for n in shared:
         frac = adapter.shared_mem_fraction(n) if adapter is not None else None
         for mode, kind, tag in (("time_slicing", "shared GPU", ""), ("mps", "shared GPU + MPS", " with MPS")):
+            if mode not in modes:
+                continue
             for route in routes:
                 words = route.replace("_", "-")
                 k = Knobs(replicas=n, route=route, gpu_share=mode, mem_fraction=frac,  # type: ignore[arg-type]
@@ -293,16 +297,19 @@ def _shared_layouts(prep: Prepared | None, shared: tuple[int, ...], routes: tupl
 
 def run(ctx: RunContext, replicas: int | None = None, allreduce: bool = True,
         routes: tuple[str, ...] | list[str] = ROUTES, shared: tuple[int, ...] | list[int] = SHARED,
-        mps_active_thread_pct: int | None = None) -> ParallelStudy:
+        mps_active_thread_pct: int | None = None,
+        share_modes: tuple[str, ...] | list[str] = SHARE_MODES) -> ParallelStudy:
     """Check every layout before anything launches, measure the ones this engine and machine can run (the one-server
     layout is thread 1's engine-defaults point: its first repetition comes from the store when thread 1 ran), and
     run the all-reduce probe when there are two or more GPUs. shared: replica counts to put on one GPU (GPUs only;
-    [] for none); mps_active_thread_pct: each MPS client's share of the SMs (default: the driver's, all)."""
+    [] for none); mps_active_thread_pct: each MPS client's share of the SMs (default: the driver's, all);
+    share_modes: how they share it, time_slicing and/or mps."""
     routes, shared = _check_args(ctx, replicas, routes, shared, mps_active_thread_pct)
+    modes = _check_modes(share_modes)
     # the kept checks are keyed as before shared layouts existed: an online run checks again anyway, and offline a
     # layout the measuring run did not check is shown as not measured
     parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "replicas": replicas}
-    lays, found, prep = _check_layouts(ctx, replicas, routes, parts, shared, mps_active_thread_pct)
+    lays, found, prep = _check_layouts(ctx, replicas, routes, parts, shared, mps_active_thread_pct, modes)
     arms = [x.arm for x in lays if not x.refused]
     if arms == [lays[0].arm]:  # one server alone compares with nothing: launch nothing, say why below
         arms = []
@@ -332,9 +339,17 @@ def _check_args(ctx: RunContext, replicas: int | None, routes: tuple[str, ...] |
     return routes, shared
 
 
+def _check_modes(modes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    if not modes or set(modes) - set(SHARE_MODES):
+        raise SpecError(f"share_modes: give one or more of {', '.join(SHARE_MODES)} (got {list(modes)})")
+    return tuple(m for m in SHARE_MODES if m in modes)
+
+
 def _check_layouts(ctx: RunContext, replicas: int | None, routes: tuple[str, ...], parts: dict[str, Any],
-                   shared: tuple[int, ...], pct: int | None) -> tuple[list[Layout], dict[str, Any], Prepared | None]:
-    """The layouts with the engine's and the machine's refusals, checked online (and kept), read back offline."""
+                   shared: tuple[int, ...], pct: int | None,
+                   modes: tuple[str, ...] = SHARE_MODES) -> tuple[list[Layout], dict[str, Any], Prepared | None]:
+    """The layouts with the engine's and the machine's refusals, checked online (and kept, every sharing mode's:
+    a later run may ask for another), read back offline."""
     prep: Prepared | None = None
 
     def compute() -> dict[str, Any]:
@@ -347,7 +362,7 @@ def _check_layouts(ctx: RunContext, replicas: int | None, routes: tuple[str, ...
                 "refused": {x.arm.name: x.refused for x in layouts(prep, n, platform, routes, shared, ctx.adapter, pct)}}
     found, _ = ctx.memo("layouts", parts, compute, reuse_online=False, compute_offline=True)
     lays = [Layout(x.arm, x.kind, x.devices, found["refused"].get(x.arm.name, "")) for x in
-            layouts(None, found["n"], found["platform"], routes, shared, ctx.adapter, pct)]
+            layouts(None, found["n"], found["platform"], routes, shared, ctx.adapter, pct, modes)]
     return lays, found, prep
 
 
