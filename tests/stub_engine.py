@@ -51,6 +51,8 @@ class StubAdapter(EngineAdapter):
         itl = 4.0 if knobs.torch_compile is False else 1.0
         itl *= GRAPH_SPEED.get(knobs.cuda_graph, 1.0) if knobs.cuda_graph else 1.0
         flags = ["--itl-ms", f"{itl:g}"]
+        if knobs.max_running_requests is not None:  # the stub's scheduler cap (default: none, or STUB_MAX_RUNNING)
+            flags += ["--max-running", str(knobs.max_running_requests)]
         return flags + list(knobs.extra_args)
 
     def plan(self, *, install, model_path, served_name, host, port, knobs, extra_env):
@@ -68,6 +70,8 @@ class StubAdapter(EngineAdapter):
             flags += ["--stall-after", n, "--stall-if-file", path]
         if extra_env.get("STUB_SLOW_CORE"):  # a replica pinned to this core serves 4x slower
             flags += ["--slow-on-core", extra_env["STUB_SLOW_CORE"]]
+        if extra_env.get("STUB_MAX_RUNNING") and knobs.max_running_requests is None:  # a default cap to tune away
+            flags += ["--max-running", extra_env["STUB_MAX_RUNNING"]]
         if extra_env.get("STUB_FAIL_EVERY"):
             flags += ["--fail-every", extra_env["STUB_FAIL_EVERY"]]
         mode = extra_env.get("STUB_STATE", "")

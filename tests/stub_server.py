@@ -21,6 +21,8 @@ from aiohttp import web
 def build_app(a: argparse.Namespace, worker: subprocess.Popen | None = None) -> web.Application:
     t0 = time.monotonic()
     counter = {"n": 0}
+    # a scheduler's running-request cap: requests past it wait for a slot (their time to first token grows)
+    running = asyncio.Semaphore(a.max_running) if getattr(a, "max_running", 0) else None
 
     def maybe_kill_worker() -> None:
         """Like an engine whose worker process runs the model: at request N the worker dies from SIGILL (it signals
@@ -67,6 +69,12 @@ def build_app(a: argparse.Namespace, worker: subprocess.Popen | None = None) -> 
             text = "x" * n
             choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {"index": 0, "text": text}
             return web.json_response({"choices": [choice], "usage": {"prompt_tokens": 4, "completion_tokens": n}})
+        if running is not None:
+            async with running:
+                return await _stream(req, body, n, chat)
+        return await _stream(req, body, n, chat)
+
+    async def _stream(req: web.Request, body: dict, n: int, chat: bool) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(req)
         if chat:  # OpenAI servers open a chat stream with a role-only delta that carries no token
@@ -154,6 +162,7 @@ def main() -> None:
     p.add_argument("--chunk-tokens", type=int, default=1, help="/generate: tokens per streamed chunk after the first")
     p.add_argument("--pid-file", default="")
     p.add_argument("--mem-fraction", type=float, default=None, help="accepted and ignored (the stub-gpu memory knob)")
+    p.add_argument("--max-running", type=int, default=0, help="serve at most this many requests at once (0: no cap)")
     p.add_argument("--state", default="", help="JSON served at /server_info (the stub's 'resolved configuration')")
     p.add_argument("--child-sigill-at", type=int, default=0,
                    help="run a worker child that dies from SIGILL at the Nth completion request (1 = the readiness check)")

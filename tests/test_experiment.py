@@ -56,6 +56,21 @@ def test_offline_reads_store_and_reports_missing(tmp_path, stub_engine):
     assert other.errors["error_type"].tolist() == ["NotMeasuredError"]  # nothing of it at all: missing, said so
 
 
+def test_offline_keeps_every_repetition_of_the_configurations_the_store_holds_longer(tmp_path, stub_engine):
+    """A store with three repetitions of a and b but one of c (a recording cut short): offline, a and b render with
+    all three, c with its one, and the reason says how many of each the store holds."""
+    store = Store(tmp_path)
+    a, b, c = Config("a", Knobs()), Config("b", Knobs(torch_compile=False)), Config("c", Knobs(torch_compile=True))
+    measure(EngineSpec(**stub_engine), MODEL, [a, b], LOAD, repetitions=3, store=store, say=lambda m: None)
+    measure(EngineSpec(**stub_engine), MODEL, [c], LOAD, repetitions=1, store=store, say=lambda m: None)
+    res = measure(EngineSpec(**stub_engine), MODEL, [a, c, b], LOAD, repetitions=3, store=store, offline=True,
+                  say=lambda m: None)
+    reps = res.summary.groupby("config")["rep"].nunique().to_dict()
+    assert reps == {"a": 3, "b": 3, "c": 1} and res.errors.empty
+    assert res.stopped == ("the store holds 3 repetitions of a and b; 1 repetition of c "
+                           "(offline: nothing more is measured)")
+
+
 def test_thread05_finds_known_effect(tmp_path, stub_engine):
     """The stub streams 4x slower per token when torch_compile=False and reports what it ran as: the thread must
     say compile helps, with both sides verified, and recommend compile in the engine's spelling."""

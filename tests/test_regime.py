@@ -214,8 +214,8 @@ def test_dcgm_exporter_fields_stand_in_for_gpm():
 
 
 def test_thread_03_renders_the_h200_store_offline(tmp_path):
-    """Thread 03 over the H200 reference store (eleven points since the whole suite ran): nothing launched, a regime
-    per point, energy per output token from the GPU's counter, the launch-bound profiled level recommending graphs in
+    """Thread 03 over the H200 reference store (fifteen points since thread 04's shared-GPU points joined): nothing
+    launched, a regime per point, energy per output token from the GPU's counter, the launch-bound profiled level recommending graphs in
     transformers' spelling."""
     from servescope.report import run_suite
 
@@ -229,10 +229,12 @@ def test_thread_03_renders_the_h200_store_offline(tmp_path):
     assert [r.status for r in done.runs] == ["ok"]
     fs = json.loads((done.out_dir / "03_clocks_power.findings.json").read_text())
     head, *rest = fs
-    assert head["title"] == "Not throttled: most points host-bound (22 of 29)" and head["confidence"] == "high"
+    assert head["title"] == "Not throttled: most points host-bound (42 of 59)" and head["confidence"] == "high"
     assert "clock-event reasons seen: none" in head["claim"]
     by = {f["evidence"]["config"]: f for f in rest}
     assert by["cuda_graph=off"]["title"].endswith("host-bound")
+    # 2 replicas sharing the GPU through MPS: still host-bound (each replica's busiest thread near a core)
+    assert by["gpu_share=mps, mem_fraction=0.4, replicas=2, route=least_outstanding"]["title"].endswith("host-bound")
     assert by["cuda_graph=off (+nsys profile)"]["recommended_flags"] == ["--cb-use-cuda-graph"]
     assert by["cuda_graph=full (+nsys profile)"]["recommended_flags"] == []  # it already ran with them
     html = (done.out_dir / "03_clocks_power.html").read_text()

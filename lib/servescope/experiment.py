@@ -301,15 +301,20 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
         raise ServescopeError("configuration names must be unique")
     plan, loop = ctx.plan, _Loop(ctx, configs, say)
     t0, rep_s, rep, active, stopped = time.monotonic(), 0.0, 0, list(configs), ""
+    gone: set[str] = set()  # offline: configurations whose next repetition the store does not hold
     while rep < plan.max_reps:
         if rep >= plan.min_reps:
             active, stopped = _stop_reason(loop, rep, until, t0, rep_s)
+            active = [c for c in active if c.name not in gone]
             if not active:
                 break
         t_rep, loop.launched = time.monotonic(), False
-        hows = [loop.point(rep, cfg) for cfg in (active if rep % 2 == 0 else list(reversed(active)))]
-        if "missing" in hows:
-            stopped = f"the store holds {rep} repetition{'s' if rep > 1 else ''} (offline: nothing more is measured)"
+        order = active if rep % 2 == 0 else list(reversed(active))
+        hows = [loop.point(rep, cfg) for cfg in order]
+        # a shorter run of one configuration must not hide the repetitions the store holds of the others
+        gone |= {c.name for c, how in zip(order, hows, strict=True) if how == "missing"}
+        active = [c for c in active if c.name not in gone]
+        if not active:
             break
         if loop.launched:
             rep_s = time.monotonic() - t_rep
@@ -317,9 +322,23 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
     else:
         stopped = f"max_repetitions={plan.max_reps} reached" if plan.max_reps > plan.min_reps else \
             f"{plan.max_reps} repetitions, as asked"
+    if gone:
+        stopped = _held(loop, configs)
     res = loop.acc.results(loop.planned)
     res.stopped = _keep_stopped(ctx, configs, rep, stopped)
     return res
+
+
+def _held(loop: _Loop, configs: Sequence[Config]) -> str:
+    """Offline, where the store ran out: how many repetitions it holds of each configuration."""
+    n = {c.name: sum(1 for name, _ in loop.acc.stored if name == c.name) for c in configs}
+    counts = sorted(set(n.values()), reverse=True)
+    if len(counts) == 1:
+        held = f"{counts[0]} repetition{'s' if counts[0] != 1 else ''}"
+    else:
+        held = "; ".join(f"{k} repetition{'s' if k != 1 else ''} of {' and '.join(c for c in n if n[c] == k)}"
+                         for k in counts)
+    return f"the store holds {held} (offline: nothing more is measured)"
 
 
 def _keep_stopped(ctx: RunContext, configs: Sequence[Config], reps: int, stopped: str) -> str:

@@ -16,12 +16,13 @@ from .study import Study
 # long words (a verdict's "because", a flag list) wrap in the HTML report instead of ending in "..."
 pd.set_option("display.max_colwidth", 400)
 
-def show_findings(findings: list[Finding], path: str | Path, res: Results | None = None, thread: str = "") -> Markdown:
-    """Write the findings JSON and, beside it, the notebook's outcome (what it measured, for the index); render the
-    findings as Markdown."""
+def show_findings(findings: list[Finding], path: str | Path, res: Results | None = None, thread: str = "",
+                  outcome: Outcome | None = None) -> Markdown:
+    """Write the findings JSON and, beside it, the notebook's outcome (what it measured, for the index: from res, or
+    given); render the findings as Markdown."""
     p = write_findings(findings, path)
     thread = thread or (findings[0].thread if findings else Path(path).name.split(".")[0])
-    outcome = res.outcome(thread, findings) if res is not None else Outcome(
+    outcome = outcome if outcome is not None else res.outcome(thread, findings) if res is not None else Outcome(
         thread=thread, findings_total=len(findings), findings_answering=sum(f.answers for f in findings))
     write_outcome(outcome, path)
     lines = []

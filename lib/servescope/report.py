@@ -27,6 +27,7 @@ from .findings import Finding, Outcome, read_findings, read_outcome
 from .paths import default_reports_dir, default_store_dir
 from .store import Store
 from .suite import QUESTIONS, Suite, load_suite, notebook_file
+from .threads import verify
 from .util import atomic_write_text
 
 # Statuses that mean the notebook gave no answer: the run exits non-zero when any notebook ends in one.
@@ -97,7 +98,7 @@ def plan_parameters(suite: Suite, path: Path, nb_id: str, overrides: dict[str, A
     declared = pm.inspect_notebook(str(path))
     params: dict[str, Any] = {}
     suite_wide = {"engine": suite.engine, "model": suite.model, "load": suite.load, "telemetry": suite.telemetry,
-                  "profile": suite.profile,
+                  "profile": suite.profile, "baseline": suite.baseline,
                   "store_dir": str(store_dir), "offline": offline,
                   "findings_path": str(out_dir / f"{nb_id}.findings.json"), "report_dir": str(out_dir)}
     for k, v in suite_wide.items():
@@ -297,8 +298,14 @@ def _write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_s
     for rec in recs:  # a link only where the thread's HTML exists
         rec["href"] = rec["evidence"] if html_of.get(rec["thread"]) else ""
     optimal = ranked[ranked["tier"] == "Already optimal"].to_dict("records")
+    checked = by_thread.get(verify.THREAD)
+    verified = verify.front_line(checked) if checked else \
+        f"Not verified: this run did not measure the recommended changes together ({verify.THREAD} did not run)"
+    docs = sorted(p.name for p in (out_dir / "changes").glob("*.md")) if (out_dir / "changes").is_dir() else []
     page = env.get_template("index.html.j2").render(
-        recs=recs, optimal=optimal, regime=summary.regime(by_thread) if by_thread else "",
+        recs=recs, optimal=optimal, verified=verified, documents=docs,
+        verified_href=f"{verify.THREAD}.html#Answer" if html_of.get(verify.THREAD) else "",
+        regime=summary.regime(by_thread) if by_thread else "",
         summary_html=html_of.get(summary.SELF, ""), tiers=ranked["tier"].value_counts().to_dict(),
         suite=suite, suite_path=str(suite_path), run_id=run_id, rows=runs, interrupted=interrupted, skipped=skipped,
         started=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_start)), total_s=time.time() - t_start,

@@ -461,6 +461,8 @@ class Comparison:
         flags, note, reason = self._recommend(rec_knobs, direction, conf)
         ev = self._evidence(states, errs) | ev | {"noise_pct": {"baseline": _r(peak.baseline_spread_pct),
                                                                 "treatment": _r(peak.treatment_spread_pct)}}
+        if flags and rec_knobs is not None:  # what a later thread composes (thread 07 verifies the changes together)
+            ev["knobs"] = rec_knobs.model_dump(mode="json", exclude_defaults=True)
         return Finding(thread=thread, title=f"{subject}: {self.treatment} vs {self.baseline}", claim=claim + note,
                        effect=effect, recommended_flags=flags, confidence=conf, direction=direction, evidence=ev,
                        reason=reason)

@@ -12,7 +12,7 @@ from .engines import get_engine
 from .errors import SpecError
 from .models import check_model_path
 from .paths import project_root
-from .spec import EngineSpec, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
+from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
 
 # What each notebook answers, for the index and the README.
 QUESTIONS = {
@@ -23,6 +23,7 @@ QUESTIONS = {
     "04_data_parallelism": "Which layout serves best: one server, replicas behind a balancer, engine DP, or TP?",
     "05_torch_compile": "Does torch.compile help, and does it exclude piecewise graphs here?",
     "06_grouped_gemm": "Is the MoE path a grouped GEMM, which kernel runs, and what share of GPU time does it take?",
+    "07_verified_changes": "Do the recommended changes, made together, deliver, and which scheduler setting adds to them?",
     "99_summary": "Which changes, ranked by measured effect, should we make?",
 }
 
@@ -47,6 +48,8 @@ class Suite(BaseModel):
     load: dict[str, Any] = Field(default_factory=dict)
     telemetry: dict[str, Any] = Field(default_factory=dict)
     profile: dict[str, Any] = Field(default_factory=dict, description="ProfileSpec: a kernel profile with each point")
+    baseline: dict[str, Any] = Field(default_factory=dict, description="Knobs of the deployment as it runs today "
+                                     "(thread 07 verifies the changes against it); empty: the engine's defaults")
     notebooks: list[NotebookEntry]
 
 
@@ -71,6 +74,7 @@ def load_suite(path: str | Path) -> Suite:
         raise SpecError(f"suite file {p} must be a mapping with at least 'name' and 'notebooks'")
     get_engine(parse(EngineSpec, suite.engine, f"{p}: engine").name)  # an unknown engine is named here, not at launch
     model = parse(ModelSpec, suite.model, f"{p}: model")
+    parse(Knobs, suite.baseline, f"{p}: baseline")
     if model.path:
         check_model_path(model.path)
     parse(LoadSpec, suite.load, f"{p}: load")

@@ -56,6 +56,7 @@ def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer")
             effect = f.effect.text() if f.effect is not None else ("not measured: suggested by the readings"
                                                                    if t == "Low" else "")
             rows.append({"tier": t, "thread": thread, "finding": f.title, "effect": effect,
+                         "optimal": optimal_words(f) if t == "Already optimal" else "",
                          "effect_pct": abs(f.effect.value_pct) if f.effect is not None else float("nan"),
                          "confidence": f.confidence, "change": change,
                          "why": f.reason if t in ("Not applicable here", "Not measured", "Already optimal")
@@ -68,6 +69,16 @@ def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer")
     df = df.sort_values(["_t", "effect_pct", "thread", "order"], ascending=[True, False, True, True],
                         na_position="last", ignore_index=True)
     return df[cols]
+
+
+def optimal_words(f: Finding) -> str:
+    """What is already right and what it beat: the side the measurement chose (the current configuration) against
+    the one it beat, with the effect; the finding's title where it measured no pair."""
+    e = f.effect
+    if e is None or not e.baseline or not e.treatment:
+        return f.title
+    won, lost = (e.treatment, e.baseline) if f.direction == "better" else (e.baseline, e.treatment)
+    return f"{won} (it beat {lost}: {e.text()})"
 
 
 def recommendations(ranked: pd.DataFrame, n: int = 5) -> pd.DataFrame:

@@ -494,6 +494,7 @@ def _layout_finding(ps: ParallelStudy, x: Layout, base: str) -> Finding:
             recipe = (f"for throughput, where {lat} has room under its target: {recipe}. Where {lat} targets bind, "
                       f"keep {base}")
         f.recommendation = recipe
+        f.evidence["knobs"] = x.arm.knobs.model_dump(mode="json", exclude_defaults=True)
     return f
 
 

@@ -1,0 +1,526 @@
+"""Thread 7: the run's recommended changes measured together against the baseline, then the scheduler tuned around
+them.
+
+The changes are the High and Medium findings of the threads before it (99's tiers) that name knobs. They are composed
+in rank order into one configuration: a change that sets a knob a higher-ranked one already set, that an audit rule
+of this engine excludes (thread 05's compile-and-piecewise verdict), or that the engine version cannot express
+together with the rest, is left out with that reason. The combined configuration is measured against the baseline (the
+engine's defaults, or the suite's baseline knobs: the deployment as it runs today) in alternating repetitions until
+the effect is resolved; each change's share comes from leaving it out (where the budget allows). The scheduler knobs
+this engine version can express are then searched on a coarse grid, one knob at a time around the combined
+configuration, at the load's highest level, one launch per setting within a budget; the best setting is verified
+against the combined configuration with repetitions of its own."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .. import summary
+from ..context import RepetitionPlan, RunContext
+from ..errors import SpecError
+from ..findings import Finding, Outcome, read_findings
+from ..spec import Knobs, ProfileSpec
+from ..study import Arm, Study, expressible, run_study
+
+THREAD = "07_verified_changes"
+BASELINE, COMBINED, TUNED = "baseline", "combined", "tuned"
+TIERS = ("High", "Medium")  # the recommended changes: a measured effect of high or medium confidence
+# the scheduler knobs searched, as multiples of the load's highest concurrency (running requests) or absolute values
+SEARCH: dict[str, tuple[float, ...]] = {
+    "max_running_requests": (0.5, 1.0, 2.0),  # x the highest concurrency: below it requests queue
+    "chunked_prefill_size": (512, 2048, 8192),  # tokens per step: prefill chunking (transformers: --cb-max-batch-tokens)
+    "num_continuous_decode_steps": (2, 4, 8),
+}
+SEARCH_WORDS = {"max_running_requests": "maximum running requests", "chunked_prefill_size": "batch tokens per step",
+                "num_continuous_decode_steps": "continuous decode steps"}
+# the resolved-state fields (what the engine says it ran as) each knob moves; the others must stay equal
+STATE = {"torch_compile": ("compile",), "cuda_graph": ("graph_decode", "graph_prefill"), "tp": ("tp",), "dp": ("dp",)}
+FIELDS = ("compile", "graph_decode", "graph_prefill", "tp", "dp")
+LAYOUT = ("replicas", "route", "gpu_share", "mem_fraction", "mps_active_thread_pct", "tp", "dp", "attn_dp")
+
+
+@dataclass
+class Change:
+    """One recommended change of the run: the finding behind it, the knobs it sets, and whether it joined the
+    combination (excluded: why not)."""
+
+    thread: str
+    title: str
+    tier: str
+    knobs: dict[str, Any]
+    flags: list[str]
+    effect: str
+    effect_pct: float
+    confidence: str
+    claim: str
+    excluded: str = ""
+
+    @property
+    def label(self) -> str:
+        """The change in the engine's spelling, or its knobs where it has no flag."""
+        return " ".join(self.flags) or Knobs(**self.knobs).label()
+
+
+def changes(report_dir: str | Path) -> list[Change]:
+    """The run's recommended changes that name knobs (High, then Medium; larger measured effects first), read from
+    the findings the threads before this one wrote into the report folder."""
+    out: list[Change] = []
+    for thread, fs in summary.collect(report_dir).items():
+        if thread == THREAD:
+            continue
+        for f in fs:
+            t = summary.tier(f)
+            knobs = f.evidence.get("knobs")
+            if t in TIERS and knobs:
+                out.append(Change(thread, f.title, t, dict(knobs), list(f.recommended_flags),
+                                  f.effect.text() if f.effect else "", abs(f.effect.value_pct) if f.effect else 0.0,
+                                  f.confidence, f.claim))
+    out.sort(key=lambda c: (TIERS.index(c.tier), -c.effect_pct))
+    seen: set[str] = set()
+    uniq = []
+    for c in out:  # a headline and its per-mode finding may name the same change: the best-ranked one stands
+        key = repr(sorted(c.knobs.items()))
+        if key not in seen:
+            seen.add(key)
+            uniq.append(c)
+    return uniq
+
+
+def exclusion_rules(report_dir: str | Path) -> list[tuple[dict[str, Any], dict[str, Any], str]]:
+    """Pairs of knob settings this engine cannot run together, with the rule, as the run's threads found them
+    (thread 05: torch.compile excludes piecewise CUDA graphs here)."""
+    p = Path(report_dir) / "05_torch_compile.findings.json"
+    rules = []
+    if p.is_file():
+        for f in read_findings(p):
+            if f.title == "torch.compile excludes piecewise CUDA graphs here":
+                rules.append(({"torch_compile": True}, {"cuda_graph": "piecewise"}, f"{f.title}: {f.claim}"))
+    return rules
+
+
+def compose(baseline: Knobs, found: list[Change],
+            rules: list[tuple[dict[str, Any], dict[str, Any], str]] = ()) -> tuple[Knobs, list[Change]]:
+    """The baseline with every change applied in rank order; a change that conflicts with one ranked above it (the
+    same knob set otherwise, or an exclusion rule) is left out with why. Returns the combined knobs and the changes,
+    each marked."""
+    merged = baseline.model_dump()
+    taken: dict[str, Change] = {}
+    for c in found:
+        clash = [k for k, v in c.knobs.items() if k in taken and taken[k].knobs.get(k) != v]
+        if clash:
+            k = clash[0]
+            c.excluded = (f"sets {k}={c.knobs[k]}, which the higher-ranked {taken[k].label} sets to "
+                          f"{taken[k].knobs[k]}")
+            continue
+        trial = {**merged, **c.knobs}
+        broken = next((why for a, b, why in rules if _has(trial, a) and _has(trial, b)
+                       and not (_has(merged, a) and _has(merged, b))), "")
+        if broken:
+            c.excluded = f"excluded by a rule of this engine, the higher-ranked change wins: {broken[:300]}"
+            continue
+        try:
+            Knobs(**trial)
+        except ValueError as e:
+            c.excluded = f"cannot join the others: {e}"
+            continue
+        merged = trial
+        for k in c.knobs:
+            taken[k] = c
+    return Knobs(**merged), found
+
+
+def _has(knobs: dict[str, Any], want: dict[str, Any]) -> bool:
+    return all(knobs.get(k) == v for k, v in want.items())
+
+
+def _without(combined: Knobs, baseline: Knobs, c: Change) -> Knobs:
+    """The combined configuration with one change taken back to the baseline's values."""
+    d = combined.model_dump()
+    base = baseline.model_dump()
+    for k in c.knobs:
+        d[k] = base[k]
+    if d.get("replicas", 1) == 1:  # a layout change taken back takes its routing with it
+        d.update(route=None, gpu_share=None, mps_active_thread_pct=None)
+    return Knobs(**d)
+
+
+@dataclass
+class Verification:
+    """What thread 7 measured: the changes and how they combined, the combined study, the scheduler search and its
+    verification."""
+
+    ctx: RunContext
+    baseline: Knobs
+    baseline_words: str
+    changes: list[Change]
+    combined: Knobs
+    study: Study | None = None  # baseline vs combined (and leave-one-out arms)
+    loo: list[tuple[Change, str]] = field(default_factory=list)  # (change, its leave-one-out arm)
+    search: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per setting tried (or not, with why)
+    search_note: str = ""
+    tuned: Study | None = None  # combined vs the best setting, at the suite's load
+    tuned_knobs: Knobs | None = None
+    tuned_setting: str = ""
+
+    searched: list[Study] = field(default_factory=list)  # the search's one-launch studies
+
+    def studies(self) -> list[Study]:
+        """Every study this thread ran, in order."""
+        return [s for s in (self.study, *self.searched, self.tuned) if s is not None]
+
+    def outcome(self, fs: list[Finding]) -> Outcome:
+        """Points planned, measured and failed over every study of the thread (for the index)."""
+        parts = [s.results.outcome(THREAD, fs) for s in self.studies()]
+        first = next((o for o in parts if o.first_error), None)
+        return Outcome(thread=THREAD, points_planned=sum(o.points_planned for o in parts),
+                       points_measured=sum(o.points_measured for o in parts),
+                       points_failed=sum(o.points_failed for o in parts),
+                       first_error=first.first_error if first else "", first_signal=first.first_signal if first else "",
+                       findings_total=len(fs), findings_answering=sum(f.answers for f in fs))
+
+    def table(self) -> pd.DataFrame:
+        """Throughput and latency per configuration and level, medians over repetitions (every study)."""
+        frames = [s.table() for s in self.studies()]
+        frames = [f for f in frames if len(f)]
+        return pd.concat(frames, ignore_index=True).drop_duplicates() if frames else pd.DataFrame()
+
+    def compare(self) -> Any:
+        """Combined against the baseline: the fields the joined changes move are studied, the others controlled."""
+        assert self.study is not None
+        moved = {f for c in self.included for k in c.knobs for f in STATE.get(k, ())}
+        return self.study.compare(BASELINE, COMBINED, tuple(f for f in FIELDS if f in moved),
+                                  tuple(f for f in FIELDS if f not in moved))
+
+    @property
+    def included(self) -> list[Change]:
+        """The changes that joined the combined configuration."""
+        return [c for c in self.changes if not c.excluded]
+
+    def changes_table(self) -> pd.DataFrame:
+        """One row per recommended change: its rank, source, measured effect alone, and whether it joined."""
+        rows = [{"rank": i + 1, "change": c.label, "finding": c.title, "thread": c.thread, "tier": c.tier,
+                 "effect_alone": c.effect, "joined": "no: " + c.excluded if c.excluded else "yes"}
+                for i, c in enumerate(self.changes)]
+        return pd.DataFrame(rows, columns=["rank", "change", "finding", "thread", "tier", "effect_alone", "joined"])
+
+    def effects(self) -> pd.DataFrame:
+        """Combined against the baseline: every metric at every level, with its interval (tidy)."""
+        if self.study is None:
+            return pd.DataFrame()
+        return self.compare().effects()
+
+    def shares(self) -> pd.DataFrame:
+        """Each change's share of the combined effect: the combined configuration against it left out."""
+        rows = []
+        for c, arm in self.loo:
+            h = self.study.compare(arm, COMBINED, ()).headline() if self.study is not None else None
+            rows.append({"change": c.label, "without_it": arm,
+                         "share_pct": round(h.effect_pct, 1) if h is not None else float("nan"),
+                         "ci_low_pct": round(h.ci_low_pct, 1) if h is not None else float("nan"),
+                         "ci_high_pct": round(h.ci_high_pct, 1) if h is not None else float("nan"),
+                         "n": h.n if h is not None else 0, "resolved": bool(h.resolved) if h is not None else False})
+        return pd.DataFrame(rows)
+
+
+def run(ctx: RunContext, report_dir: str | Path, baseline: dict[str, Any] | None = None, leave_one_out: bool = True,
+        search: list[str] | None = None, search_budget_s: float = 0.0) -> Verification:
+    """Compose the run's recommended changes, measure them together against the baseline (and each one left out,
+    where leave_one_out and more than one joined), then search the scheduler knobs (search: which; default all this
+    engine can express) within search_budget_s (0: no search) and verify the best."""
+    base = Knobs(**(baseline or {}))
+    words = f"the baseline {base.label()}" if baseline else "the engine's defaults"
+    wanted = list(SEARCH) if search is None else list(search)
+    bad = sorted(set(wanted) - set(SEARCH))
+    if bad:
+        raise SpecError(f"search: knobs to search are {', '.join(SEARCH)} (got {bad})")
+    if search_budget_s < 0:
+        raise SpecError("search_budget_s: seconds of searching, 0 for none")
+    found = changes(report_dir)
+    combined, found = compose(base, found, exclusion_rules(report_dir))
+    v = Verification(ctx, base, words, found, combined)
+    arms = [Arm(BASELINE, base, words)]
+    if combined != base:
+        arms.append(Arm(COMBINED, combined, "every recommended change that joined: " +
+                        "; ".join(c.label for c in v.included)))
+        _check(ctx, arms, v)
+        if leave_one_out and len(v.included) > 1 and len(arms) > 1:
+            for c in v.included:
+                name = f"without {c.label}"
+                v.loo.append((c, name))
+                arms.append(Arm(name, _without(v.combined, base, c), f"combined, {c.label} left out"))
+        if len(arms) > 1:
+            v.study = run_study(THREAD, ctx, arms, headlines=[(BASELINE, COMBINED)])
+    if search_budget_s > 0 and wanted:
+        _search(v, wanted, search_budget_s)
+    return v
+
+
+def _check(ctx: RunContext, arms: list[Arm], v: Verification) -> None:
+    """The combined configuration must be expressible on this engine version: if not, the lowest-ranked change is
+    left out with the engine's reason, until it is (or none is left). Offline the store decides what was measured."""
+    while not ctx.offline and len(arms) > 1 and v.included:
+        ex = expressible(ctx, arms[1:])
+        if ex.empty or bool(ex["expressible"].iloc[0]):
+            return
+        v.included[-1].excluded = ("this engine version cannot run it with the changes ranked above: "
+                                   f"{ex['reason'].iloc[0]}")
+        v.combined, _ = compose(v.baseline, v.included)
+        if v.combined == v.baseline:
+            del arms[1:]
+            return
+        arms[1] = Arm(COMBINED, v.combined, arms[1].note)
+
+
+def candidates(ctx: RunContext, combined: Knobs, wanted: list[str]) -> list[tuple[str, Knobs, str]]:
+    """The scheduler settings to try, one knob at a time around the combined configuration: (setting, knobs, '' or
+    why it is not tried)."""
+    top = max(ctx.load.concurrency) if ctx.load.mode == "closed" and ctx.load.concurrency else 64
+    out = []
+    # value by value across the knobs, so that a small budget still tries each knob once
+    for i in range(max(len(SEARCH[k]) for k in wanted) if wanted else 0):
+        for knob in wanted:
+            if i >= len(SEARCH[knob]):
+                continue
+            x = SEARCH[knob][i]
+            value = max(1, int(round(x * top))) if knob == "max_running_requests" else int(x)
+            k = combined.model_copy(update={knob: value})
+            if k != combined:
+                out.append((f"{knob}={value}", k, ""))
+    return out
+
+
+def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
+    """Coarse grid at the load's highest level, one launch per setting (and one of the combined configuration, the
+    reference), within budget_s; then the best setting against the combined configuration at the suite's load, with
+    repetitions until resolved."""
+    ctx = v.ctx
+    ld = ctx.load
+    level = max(ld.concurrency) if ld.mode == "closed" else None
+    one = ctx.with_(load=ld.model_copy(update={"concurrency": (level,)}) if level else ld,
+                    plan=RepetitionPlan(1, 1), profile=ProfileSpec())
+    cands = candidates(ctx, v.combined, wanted)
+    arms = [Arm(f"tune {s}", k, s) for s, k, _ in cands]
+    ex = expressible(ctx, arms) if arms else pd.DataFrame(columns=["arm", "expressible", "flags", "reason"])
+    ok = dict(zip(ex["arm"], ex["expressible"], strict=True))
+    why = dict(zip(ex["arm"], ex["reason"], strict=True))
+    rows: list[dict[str, Any]] = []
+    ref = run_study(THREAD, one, [Arm(f"tune {COMBINED}", v.combined, "the combined configuration")])
+    v.searched.append(ref)
+    ref_tok = _tok(ref, f"tune {COMBINED}")
+    rows.append({"setting": "(combined)", "flags": "", "output_tok_s": ref_tok, "vs_combined_pct": 0.0,
+                 "status": "measured" if ref_tok == ref_tok else "failed"})
+    t0 = time.monotonic()
+    took = 0.0
+    for a in arms:
+        flags = str(ex.loc[ex["arm"] == a.name, "flags"].iloc[0]) if a.name in ok else ""
+        if not ok.get(a.name, False):
+            rows.append({"setting": a.note, "flags": "", "output_tok_s": float("nan"), "vs_combined_pct": float("nan"),
+                         "status": f"not expressible: {why.get(a.name, '')}"})
+            continue
+        if time.monotonic() - t0 + took > budget_s:
+            rows.append({"setting": a.note, "flags": flags, "output_tok_s": float("nan"),
+                         "vs_combined_pct": float("nan"), "status": "not tried: search budget spent"})
+            continue
+        t1 = time.monotonic()
+        st = run_study(THREAD, one, [a])
+        v.searched.append(st)
+        took = max(took, time.monotonic() - t1) if st.results.points.shape[0] else took
+        tok = _tok(st, a.name)
+        rows.append({"setting": a.note, "flags": flags, "output_tok_s": tok,
+                     "vs_combined_pct": round(100 * (tok / ref_tok - 1), 1) if tok == tok and ref_tok else float("nan"),
+                     "status": "measured" if tok == tok else "failed: " + _first_error(st)})
+    v.search = pd.DataFrame(rows)
+    v.search_note = (f"coarse grid, one knob at a time around the combined configuration, at c={level}, one launch "
+                     f"per setting, within search_budget_s={budget_s:.0f}")
+    tried = v.search[(v.search["status"] == "measured") & (v.search["setting"] != "(combined)")]
+    if tried.empty or not (tried["vs_combined_pct"] > 0).any():
+        return
+    best = tried.sort_values("vs_combined_pct", ascending=False).iloc[0]
+    v.tuned_setting = str(best["setting"])
+    v.tuned_knobs = next(k for s, k, _ in cands if s == v.tuned_setting)
+    v.tuned = run_study(THREAD, ctx, [Arm(COMBINED, v.combined, "the combined configuration"),
+                                      Arm(TUNED, v.tuned_knobs, f"combined with {v.tuned_setting}")],
+                        headlines=[(COMBINED, TUNED)])
+
+
+def _tok(study: Study, arm: str) -> float:
+    s = study.results.summary
+    s = s[s["config"] == arm] if len(s) else s
+    return float(s["output_tok_s"].median()) if len(s) else float("nan")
+
+
+def _first_error(study: Study) -> str:
+    e = study.results.errors
+    return str(e["summary"].iloc[0]) if len(e) else "no point"
+
+
+WORSE_METRICS = {"ttft_ms_p50": "TTFT", "tpot_ms_p50": "TPOT"}
+
+
+def _worse(study: Study, base: str, treat: str) -> list[str]:
+    """Latency metrics that got resolvedly worse (medium or high confidence) at some level, in words."""
+    e = study.compare(base, treat, ()).effects()
+    out = []
+    for m, words in WORSE_METRICS.items():
+        r = e[(e["metric"] == m) & (e["n_pairs"] > 0) & (e["effect_pct"] > 0) & e["confidence"].isin(["high", "medium"])]
+        if len(r):
+            w = r.sort_values("effect_pct", ascending=False).iloc[0]
+            out.append(f"{words} {w.effect_pct:+.0f}% at c={int(w.concurrency)} (90% CI {w.ci_low_pct:+.0f}.."
+                       f"{w.ci_high_pct:+.0f}%, {w.confidence})")
+    return out
+
+
+def findings(v: Verification) -> list[Finding]:
+    """The verified answer first (the recommended changes together against the baseline, or why nothing was
+    verified), then the scheduler setting the search found, verified against the combined configuration."""
+    return [_combined_finding(v), _tuning_finding(v)]
+
+
+def _combined_finding(v: Verification) -> Finding:
+    left = [c for c in v.changes if c.excluded]
+    left_words = (" Left out: " + "; ".join(f"{c.label} ({c.excluded})" for c in left) + ".") if left else ""
+    ev: dict[str, Any] = {"changes": v.changes_table().to_dict("records"), "baseline": v.baseline_words}
+    if not v.changes:
+        line = "Not verified: this run recommends no change to verify (no High or Medium finding names one)"
+        return Finding(thread=THREAD, title="Nothing to verify: no recommended change", applies=True,
+                       confidence="none", claim=line + ".", evidence=ev | {"front_line": line})
+    if v.study is None:
+        line = "Not verified: the recommended changes could not be combined"
+        return Finding(thread=THREAD, title="Recommended changes: not combined", applies=False, confidence="none",
+                       claim=line + "." + left_words, reason="no change joined the combination",
+                       evidence=ev | {"front_line": line})
+    cmp = v.compare()
+    f = cmp.finding("Recommended changes combined", "The combination", better=v.combined, worse=v.baseline)
+    f.claim = f.claim.replace("the effect is The combination's", "the effect is the combination's")
+    flags = " ".join(f.recommended_flags) or "; ".join(c.label for c in v.included)
+    worse = _worse(v.study, BASELINE, COMBINED)
+    shares = v.shares()
+    extra = ""
+    if len(shares):
+        extra += " Each change's share (combined against it left out): " + "; ".join(
+            f"{r.change} {r.share_pct:+.1f}% (90% CI {r.ci_low_pct:+.1f}..{r.ci_high_pct:+.1f}%, n={r.n}"
+            f"{'' if r.resolved else ', not resolved'})" for r in shares.itertuples()) + "."
+        ev["shares"] = shares.to_dict("records")
+    elif len(v.included) > 1:
+        extra += " Each change's share: not measured (leave_one_out off)."
+    extra += (" Worse with the changes: " + "; ".join(worse) + ".") if worse else \
+        " No latency metric got resolvedly worse (TTFT, TPOT); GPU memory is not compared by this thread."
+    f.claim += extra + left_words
+    f.evidence |= ev
+    eff = f.effect
+    if f.applies and eff is not None and f.direction == "better" and f.confidence in ("high", "medium"):
+        line = f"Verified: {eff.text()} with {flags}, against {v.baseline_words}"
+        f.title = f"Verified: the recommended changes together, {eff.value_pct:+.1f}% output tok/s"
+    elif eff is not None and f.applies:
+        line = f"Not verified: the recommended changes together measured {eff.text()} against {v.baseline_words}"
+        f.title = f"Not verified: the recommended changes together ({f.direction or 'unresolved'})"
+    else:
+        line = f"Not verified: {f.title}"
+    f.evidence["front_line"] = line
+    return f
+
+
+def _tuning_finding(v: Verification) -> Finding:
+    ev: dict[str, Any] = {"search": v.search.to_dict("records"), "method": v.search_note}
+    if v.search.empty:
+        return Finding(thread=THREAD, title="Scheduler tuning: not searched", applies=False, confidence="none",
+                       claim="The scheduler knobs were not searched (search_budget_s=0 or no knob to search).",
+                       reason="not searched", evidence=ev)
+    measured = v.search[v.search["status"] == "measured"]
+    if len(measured) <= 1:
+        return Finding(thread=THREAD, title="Scheduler tuning: nothing measured", applies=False, confidence="none",
+                       claim=f"No scheduler setting was measured ({v.search_note}): " + "; ".join(
+                           f"{r.setting}: {r.status}" for r in v.search.itertuples()) + ".",
+                       reason="no setting measured", evidence=ev)
+    tried = "; ".join(f"{r.setting} {r.vs_combined_pct:+.1f}%" for r in measured.itertuples()
+                      if r.setting != "(combined)")
+    skipped = v.search[v.search["status"] != "measured"]
+    sk = (" Not tried: " + "; ".join(f"{r.setting} ({r.status})" for r in skipped.itertuples()) + ".") \
+        if len(skipped) else ""
+    if v.tuned is None:
+        return Finding(thread=THREAD, title="Scheduler tuning: no setting beat the combined configuration",
+                       applies=True, confidence="low",
+                       claim=f"One launch per setting ({v.search_note}); output tok/s against the combined "
+                             f"configuration: {tried}. None was faster, so none was verified.{sk}", evidence=ev)
+    cmp = v.tuned.compare(COMBINED, TUNED, (), FIELDS)
+    f = cmp.finding(f"Scheduler: {v.tuned_setting}", f"Scheduler tuning ({v.tuned_setting})",
+                    better=v.tuned_knobs, worse=v.combined)
+    f.claim += (f" Found by the search ({v.search_note}): {tried}.{sk}")
+    f.evidence |= ev | {"tuned_setting": v.tuned_setting}
+    worse = _worse(v.tuned, COMBINED, TUNED)
+    if worse:
+        f.claim += " Worse with it: " + "; ".join(worse) + "."
+    if f.effect is not None and f.direction == "better" and f.confidence in ("high", "medium"):
+        f.title = f"Verified scheduler setting: {v.tuned_setting}, {f.effect.value_pct:+.1f}% over the combined " \
+                  "configuration"
+        against = "the recommended changes combined" if v.study is not None else v.baseline_words
+        f.evidence["front_line"] = f"Verified: {f.effect.text()} with {' '.join(f.recommended_flags)}, against {against}"
+    return f
+
+
+def front_line(fs: list[Finding]) -> str:
+    """The report's first line from this thread's findings: the verified answer, with the scheduler setting where
+    one was verified too."""
+    lines = [f.evidence.get("front_line", "") for f in fs]
+    head, tune = (lines + ["", ""])[:2]
+    if not tune:
+        return head
+    if head.startswith("Verified"):
+        return f"{head}; scheduler tuning on top: {tune[len('Verified: '):]}"
+    return f"{tune} ({head[0].lower() + head[1:]})" if head else tune
+
+
+def _slug(words: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", words.lower()).strip("-")[:60] or "change"
+
+
+def write_documents(v: Verification, fs: list[Finding], report_dir: str | Path) -> list[Path]:
+    """One Markdown improvement document per recommended change, in report_dir/changes/: what was found (with a
+    link to the evidence), the change in the engine's spelling, its effect alone and in combination, what it
+    excludes or risks, and how to roll it back."""
+    out_dir = Path(report_dir) / "changes"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    head = fs[0] if fs else None
+    shares = {r["change"]: r for r in v.shares().to_dict("records")}
+    paths = []
+    for i, c in enumerate(v.changes, 1):
+        share = shares.get(c.label)
+        if c.excluded:
+            together = f"Not in the combination: {c.excluded}."
+        elif head is not None and head.effect is not None:
+            together = f"All {len(v.included)} joined change(s) together: {head.effect.text()} against " \
+                       f"{v.baseline_words} ({head.title})."
+            if share is not None:
+                together += (f" Its share (the combination against it left out): {share['share_pct']:+.1f}% "
+                             f"(90% CI {share['ci_low_pct']:+.1f}..{share['ci_high_pct']:+.1f}%, n={share['n']}).")
+        else:
+            together = "Not measured in combination in this run."
+        risks = [f"Excluded: {c.excluded}"] if c.excluded else []
+        risks += [f"{x.label} was left out because of it: {x.excluded}" for x in v.changes
+                  if x.excluded and c.label in x.excluded]
+        worse = _worse(v.study, BASELINE, COMBINED) if v.study is not None and not c.excluded else []
+        risks += [f"With the combination: {w}" for w in worse]
+        rollback = (f"Remove `{' '.join(c.flags)}` from the launch command" if c.flags
+                    else f"Set {', '.join(c.knobs)} back to {v.baseline_words}") + \
+            f" and restart: the server then runs as {v.baseline_words} again."
+        text = "\n".join([
+            f"# Change {i}: {c.label}", "",
+            f"Rank {i} of {len(v.changes)} ({c.tier}), from [{c.thread}](../{c.thread}.html#Answer).", "",
+            "## What was found", "", f"**{c.title}.** {c.claim}", "",
+            "## The change", "", f"`{' '.join(c.flags)}`" if c.flags else f"Knobs: {Knobs(**c.knobs).label()}", "",
+            "## Effect", "", f"- Alone (its own thread, against its own baseline): {c.effect or 'no measured effect'}"
+            f" ({c.confidence} confidence).", f"- Together: {together}", "",
+            "## What it excludes or risks", "", *(f"- {r}" for r in risks or
+                                                   ["Nothing this run measured: no exclusion rule, no latency "
+                                                    "metric resolvedly worse."]), "",
+            "## Roll back", "", rollback, ""])
+        p = out_dir / f"{i:02d}-{_slug(c.label)}.md"
+        p.write_text(text)
+        paths.append(p)
+    return paths

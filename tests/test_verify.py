@@ -1,0 +1,121 @@
+"""Thread 07: the run's recommended changes composed (rank order, clashes, the engine's exclusion rules), measured
+together against the baseline on the stub engine with known answers (compile off makes the stub 4x slower per token;
+STUB_MAX_RUNNING caps its running requests unless max_running_requests is set), each change's share, the scheduler
+search and its verification, the front page's first line and one improvement document per change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from servescope.context import context
+from servescope.errors import SpecError
+from servescope.findings import Effect, Finding, write_findings
+from servescope.spec import Knobs
+from servescope.threads import verify as t07
+
+LOAD = {"concurrency": [2, 8], "num_requests": 16, "output_len": 8, "warmup_requests": 0}
+
+
+def _finding(thread: str, title: str, knobs: dict, conf: str, pct: float, flags: list[str] | None = None) -> Finding:
+    eff = Effect(metric="output_tok_s", value_pct=pct, ci_low_pct=pct / 2, ci_high_pct=pct * 1.5, n=3, at="at c=8")
+    return Finding(thread=thread, title=title, claim=f"{title} helps: {pct:+.0f}%.", effect=eff, confidence=conf,
+                   recommended_flags=flags or [f"--{k}={v}" for k, v in knobs.items()], direction="better",
+                   evidence={"knobs": knobs})
+
+
+def _report(tmp: Path, *extra: tuple[str, list[Finding]]) -> Path:
+    d = tmp / "report"
+    d.mkdir()
+    for thread, fs in extra:
+        write_findings(fs, d / f"{thread}.findings.json")
+    return d
+
+
+def test_changes_compose_in_rank_order_and_say_why_one_is_left_out(tmp_path):
+    d = _report(tmp_path,
+                ("05_torch_compile", [_finding("05_torch_compile", "torch.compile", {"torch_compile": True}, "high", 40),
+                                      Finding(thread="05_torch_compile",
+                                              title="torch.compile excludes piecewise CUDA graphs here",
+                                              claim="With compile on, the piecewise request resolved to off.",
+                                              confidence="high")]),
+                ("02_piecewise_cuda_graphs", [
+                    _finding("02_piecewise_cuda_graphs", "Use CUDA graphs: piecewise", {"cuda_graph": "piecewise"},
+                             "medium", 25),
+                    _finding("02_piecewise_cuda_graphs", "low one", {"cuda_graph": "full"}, "low", 90)]),
+                ("04_data_parallelism", [_finding("04_data_parallelism", "compile off", {"torch_compile": False},
+                                                  "medium", 10)]))
+    found = t07.changes(d)
+    assert [c.title for c in found] == ["torch.compile", "Use CUDA graphs: piecewise", "compile off"]  # Low left out
+    combined, found = t07.compose(Knobs(), found, t07.exclusion_rules(d))
+    assert combined == Knobs(torch_compile=True)
+    assert found[1].excluded.startswith("excluded by a rule of this engine, the higher-ranked change wins: "
+                                        "torch.compile excludes piecewise CUDA graphs here")
+    assert found[2].excluded == "sets torch_compile=False, which the higher-ranked --torch_compile=True sets to True"
+    combined, _ = t07.compose(Knobs(), t07.changes(d))  # without the rule both join
+    assert combined == Knobs(torch_compile=True, cuda_graph="piecewise")
+
+
+def test_the_changes_together_are_verified_with_each_ones_share(tmp_path, stub_engine):
+    """Known answer: baseline compile off with the stub's running cap 2; compile on (High) and
+    max_running_requests=8 (Medium) both help at c=8, so together they must be verified better, each with a
+    positive share; a change that clashes is left out and still gets its document."""
+    d = _report(tmp_path,
+                ("05_torch_compile", [_finding("05_torch_compile", "torch.compile", {"torch_compile": True}, "high", 60)]),
+                ("02_piecewise_cuda_graphs", [
+                    _finding("02_piecewise_cuda_graphs", "Running cap", {"max_running_requests": 8}, "medium", 30),
+                    _finding("02_piecewise_cuda_graphs", "Eager", {"torch_compile": False}, "medium", 5)]))
+    eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2"}}
+    ctx = context(eng, {"path": "stub"}, LOAD, repetitions=3, max_repetitions=3, store_dir=str(tmp_path / "s"),
+                  progress=False)
+    v = t07.run(ctx, d, baseline={"torch_compile": False})
+    assert v.combined == Knobs(torch_compile=True, max_running_requests=8)
+    fs = t07.findings(v)
+    head = fs[0]
+    assert head.title.startswith("Verified: the recommended changes together, +") and head.confidence == "high"
+    assert head.effect is not None and head.effect.n == 3 and head.effect.ci_low_pct > 0
+    line = t07.front_line(fs)
+    assert line.startswith("Verified: +") and "against the baseline torch_compile=False" in line
+    shares = v.shares().set_index("change")
+    assert len(shares) == 2 and (shares["share_pct"] > 0).all() and shares["resolved"].all()
+    assert "Left out: --torch_compile=False (sets torch_compile=False, which the higher-ranked" in head.claim
+    assert fs[1].title == "Scheduler tuning: not searched"
+    docs = t07.write_documents(v, fs, d)
+    assert len(docs) == 3
+    text = docs[0].read_text()
+    for part in ("## What was found", "## The change", "## Effect", "## What it excludes or risks", "## Roll back",
+                 "(../05_torch_compile.html#Answer)", "Its share (the combination against it left out): +"):
+        assert part in text, part
+    assert "Not in the combination: sets torch_compile=False" in docs[2].read_text()
+    offline = t07.run(context(eng, {"path": "stub"}, LOAD, repetitions=3, store_dir=str(tmp_path / "s"),
+                              offline=True, progress=False), d, baseline={"torch_compile": False})
+    assert t07.findings(offline)[0].title == head.title  # rendered again from the store alone
+
+
+def test_the_scheduler_search_finds_and_verifies_a_setting(tmp_path, stub_engine):
+    """Known answer: no recommended change, the stub capped at 2 running requests by default; at c=8 every larger
+    max_running_requests is faster, so the search must pick one and verify it against the engine's defaults."""
+    d = _report(tmp_path)
+    eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2"}}
+    ctx = context(eng, {"path": "stub"}, LOAD, repetitions=3, max_repetitions=3, store_dir=str(tmp_path / "s"),
+                  progress=False)
+    v = t07.run(ctx, d, search=["max_running_requests"], search_budget_s=120)
+    assert list(v.search["setting"]) == ["(combined)", "max_running_requests=4", "max_running_requests=8",
+                                         "max_running_requests=16"]
+    assert (v.search["vs_combined_pct"].iloc[1:] > 20).all()
+    fs = t07.findings(v)
+    assert fs[0].title == "Nothing to verify: no recommended change"
+    assert fs[1].title.startswith("Verified scheduler setting: max_running_requests=") and fs[1].confidence == "high"
+    assert t07.front_line(fs).startswith("Verified: +") and "the engine's defaults" in t07.front_line(fs)
+    assert "(not verified: this run recommends no change" in t07.front_line(fs)
+    assert t07.write_documents(v, fs, d) == []
+
+
+def test_a_search_budget_spent_says_what_was_not_tried(tmp_path, stub_engine):
+    ctx = context(stub_engine, {"path": "stub"}, LOAD, repetitions=1, max_repetitions=1,
+                  store_dir=str(tmp_path / "s"), progress=False)
+    v = t07.run(ctx, _report(tmp_path), search=["max_running_requests"], search_budget_s=0.001)
+    assert (v.search["status"].iloc[2:] == "not tried: search budget spent").all()
+    with pytest.raises(SpecError, match="search: knobs to search are"):
+        t07.run(ctx, tmp_path, search=["max_batch"], search_budget_s=10)
