@@ -3,14 +3,16 @@
 # and thread 04's parameters) as library calls: 1 server against 2 replicas on the one GPU, through the suite's MPS
 # daemon and time-sliced, each replica pinned to its cores and given its memory share, least-outstanding routing.
 # Device time is short, so the order is: 1 server and 2 replicas with MPS to their repetitions first (the question
-# users ask), then the time-sliced layout from the same store, as far as the call's limit allows. A fresh, empty store
-# is tarred into $OUT/store.tgz every 15 s, so a call cut at its limit keeps every finished point; merge it into
-# data/reference/h200/store here (cp -rn of its point folders and _notes). Device call, carry .device/wheels:
+# users ask), then the time-sliced layout from the same store, as far as the call's limit allows. The store starts as
+# a copy of data/reference/h200/store (its stored repetitions are read, not launched again: on 2026-12-02 it holds two
+# of 1 server and of MPS, none time-sliced) and is tarred into $OUT/store.tgz every 15 s, so a call cut at its limit
+# keeps every finished point; copy its new point folders and _notes into data/reference/h200/store here, then
+# `.venv/bin/python benchmarks/gpu/rerender_h200_report.py`. Device call, carry .device/wheels:
 #   bash benchmarks/gpu/run_issue22_h200.sh
 set -u
 source benchmarks/gpu/setup_h200.sh
 echo "taskset: $(command -v taskset)  mps: $(command -v nvidia-cuda-mps-control)  cores: $(nproc)"
-rm -rf /tmp/store && mkdir -p /tmp/store
+rm -rf /tmp/store && cp -r data/reference/h200/store /tmp/store
 (while sleep 15; do tar czf $OUT/store.tmp -C /tmp store 2>/dev/null && mv $OUT/store.tmp $OUT/store.tgz; done) &
 saver=$!
 PYTHONUNBUFFERED=1 timeout ${WALL_S:-590} python3 - <<'PY' 2>&1 | tee $OUT/run04.log | grep -v "^\s*$" | tail -60
