@@ -215,8 +215,8 @@ def test_dcgm_exporter_fields_stand_in_for_gpm():
 
 def test_thread_03_renders_the_h200_store_offline(tmp_path):
     """Thread 03 over the H200 reference store (fifteen points since thread 04's shared-GPU points joined): nothing
-    launched, a regime per point, energy per output token from the GPU's counter, the launch-bound profiled level recommending graphs in
-    transformers' spelling."""
+    launched, a regime per point, energy per output token from the GPU's counter, the launch-bound profiled level
+    recommending graphs in transformers' spelling."""
     from servescope.report import run_suite
 
     store = tmp_path / "store"

@@ -55,7 +55,8 @@ def test_default_suite_is_valid():
     suite = load_suite(ROOT / "data" / "suites" / "default.yaml")
     assert [n.id for n in suite.notebooks] == ["00_environment", "01_cuda_graph_disable_reason",
                                                "02_piecewise_cuda_graphs", "04_data_parallelism", "05_torch_compile",
-                                               "06_grouped_gemm", "03_clocks_power", "99_summary"]
+                                               "06_grouped_gemm", "07_verified_changes", "03_clocks_power",
+                                               "99_summary"]
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +148,34 @@ def test_progress_bars_collapse_to_their_final_state():
     nb.cells = [cell]
     outs = collapse_progress(nb).cells[0].outputs
     assert [o.text for o in outs] == ["c=4: 100%| 30/30\n", "done\n"]
+
+
+def test_the_page_opens_with_the_answer_and_keeps_the_progress_in_how_it_ran(tmp_path):
+    """The measuring cell's printed progress goes after the evidence, collapsed; the answer comes first; the
+    executed notebook keeps it where it was printed."""
+    import nbformat
+
+    from servescope.report import render_html
+
+    nb = nbformat.v4.new_notebook()
+    run = nbformat.v4.new_code_cell("ps = t04.run(ctx)")
+    run.outputs = [nbformat.v4.new_output("stream", name="stdout", text="12:56:12 rep 1 1 server: level c=1 written\n"),
+                   nbformat.v4.new_output("stream", name="stderr", text="client-health: the host was <busy>\n"),
+                   nbformat.v4.new_output("display_data", data={"text/markdown": "Measured all 6 points."})]
+    answer = nbformat.v4.new_code_cell("show")
+    answer.outputs = [nbformat.v4.new_output("display_data", data={"text/markdown": "### Replicas lose by 46%"})]
+    nb.cells = [nbformat.v4.new_markdown_cell("# 04 · layouts\n\n**Question.** Which layout?"), run,
+                nbformat.v4.new_markdown_cell("## Answer"), answer,
+                nbformat.v4.new_markdown_cell("## Evidence\nthe table")]
+    path = tmp_path / "x.ipynb"
+    nbformat.write(nb, str(path))
+    render_html(path, tmp_path / "x.html", hide_code=True)
+    page = (tmp_path / "x.html").read_text()
+    assert page.index("Replicas lose by 46%") < page.index("the table") < page.index("How it ran") < \
+        page.index("level c=1 written") < page.index("the host was &lt;busy&gt;")
+    assert page.index("Measured all 6 points.") < page.index("Replicas lose by 46%")  # what was measured stays
+    assert "<details><summary>2 lines of progress output</summary>" in page
+    assert "level c=1 written" in nbformat.read(str(path), as_version=4).cells[1].outputs[0].text
 
 
 STUB_NB = ROOT / "tests" / "fixtures" / "notebooks" / "97_stub_thread5.ipynb"

@@ -119,3 +119,17 @@ def test_a_search_budget_spent_says_what_was_not_tried(tmp_path, stub_engine):
     assert (v.search["status"].iloc[2:] == "not tried: search budget spent").all()
     with pytest.raises(SpecError, match="search: knobs to search are"):
         t07.run(ctx, tmp_path, search=["max_batch"], search_budget_s=10)
+
+
+def test_no_setting_that_beats_the_defaults_is_said_and_not_verified(tmp_path, stub_engine):
+    """The stub ignores the batch-token knob: every setting is the same launch, so none leads and none is verified;
+    the front line says so."""
+    ctx = context(stub_engine, {"path": "stub"}, LOAD, repetitions=1, max_repetitions=1,
+                  store_dir=str(tmp_path / "s"), progress=False)
+    v = t07.run(ctx, _report(tmp_path), search=["chunked_prefill_size"], search_budget_s=60)
+    assert v.tuned is None and (v.search["vs_combined_pct"] == 0).all()
+    fs = t07.findings(v)
+    assert fs[1].title == "Scheduler tuning: no setting beat the combined configuration"
+    assert t07.front_line(fs) == ("Not verified: this run recommends no change to verify (no High or Medium finding "
+                                  "names one); no scheduler setting tried beat the engine's defaults by more than 5% "
+                                  "(3 tried at the highest load level)")

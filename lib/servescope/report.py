@@ -132,9 +132,38 @@ def collapse_progress(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
+ANSWER = "## Answer"
+
+
+def progress_last(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The printed output (progress, 'level written', client-health notes) of the cells before the answer, moved
+    into a collapsed 'How it ran' section at the end, so that the page opens with the question and the answer; the
+    executed notebook itself keeps every output where it was printed."""
+    at = next((i for i, c in enumerate(nb.cells) if c.get("cell_type") == "markdown"
+               and "".join(c.get("source", "")).lstrip().startswith(ANSWER)), None)
+    if at is None:
+        return nb
+    moved: list[str] = []
+    for cell in nb.cells[:at]:
+        if cell.get("cell_type") != "code":
+            continue
+        text = "".join(o["text"] for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+        cell["outputs"] = [o for o in cell.get("outputs", []) if o.get("output_type") != "stream"]
+        if text.strip():
+            moved.append(text.rstrip("\n"))
+    if moved:
+        body = html.escape("\n".join(moved))
+        nb.cells.append(nbformat.v4.new_markdown_cell(
+            "## How it ran\nWhat the measuring cells printed while they ran (also in the executed notebook).\n\n"
+            f"<details><summary>{sum(t.count(chr(10)) + 1 for t in moved)} lines of progress output</summary>"
+            f"<pre>{body}</pre></details>"))
+    return nb
+
+
 def render_html(ipynb: Path, html_path: Path, hide_code: bool = False) -> None:
-    """Self-contained HTML (images embedded) of an executed notebook, progress bars collapsed."""
-    nb = collapse_progress(nbformat.read(str(ipynb), as_version=4))
+    """Self-contained HTML (images embedded) of an executed notebook, progress bars collapsed and printed progress
+    moved after the evidence (progress_last)."""
+    nb = progress_last(collapse_progress(nbformat.read(str(ipynb), as_version=4)))
     exporter = HTMLExporter(template_name="lab", embed_images=True, exclude_input=hide_code,
                             exclude_input_prompt=hide_code, exclude_output_prompt=hide_code)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": ipynb.stem}})

@@ -167,6 +167,7 @@ class Verification:
     tuned: Study | None = None  # combined vs the best setting, at the suite's load
     tuned_knobs: Knobs | None = None
     tuned_setting: str = ""
+    search_floor_pct: float = 0.0  # the lead a setting needs in its one launch to be verified
 
     searched: list[Study] = field(default_factory=list)  # the search's one-launch studies
 
@@ -339,7 +340,9 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
     v.search_note = (f"coarse grid, one knob at a time around the combined configuration, at c={level}, one launch "
                      f"per setting, within search_budget_s={budget_s:.0f}")
     tried = v.search[(v.search["status"] == "measured") & (v.search["setting"] != "(combined)")]
-    if tried.empty or not (tried["vs_combined_pct"] > 0).any():
+    # one launch each: a lead inside the equivalence band is noise, not worth repetitions
+    v.search_floor_pct = float(ctx.equivalence_pct)
+    if tried.empty or not (tried["vs_combined_pct"] > v.search_floor_pct).any():
         return
     best = tried.sort_values("vs_combined_pct", ascending=False).iloc[0]
     v.tuned_setting = str(best["setting"])
@@ -443,11 +446,16 @@ def _tuning_finding(v: Verification) -> Finding:
     skipped = v.search[v.search["status"] != "measured"]
     sk = (" Not tried: " + "; ".join(f"{r.setting} ({r.status})" for r in skipped.itertuples()) + ".") \
         if len(skipped) else ""
+    against = "the recommended changes combined" if v.study is not None else v.baseline_words
     if v.tuned is None:
+        n = len(measured) - 1
+        line = (f"no scheduler setting tried beat {against} by more than {v.search_floor_pct:.0f}% "
+                f"({n} tried at the highest load level)")
         return Finding(thread=THREAD, title="Scheduler tuning: no setting beat the combined configuration",
                        applies=True, confidence="low",
-                       claim=f"One launch per setting ({v.search_note}); output tok/s against the combined "
-                             f"configuration: {tried}. None was faster, so none was verified.{sk}", evidence=ev)
+                       claim=f"One launch per setting ({v.search_note}); output tok/s against {against}: {tried}. "
+                             f"None led by more than the equivalence band ({v.search_floor_pct:.0f}%), so none was "
+                             f"verified.{sk}", evidence=ev | {"front_line": line})
     cmp = v.tuned.compare(COMBINED, TUNED, (), FIELDS)
     f = cmp.finding(f"Scheduler: {v.tuned_setting}", f"Scheduler tuning ({v.tuned_setting})",
                     better=v.tuned_knobs, worse=v.combined)
@@ -459,7 +467,6 @@ def _tuning_finding(v: Verification) -> Finding:
     if f.effect is not None and f.direction == "better" and f.confidence in ("high", "medium"):
         f.title = f"Verified scheduler setting: {v.tuned_setting}, {f.effect.value_pct:+.1f}% over the combined " \
                   "configuration"
-        against = "the recommended changes combined" if v.study is not None else v.baseline_words
         f.evidence["front_line"] = f"Verified: {f.effect.text()} with {' '.join(f.recommended_flags)}, against {against}"
     return f
 
@@ -471,6 +478,8 @@ def front_line(fs: list[Finding]) -> str:
     head, tune = (lines + ["", ""])[:2]
     if not tune:
         return head
+    if not tune.startswith("Verified"):
+        return f"{head}; {tune}"
     if head.startswith("Verified"):
         return f"{head}; scheduler tuning on top: {tune[len('Verified: '):]}"
     return f"{tune} ({head[0].lower() + head[1:]})" if head else tune
