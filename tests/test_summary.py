@@ -95,3 +95,36 @@ def test_front_page_in_headless_chromium_answers_first_with_working_links(tmp_pa
     shot = tmp_path / "front.png"
     run(f"--screenshot={shot}", "--window-size=1200,1000")
     assert shot.stat().st_size > 10_000  # a rendered page, not an empty canvas
+
+
+def test_already_optimal_names_the_setting_and_what_it_beat():
+    lost = Finding(thread="04", title="2 replicas, round-robin vs 1 server", claim="x.", direction="worse",
+                   effect=Effect(metric="output_tok_s", value_pct=-46.0, ci_low_pct=-50.0, ci_high_pct=-40.0, n=3,
+                                 at="c=1", baseline="1 server", treatment="2 replicas, round-robin"),
+                   confidence="medium", reason="already optimal: the engine's defaults are the better side")
+    won = Finding(thread="05", title="torch.compile: compiled vs eager", claim="x.", direction="better",
+                  effect=Effect(metric="output_tok_s", value_pct=71.0, n=3, baseline="eager", treatment="compiled"),
+                  confidence="high", reason="already optimal: the engine's defaults are the better side")
+    assert summary.optimal_words(lost) == ("1 server (it beat 2 replicas, round-robin: -46.0% output_tok_s "
+                                           "(90% CI -50.0..-40.0%, n=3, at c=1))")
+    assert summary.optimal_words(won).startswith("compiled (it beat eager: +71.0% output_tok_s")
+    r = summary.rank({"04_data_parallelism": [lost]})
+    assert r["optimal"].tolist() == [summary.optimal_words(lost)]
+
+
+def test_the_front_pages_first_line_is_the_verified_answer(tmp_path):
+    line = "Verified: +233.7% output_tok_s (90% CI +229.9..+237.4%, n=3, mean over c=2, 8) with --itl-ms 1"
+    checked = [Finding(thread="07_verified_changes", title="Verified: the recommended changes together", claim="x.",
+                       confidence="high", evidence={"front_line": line})]
+    (tmp_path / "changes").mkdir()
+    (tmp_path / "changes" / "01-itl-ms-1.md").write_text("# Change 1")
+    runs = [NotebookRun(id="07_verified_changes", html="07_verified_changes.html", findings=checked)]
+    suite = Suite(name="t", notebooks=[{"id": "07_verified_changes"}])
+    _write_index(tmp_path, suite, tmp_path / "suite.yaml", "run-1", 0.0, runs)
+    page = (tmp_path / "index.html").read_text()
+    answer = page[page.index('id="answer"'):]
+    assert answer.index(line) < answer.index("Regime under load")  # the first line of the answer
+    assert 'href="changes/01-itl-ms-1.md"' in page and 'href="07_verified_changes.html#Answer"' in page
+    _write_index(tmp_path, suite, tmp_path / "suite.yaml", "run-2", 0.0, [])
+    assert "Not verified: this run did not measure the recommended changes together" in \
+        (tmp_path / "index.html").read_text()

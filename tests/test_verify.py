@@ -117,6 +117,12 @@ def test_a_search_budget_spent_says_what_was_not_tried(tmp_path, stub_engine):
                   store_dir=str(tmp_path / "s"), progress=False)
     v = t07.run(ctx, _report(tmp_path), search=["max_running_requests"], search_budget_s=0.001)
     assert (v.search["status"].iloc[2:] == "not tried: search budget spent").all()
+    # offline, the same settings read as the measuring run left them: nothing fails for want of a launch
+    off = t07.run(ctx.with_(offline=True), tmp_path / "report", search=["max_running_requests"],
+                  search_budget_s=0.001)
+    assert off.search["status"].tolist() == v.search["status"].tolist()
+    fs = t07.findings(off)
+    assert off.outcome(fs).points_failed == 0 and off.outcome(fs).points_measured == 2
     with pytest.raises(SpecError, match="search: knobs to search are"):
         t07.run(ctx, tmp_path, search=["max_batch"], search_budget_s=10)
 

@@ -61,7 +61,7 @@ def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer")
                          "confidence": f.confidence, "change": change,
                          "why": f.reason if t in ("Not applicable here", "Not measured", "Already optimal")
                          else f.claim.split(". ")[0][:300], "evidence": link.format(thread=thread), "order": i})
-    cols = ["tier", "thread", "finding", "effect", "confidence", "change", "why", "evidence"]
+    cols = ["tier", "thread", "finding", "effect", "confidence", "change", "why", "evidence", "optimal"]
     if not rows:
         return pd.DataFrame(columns=cols)
     df = pd.DataFrame(rows)

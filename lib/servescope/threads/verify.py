@@ -29,7 +29,7 @@ from ..spec import Knobs, ProfileSpec
 from ..study import Arm, Study, expressible, run_study
 
 THREAD = "07_verified_changes"
-BASELINE, COMBINED, TUNED = "baseline", "combined", "tuned"
+BASELINE, COMBINED = "baseline", "combined"
 TIERS = ("High", "Medium")  # the recommended changes: a measured effect of high or medium confidence
 # the scheduler knobs searched, as multiples of the load's highest concurrency (running requests) or absolute values
 SEARCH: dict[str, tuple[float, ...]] = {
@@ -199,6 +199,11 @@ class Verification:
                                   tuple(f for f in FIELDS if f not in moved))
 
     @property
+    def tune_base(self) -> str:
+        """What the scheduler search tunes around, by name: the combination, or the baseline where nothing joined."""
+        return COMBINED if self.study is not None else self.baseline_words
+
+    @property
     def included(self) -> list[Change]:
         """The changes that joined the combined configuration."""
         return [c for c in self.changes if not c.excluded]
@@ -215,6 +220,38 @@ class Verification:
         if self.study is None:
             return pd.DataFrame()
         return self.compare().effects()
+
+    def memory(self) -> pd.DataFrame:
+        """Peak memory per configuration, median over its repetitions and levels: GPU memory used (NVML), or on a CPU
+        build the server processes' resident memory."""
+        if self.study is None:
+            return pd.DataFrame()
+        gp = self.study.gpu_points()
+        if len(gp) and "mem_used_mib_max" in gp:
+            per = gp.groupby(["config", "rep", "phase"], as_index=False)["mem_used_mib_max"].sum()
+            out = per.groupby("config", as_index=False)["mem_used_mib_max"].median()
+            return out.rename(columns={"mem_used_mib_max": "gpu_mem_used_mib"})
+        procs = self.study.results.telemetry.get("server_procs", pd.DataFrame())
+        if procs.empty or "rss_mib" not in procs:
+            return pd.DataFrame()
+        pr = procs[~procs["phase"].str.startswith(("warmup:", "idle"))]
+        rss = pr.groupby(["config", "rep", "phase", "time_unix"], as_index=False)["rss_mib"].sum()
+        rss = rss.groupby(["config", "rep", "phase"], as_index=False)["rss_mib"].max()
+        return rss.groupby("config", as_index=False)["rss_mib"].median().rename(
+            columns={"rss_mib": "server_rss_mib"})
+
+    def memory_words(self) -> str:
+        """The combination's peak memory against the baseline's, in words ('' where neither was read)."""
+        m = self.memory()
+        if m.empty:
+            return ""
+        col = m.columns[1]
+        by = dict(zip(m["config"], m[col], strict=True))
+        if BASELINE not in by or COMBINED not in by or not by[BASELINE]:
+            return ""
+        what = "GPU memory used" if col == "gpu_mem_used_mib" else "the server's resident memory"
+        return (f" Memory: {what} at peak {by[BASELINE]:,.0f} MiB with the baseline, {by[COMBINED]:,.0f} MiB combined "
+                f"({100 * (by[COMBINED] / by[BASELINE] - 1):+.0f}%, medians over repetitions and levels).")
 
     def shares(self) -> pd.DataFrame:
         """Each change's share of the combined effect: the combined configuration against it left out."""
@@ -316,6 +353,12 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
     ref_tok = _tok(ref, f"tune {COMBINED}")
     rows.append({"setting": "(combined)", "flags": "", "output_tok_s": ref_tok, "vs_combined_pct": 0.0,
                  "status": "measured" if ref_tok == ref_tok else "failed"})
+    # which settings the measuring run tried is kept: an offline render (or a rerun) reads the same ones, and says
+    # of the others what that run said (a budget spent is not seen from the data)
+    parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "load": one.load.model_dump(mode="json"),
+             "around": v.combined.model_dump(mode="json", exclude_defaults=True), "search": wanted,
+             "budget_s": budget_s}
+    kept = ctx.store.note("verify_search", parts) if ctx.offline or not ctx.force else None
     t0 = time.monotonic()
     took = 0.0
     for a in arms:
@@ -324,9 +367,12 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
             rows.append({"setting": a.note, "flags": "", "output_tok_s": float("nan"), "vs_combined_pct": float("nan"),
                          "status": f"not expressible: {why.get(a.name, '')}"})
             continue
-        if time.monotonic() - t0 + took > budget_s:
+        skip = (kept["skipped"].get(a.note, "not tried by the measuring run") if a.note not in kept["tried"]
+                else "") if kept is not None else \
+            "not tried: search budget spent" if time.monotonic() - t0 + took > budget_s else ""
+        if skip:
             rows.append({"setting": a.note, "flags": flags, "output_tok_s": float("nan"),
-                         "vs_combined_pct": float("nan"), "status": "not tried: search budget spent"})
+                         "vs_combined_pct": float("nan"), "status": skip})
             continue
         t1 = time.monotonic()
         st = run_study(THREAD, one, [a])
@@ -337,6 +383,10 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
                      "vs_combined_pct": round(100 * (tok / ref_tok - 1), 1) if tok == tok and ref_tok else float("nan"),
                      "status": "measured" if tok == tok else "failed: " + _first_error(st)})
     v.search = pd.DataFrame(rows)
+    if kept is None and not ctx.offline:
+        tried = [r["setting"] for r in rows[1:] if not r["status"].startswith(("not tried", "not expressible"))]
+        ctx.store.put_note("verify_search", parts, {"tried": tried, "skipped": {
+            r["setting"]: r["status"] for r in rows[1:] if r["status"].startswith("not tried")}})
     v.search_note = (f"coarse grid, one knob at a time around the combined configuration, at c={level}, one launch "
                      f"per setting, within search_budget_s={budget_s:.0f}")
     tried = v.search[(v.search["status"] == "measured") & (v.search["setting"] != "(combined)")]
@@ -347,9 +397,10 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
     best = tried.sort_values("vs_combined_pct", ascending=False).iloc[0]
     v.tuned_setting = str(best["setting"])
     v.tuned_knobs = next(k for s, k, _ in cands if s == v.tuned_setting)
-    v.tuned = run_study(THREAD, ctx, [Arm(COMBINED, v.combined, "the combined configuration"),
-                                      Arm(TUNED, v.tuned_knobs, f"combined with {v.tuned_setting}")],
-                        headlines=[(COMBINED, TUNED)])
+    base = v.tune_base
+    v.tuned = run_study(THREAD, ctx, [Arm(base, v.combined, "the combined configuration"),
+                                      Arm(v.tuned_setting, v.tuned_knobs, f"{base} with {v.tuned_setting}")],
+                        headlines=[(base, v.tuned_setting)])
 
 
 def _tok(study: Study, arm: str) -> float:
@@ -413,7 +464,8 @@ def _combined_finding(v: Verification) -> Finding:
     elif len(v.included) > 1:
         extra += " Each change's share: not measured (leave_one_out off)."
     extra += (" Worse with the changes: " + "; ".join(worse) + ".") if worse else \
-        " No latency metric got resolvedly worse (TTFT, TPOT); GPU memory is not compared by this thread."
+        " No latency metric got resolvedly worse (TTFT, TPOT)."
+    extra += v.memory_words() or " Memory: not read for these points."
     f.claim += extra + left_words
     f.evidence |= ev
     eff = f.effect
@@ -456,18 +508,26 @@ def _tuning_finding(v: Verification) -> Finding:
                        claim=f"One launch per setting ({v.search_note}); output tok/s against {against}: {tried}. "
                              f"None led by more than the equivalence band ({v.search_floor_pct:.0f}%), so none was "
                              f"verified.{sk}", evidence=ev | {"front_line": line})
-    cmp = v.tuned.compare(COMBINED, TUNED, (), FIELDS)
-    f = cmp.finding(f"Scheduler: {v.tuned_setting}", f"Scheduler tuning ({v.tuned_setting})",
-                    better=v.tuned_knobs, worse=v.combined)
-    f.claim += (f" Found by the search ({v.search_note}): {tried}.{sk}")
-    f.evidence |= ev | {"tuned_setting": v.tuned_setting}
-    worse = _worse(v.tuned, COMBINED, TUNED)
+    base, setting = v.tune_base, v.tuned_setting
+    cmp = v.tuned.compare(base, setting, (), FIELDS)
+    f = cmp.finding(f"Scheduler: {setting}", setting, better=v.tuned_knobs, worse=v.combined)
+    f.claim += (f" Found by the search ({v.search_note}): {tried}; the lead of one launch is verified with "
+                f"repetitions before it counts, and {base}'s side reads any launch of the same configuration the "
+                f"store already holds (another thread's points of this run) instead of launching it again.{sk}")
+    f.evidence |= ev | {"tuned_setting": setting}
+    worse = _worse(v.tuned, base, setting)
     if worse:
         f.claim += " Worse with it: " + "; ".join(worse) + "."
-    if f.effect is not None and f.direction == "better" and f.confidence in ("high", "medium"):
-        f.title = f"Verified scheduler setting: {v.tuned_setting}, {f.effect.value_pct:+.1f}% over the combined " \
-                  "configuration"
-        f.evidence["front_line"] = f"Verified: {f.effect.text()} with {' '.join(f.recommended_flags)}, against {against}"
+    eff = f.effect
+    if eff is not None and f.direction == "better" and f.confidence in ("high", "medium"):
+        f.title = f"Verified scheduler setting: {setting}, {eff.value_pct:+.1f}% over {against}"
+        f.evidence["front_line"] = f"Verified: {eff.text()} with {' '.join(f.recommended_flags)}, against {against}"
+    elif eff is not None and f.applies:
+        held = "hurts" if f.direction == "worse" and f.confidence in ("high", "medium") else "not resolved" \
+            if f.direction in ("unresolved", "mixed", "") else f.direction
+        f.title = f"Scheduler tuning: the search's lead {setting} did not hold up ({held} when verified)"
+        f.evidence["front_line"] = (f"the scheduler search's lead, {setting}, did not hold up when verified: "
+                                    f"{eff.text()} against {against}")
     return f
 
 
