@@ -57,6 +57,9 @@ class StubAdapter(EngineAdapter):
 
     def plan(self, *, install, model_path, served_name, host, port, knobs, extra_env):
         flags = self.knob_flags(knobs, install)
+        once = extra_env.get("STUB_FAST_ONCE", "")  # the first server asking for batch tokens is 4x faster, once
+        if once and knobs.chunked_prefill_size is not None:
+            flags += ["--fast-once", once]
         dies = extra_env.get("STUB_DIES", "")
         if dies == "all" or dies == "eager" and knobs.torch_compile is False:
             flags += ["--child-sigill-at", "1"]

@@ -163,6 +163,7 @@ def main() -> None:
     p.add_argument("--pid-file", default="")
     p.add_argument("--mem-fraction", type=float, default=None, help="accepted and ignored (the stub-gpu memory knob)")
     p.add_argument("--max-running", type=int, default=0, help="serve at most this many requests at once (0: no cap)")
+    p.add_argument("--fast-once", default="", help="while this file exists: remove it and serve 4x faster")
     p.add_argument("--state", default="", help="JSON served at /server_info (the stub's 'resolved configuration')")
     p.add_argument("--child-sigill-at", type=int, default=0,
                    help="run a worker child that dies from SIGILL at the Nth completion request (1 = the readiness check)")
@@ -178,6 +179,10 @@ def main() -> None:
         a.itl_ms *= 4
         a.ttft_ms = a.ttft_ms * 4 or 2.0
         print(f"stub: pinned to core {a.slow_on_core}: slow", flush=True)
+    if a.fast_once and os.path.exists(a.fast_once):
+        os.remove(a.fast_once)
+        a.itl_ms /= 4
+        print("stub: fast, this once", flush=True)
     if a.mode == "exit":
         print("stub: fatal configuration error, exiting", file=sys.stderr, flush=True)
         sys.exit(3)

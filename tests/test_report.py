@@ -75,12 +75,16 @@ def test_index_lists_each_notebook_with_status_and_finding(offline_run):
     index = (offline_run / "index.html").read_text()
     assert 'class="failed">failed' in index and 'class="ok">ok' in index
     assert "RuntimeError: boom from the fixture" in index  # the failing notebook's error excerpt
-    # the headline: one value per repetition averaged over the levels, resolved at the minimum of three
-    assert "torch.compile helps: +71.0% (90% CI +57.4..+85.8%, n=3, mean over c=1, 4, 16)" in index
-    assert "Per repetition (mean over c=1, 4, 16): +80%, +70%, +63%; resolved after 3 repetitions" in index
-    assert "c=16: -4% (-19..+119%, low)" in index  # the one level it cannot resolve alone, shown as such
+    # the headline: one value per repetition averaged over the levels, more repetitions while it was not resolved
+    assert "torch.compile helps: +38.6% (90% CI +2.8..+87.0%, n=5, mean over c=1, 4, 16)" in index
+    assert "Per repetition (mean over c=1, 4, 16): +11%, +116%, -3%, +37%, +60%; max_repetitions=5 reached" in index
+    assert "c=4: +5% (-12..+40%, low)" in index  # a level it cannot resolve alone, shown as such
     assert "already run as compiled (no flag to add)" in index  # the better side is the default
-    assert re.search(r"Already optimal:</b>\s*torch.compile: compiled vs eager", index)
+    assert re.search(r"Already optimal:</b>\s*compiled \(it beat eager: \+38.6% output_tok_s", index)
+    # the first line: nothing to verify, and the scheduler search found nothing that beat the defaults
+    assert re.search(r'id="verified" class="verified"><b>Not verified: this run recommends no change to verify '
+                     r"\(no High or Medium finding names one\); no scheduler setting tried beat the engine&#39;s "
+                     r"defaults by more than 5% \(2 tried at the highest load level\)</b>", index)
     assert "oversubscribed" in index  # the client health caveat travels with the finding
     assert (offline_run.parent / "latest").resolve() == offline_run.resolve()
 
@@ -90,7 +94,7 @@ def test_notebook_html_is_self_contained_with_real_numbers(offline_run):
     assert html.count("data:image/png;base64") >= 2  # both plots embedded
     assert "DYNAMO_TRACE_ONCE" in html and "--enforce-eager" in html
     finding, excl = json.loads((offline_run / "05_torch_compile.findings.json").read_text())
-    assert finding["effect"]["n"] == 3 and finding["effect"]["metric"] == "output_tok_s"
+    assert finding["effect"]["n"] == 5 and finding["effect"]["metric"] == "output_tok_s"
     assert finding["evidence"]["errors"] == []
     # both sides verified from the real server's /server_info: compile as asked, graphs NONE on both
     assert "eager ran as compile off, CUDA graphs off (NONE); compiled ran as compile on (DYNAMO_TRACE_ONCE)" \
@@ -119,6 +123,22 @@ def test_thread1_names_the_rule_from_the_audit_offline(offline_run):
     assert "CPU build has no CUDA graphs" in g["claim"] and "vllm/config/vllm.py:" in g["claim"]
     outcome = json.loads((offline_run / "02_piecewise_cuda_graphs.outcome.json").read_text())
     assert outcome["points_planned"] == outcome["points_measured"] == 1
+
+
+def test_thread07_renders_the_recorded_search_offline(offline_run):
+    """The reference run's scheduler search (vLLM CPU, c=16, 90 s): two settings tried, both slower than the
+    defaults, the rest not tried for the budget or not expressible on this version, read back as recorded."""
+    head, tune = json.loads((offline_run / "07_verified_changes.findings.json").read_text())
+    assert head["title"] == "Nothing to verify: no recommended change"
+    assert tune["title"] == "Scheduler tuning: no setting beat the engine's defaults"
+    rows = {r["setting"]: r for r in tune["evidence"]["search"]}
+    assert rows["max_running_requests=8"]["vs_combined_pct"] == -10.9 and rows["max_running_requests=8"]["flags"] \
+        == "--max-num-seqs 8"
+    assert rows["chunked_prefill_size=512"]["flags"] == "--max-num-batched-tokens 512"
+    assert rows["max_running_requests=16"]["status"] == "not tried: search budget spent"
+    assert rows["num_continuous_decode_steps=2"]["status"].startswith("not expressible: vLLM 0.32.0 has no")
+    outcome = json.loads((offline_run / "07_verified_changes.outcome.json").read_text())
+    assert outcome["points_measured"] == 3 and outcome["points_failed"] == 0
 
 
 def test_failed_notebook_still_rendered(offline_run):

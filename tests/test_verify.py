@@ -101,7 +101,7 @@ def test_the_scheduler_search_finds_and_verifies_a_setting(tmp_path, stub_engine
     ctx = context(eng, {"path": "stub"}, LOAD, repetitions=3, max_repetitions=3, store_dir=str(tmp_path / "s"),
                   progress=False)
     v = t07.run(ctx, d, search=["max_running_requests"], search_budget_s=120)
-    assert list(v.search["setting"]) == ["(combined)", "max_running_requests=4", "max_running_requests=8",
+    assert list(v.search["setting"]) == ["(the engine's defaults)", "max_running_requests=4", "max_running_requests=8",
                                          "max_running_requests=16"]
     assert (v.search["vs_combined_pct"].iloc[1:] > 20).all()
     fs = t07.findings(v)
@@ -135,7 +135,26 @@ def test_no_setting_that_beats_the_defaults_is_said_and_not_verified(tmp_path, s
     v = t07.run(ctx, _report(tmp_path), search=["chunked_prefill_size"], search_budget_s=60)
     assert v.tuned is None and (v.search["vs_combined_pct"] == 0).all()
     fs = t07.findings(v)
-    assert fs[1].title == "Scheduler tuning: no setting beat the combined configuration"
+    assert fs[1].title == "Scheduler tuning: no setting beat the engine's defaults"
     assert t07.front_line(fs) == ("Not verified: this run recommends no change to verify (no High or Medium finding "
                                   "names one); no scheduler setting tried beat the engine's defaults by more than 5% "
                                   "(3 tried at the highest load level)")
+
+
+def test_a_search_lead_that_does_not_hold_up_is_said_so(tmp_path, stub_engine):
+    """Known answer: the stub's first launch asking for batch tokens runs 4x faster (STUB_FAST_ONCE) and every later
+    one is the defaults' launch, so the search's one-launch lead must vanish when verified with repetitions."""
+    once = tmp_path / "once"
+    once.touch()
+    eng = {**stub_engine, "env": {"STUB_FAST_ONCE": str(once)}}
+    load = {**LOAD, "output_len": 32}
+    ctx = context(eng, {"path": "stub"}, load, repetitions=3, max_repetitions=3, store_dir=str(tmp_path / "s"),
+                  progress=False)
+    v = t07.run(ctx, _report(tmp_path), baseline={"torch_compile": False}, search=["chunked_prefill_size"],
+                search_budget_s=60)
+    assert v.search.set_index("setting").loc["chunked_prefill_size=512", "vs_combined_pct"] > 50
+    fs = t07.findings(v)
+    assert fs[1].title.startswith("Scheduler tuning: the search's lead chunked_prefill_size=512 did not hold up (")
+    assert fs[1].effect is not None and fs[1].effect.n == 3 and abs(fs[1].effect.value_pct) < 10
+    assert "the scheduler search's lead, chunked_prefill_size=512, did not hold up when verified: " in \
+        t07.front_line(fs)

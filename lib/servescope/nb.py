@@ -168,6 +168,14 @@ def text(words: str) -> Markdown:
     return Markdown(words)
 
 
+def table_or(df: pd.DataFrame, words: str) -> pd.DataFrame | Markdown:
+    """The table without its all-empty columns and row numbers, or words saying why there is none."""
+    if df is None or df.empty:
+        return Markdown(words)
+    out = df.replace("", pd.NA).dropna(axis=1, how="all")
+    return out.style.hide(axis="index").format(precision=1, na_rep="")
+
+
 def ranked_table(ranked: pd.DataFrame) -> Markdown | HTML:
     """The summary's ranking as one table, each evidence cell a link to the thread's answer."""
     if ranked.empty:

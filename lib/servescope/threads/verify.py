@@ -351,7 +351,7 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
     ref = run_study(THREAD, one, [Arm(f"tune {COMBINED}", v.combined, "the combined configuration")])
     v.searched.append(ref)
     ref_tok = _tok(ref, f"tune {COMBINED}")
-    rows.append({"setting": "(combined)", "flags": "", "output_tok_s": ref_tok, "vs_combined_pct": 0.0,
+    rows.append({"setting": f"({v.tune_base})", "flags": "", "output_tok_s": ref_tok, "vs_combined_pct": 0.0,
                  "status": "measured" if ref_tok == ref_tok else "failed"})
     # which settings the measuring run tried is kept: an offline render (or a rerun) reads the same ones, and says
     # of the others what that run said (a budget spent is not seen from the data)
@@ -364,8 +364,11 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
     for a in arms:
         flags = str(ex.loc[ex["arm"] == a.name, "flags"].iloc[0]) if a.name in ok else ""
         if not ok.get(a.name, False):
+            reason = why.get(a.name, "")
+            # offline without the engine, a setting the store lacks cannot be asked about: not measured, not refused
+            word = "not measured" if reason.startswith("not in the store") else "not expressible"
             rows.append({"setting": a.note, "flags": "", "output_tok_s": float("nan"), "vs_combined_pct": float("nan"),
-                         "status": f"not expressible: {why.get(a.name, '')}"})
+                         "status": f"{word}: {reason}"})
             continue
         skip = (kept["skipped"].get(a.note, "not tried by the measuring run") if a.note not in kept["tried"]
                 else "") if kept is not None else \
@@ -384,12 +387,13 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
                      "status": "measured" if tok == tok else "failed: " + _first_error(st)})
     v.search = pd.DataFrame(rows)
     if kept is None and not ctx.offline:
-        tried = [r["setting"] for r in rows[1:] if not r["status"].startswith(("not tried", "not expressible"))]
+        tried = [r["setting"] for r in rows[1:]
+                 if not r["status"].startswith(("not tried", "not expressible", "not measured"))]
         ctx.store.put_note("verify_search", parts, {"tried": tried, "skipped": {
             r["setting"]: r["status"] for r in rows[1:] if r["status"].startswith("not tried")}})
     v.search_note = (f"coarse grid, one knob at a time around the combined configuration, at c={level}, one launch "
                      f"per setting, within search_budget_s={budget_s:.0f}")
-    tried = v.search[(v.search["status"] == "measured") & (v.search["setting"] != "(combined)")]
+    tried = v.search[(v.search["status"] == "measured") & (v.search["setting"] != f"({v.tune_base})")]
     # one launch each: a lead inside the equivalence band is noise, not worth repetitions
     v.search_floor_pct = float(ctx.equivalence_pct)
     if tried.empty or not (tried["vs_combined_pct"] > v.search_floor_pct).any():
@@ -494,7 +498,7 @@ def _tuning_finding(v: Verification) -> Finding:
                            f"{r.setting}: {r.status}" for r in v.search.itertuples()) + ".",
                        reason="no setting measured", evidence=ev)
     tried = "; ".join(f"{r.setting} {r.vs_combined_pct:+.1f}%" for r in measured.itertuples()
-                      if r.setting != "(combined)")
+                      if r.setting != f"({v.tune_base})")
     skipped = v.search[v.search["status"] != "measured"]
     sk = (" Not tried: " + "; ".join(f"{r.setting} ({r.status})" for r in skipped.itertuples()) + ".") \
         if len(skipped) else ""
@@ -503,7 +507,7 @@ def _tuning_finding(v: Verification) -> Finding:
         n = len(measured) - 1
         line = (f"no scheduler setting tried beat {against} by more than {v.search_floor_pct:.0f}% "
                 f"({n} tried at the highest load level)")
-        return Finding(thread=THREAD, title="Scheduler tuning: no setting beat the combined configuration",
+        return Finding(thread=THREAD, title=f"Scheduler tuning: no setting beat {against}",
                        applies=True, confidence="low",
                        claim=f"One launch per setting ({v.search_note}); output tok/s against {against}: {tried}. "
                              f"None led by more than the equivalence band ({v.search_floor_pct:.0f}%), so none was "
