@@ -327,6 +327,17 @@ def test_h200_suite_renders_offline_as_measured(tmp_path):
     assert lay["2 replicas on 1 GPU, least-outstanding: not measured"]["confidence"] == "none"
     assert lay["MPS with 2 replicas on 1 GPU: not measured"]["confidence"] == "none"
     assert lay["tp=2: not available here"]["confidence"] == "high"
+    # thread 07 has not run on the H200: offline it pairs thread 01's defaults with thread 02's graphs-full launch
+    # (n=1, not verified) and writes the improvement document of the one recommended change
+    combined, tuning = json.loads((done.out_dir / "07_verified_changes.findings.json").read_text())
+    assert combined["title"] == "Not verified: the recommended changes together (unresolved)"
+    assert combined["effect"]["n"] == 1 and combined["recommended_flags"] == []  # nothing verified, nothing to add
+    assert [(c["change"], c["joined"]) for c in combined["evidence"]["changes"]] == [("--cb-use-cuda-graph", "yes")]
+    assert tuning["title"] == "Scheduler tuning: nothing measured"
+    doc = (done.out_dir / "changes" / "01-cb-use-cuda-graph.md").read_text()
+    assert "`--cb-use-cuda-graph`" in doc and "Alone (its own thread, against its own baseline): +77.5%" in doc
+    assert "Remove `--cb-use-cuda-graph` from the launch command" in doc
+    assert 'href="changes/01-cb-use-cuda-graph.md"' in (done.out_dir / "index.html").read_text()
     (summ,) = json.loads((done.out_dir / "99_summary.findings.json").read_text())
     assert summ["title"] == "First change: Use CUDA graphs: full"
     # thread 01 names the rule that chose graphs off, from the server's own log and the audit of 5.17's source

@@ -42,6 +42,8 @@ def main() -> None:
         for f in done.out_dir.iterdir():
             if f.suffix in {".html", ".json"}:
                 shutil.copy(f, REF / "report" / f.name)
+        if (done.out_dir / "changes").is_dir():  # thread 07's improvement documents, one per recommended change
+            shutil.copytree(done.out_dir / "changes", REF / "report" / "changes", dirs_exist_ok=True)
         print(json.dumps({r.id: r.status for r in [kept, *done.runs]}, indent=1))
 
 
