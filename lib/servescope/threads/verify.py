@@ -37,12 +37,9 @@ SEARCH: dict[str, tuple[float, ...]] = {
     "chunked_prefill_size": (512, 2048, 8192),  # tokens per step: prefill chunking (transformers: --cb-max-batch-tokens)
     "num_continuous_decode_steps": (2, 4, 8),
 }
-SEARCH_WORDS = {"max_running_requests": "maximum running requests", "chunked_prefill_size": "batch tokens per step",
-                "num_continuous_decode_steps": "continuous decode steps"}
 # the resolved-state fields (what the engine says it ran as) each knob moves; the others must stay equal
 STATE = {"torch_compile": ("compile",), "cuda_graph": ("graph_decode", "graph_prefill"), "tp": ("tp",), "dp": ("dp",)}
 FIELDS = ("compile", "graph_decode", "graph_prefill", "tp", "dp")
-LAYOUT = ("replicas", "route", "gpu_share", "mem_fraction", "mps_active_thread_pct", "tp", "dp", "attn_dp")
 
 
 @dataclass
@@ -315,9 +312,8 @@ def _check(ctx: RunContext, arms: list[Arm], v: Verification) -> None:
         arms[1] = Arm(COMBINED, v.combined, arms[1].note)
 
 
-def candidates(ctx: RunContext, combined: Knobs, wanted: list[str]) -> list[tuple[str, Knobs, str]]:
-    """The scheduler settings to try, one knob at a time around the combined configuration: (setting, knobs, '' or
-    why it is not tried)."""
+def candidates(ctx: RunContext, combined: Knobs, wanted: list[str]) -> list[tuple[str, Knobs]]:
+    """The scheduler settings to try, one knob at a time around the combined configuration: (setting, knobs)."""
     top = max(ctx.load.concurrency) if ctx.load.mode == "closed" and ctx.load.concurrency else 64
     out = []
     # value by value across the knobs, so that a small budget still tries each knob once
@@ -329,7 +325,7 @@ def candidates(ctx: RunContext, combined: Knobs, wanted: list[str]) -> list[tupl
             value = max(1, int(round(x * top))) if knob == "max_running_requests" else int(x)
             k = combined.model_copy(update={knob: value})
             if k != combined:
-                out.append((f"{knob}={value}", k, ""))
+                out.append((f"{knob}={value}", k))
     return out
 
 
@@ -343,7 +339,7 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
     one = ctx.with_(load=ld.model_copy(update={"concurrency": (level,)}) if level else ld,
                     plan=RepetitionPlan(1, 1), profile=ProfileSpec())
     cands = candidates(ctx, v.combined, wanted)
-    arms = [Arm(f"tune {s}", k, s) for s, k, _ in cands]
+    arms = [Arm(f"tune {s}", k, s) for s, k in cands]
     ex = expressible(ctx, arms) if arms else pd.DataFrame(columns=["arm", "expressible", "flags", "reason"])
     ok = dict(zip(ex["arm"], ex["expressible"], strict=True))
     why = dict(zip(ex["arm"], ex["reason"], strict=True))
@@ -400,7 +396,7 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
         return
     best = tried.sort_values("vs_combined_pct", ascending=False).iloc[0]
     v.tuned_setting = str(best["setting"])
-    v.tuned_knobs = next(k for s, k, _ in cands if s == v.tuned_setting)
+    v.tuned_knobs = next(k for s, k in cands if s == v.tuned_setting)
     base = v.tune_base
     v.tuned = run_study(THREAD, ctx, [Arm(base, v.combined, "the combined configuration"),
                                       Arm(v.tuned_setting, v.tuned_knobs, f"{base} with {v.tuned_setting}")],
