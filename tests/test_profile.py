@@ -158,6 +158,8 @@ def test_cpu_engine_trace_uses_top_level_ops(tmp_path):
     ("void rms_norm_kernel<bf16>", None, "elementwise_norm_activation", ""),
     ("Memcpy DtoD (Device -> Device)", None, "memory_copy", ""),
     ("some_unknown_kernel", None, "other", ""),
+    # vLLM's CPU build on an AMX CPU runs its dense layers as AMX-packed linears (seen on this project's Xeon VM)
+    ("_C::weight_packed_linear", None, "dense_gemm", ""),
     ("void at::cuda::detail::prepare_grouped_gemm_data", "aten::_grouped_mm", "moe_grouped_gemm", "torch_grouped_mm"),
 ])
 def test_category_table(name, op, cat, path):

@@ -11,7 +11,7 @@ from servescope.context import context
 from servescope.engines import get_engine
 from servescope.spec import EngineSpec, Knobs
 from servescope.suite import load_suite
-from servescope.threads import graph_modes, parallelism, torch_compile
+from servescope.threads import graph_modes, parallelism, torch_compile, verify
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = sorted((ROOT / "data" / "suites").glob("*.yaml"))
@@ -26,12 +26,14 @@ def test_every_shipped_suite_loads(path):
 def test_the_default_suite_runs_every_thread_that_applies_to_the_embedded_engine():
     ids = [n.id for n in load_suite(ROOT / "data" / "suites" / "default.yaml").notebooks]
     assert ids == ["00_environment", "01_cuda_graph_disable_reason", "02_piecewise_cuda_graphs",
-                   "04_data_parallelism", "05_torch_compile", "06_grouped_gemm", "03_clocks_power", "99_summary"]
+                   "04_data_parallelism", "05_torch_compile", "06_grouped_gemm", "07_verified_changes",
+                   "03_clocks_power", "99_summary"]
 
 
 def test_sglang_example_is_valid_for_sglang_0_5_23(wheel_install):
     suite = load_suite(ROOT / "data" / "suites" / "sglang-example.yaml")
-    assert [n.id for n in suite.notebooks][-1] == "99_summary" and len(suite.notebooks) == 8
+    assert [n.id for n in suite.notebooks][-1] == "99_summary" and len(suite.notebooks) == 9
+    assert suite.baseline == {"cuda_graph": "off"}
     engine = EngineSpec(**suite.engine)
     assert engine.name == "sglang" and engine.version == "0.5.23"
     install = wheel_install("sglang-0.5.23")
@@ -43,6 +45,11 @@ def test_sglang_example_is_valid_for_sglang_0_5_23(wheel_install):
     lays = parallelism.layouts(None, 8, "cuda")
     assert {x.kind for x in lays} == {"one server", "replicas", "engine DP", "DP attention", "TP"}
     knobs += [x.arm.knobs for x in lays]
+    # thread 07's scheduler search around the suite's baseline: every setting spelled by 0.5.23
+    ctx = context(engine, {"tiny": {}}, suite.load)
+    tuning = [k for _, k in verify.candidates(ctx, Knobs(**suite.baseline), list(verify.SEARCH))]
+    assert len(tuning) == 9
+    knobs += tuning
     for k in knobs:
         plan = adapter.plan(install=install, model_path=suite.model["path"], served_name="m", host="127.0.0.1",
                             port=30000, knobs=k, extra_env={})  # checks every flag against 0.5.23's flag set
@@ -51,3 +58,4 @@ def test_sglang_example_is_valid_for_sglang_0_5_23(wheel_install):
     assert spelled["tp=8"] == ["--tp-size", "8"] and spelled["dp=8"] == ["--dp-size", "8"]
     assert spelled["dp attention=8"] == ["--tp-size", "8", "--attn-dp-size", "8"]
     assert spelled["8 replicas, round-robin"] == []  # replicas are eight plain servers, one GPU each
+    assert adapter.knob_flags(tuning[0], install)[-2:] == ["--max-running-requests", "128"]

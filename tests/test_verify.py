@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from servescope import nb
 from servescope.context import context
 from servescope.errors import SpecError
-from servescope.findings import Effect, Finding, write_findings
+from servescope.findings import Effect, Finding, collect, write_findings
 from servescope.spec import Knobs
 from servescope.threads import verify as t07
 
@@ -46,14 +47,15 @@ def test_changes_compose_in_rank_order_and_say_why_one_is_left_out(tmp_path):
                     _finding("02_piecewise_cuda_graphs", "low one", {"cuda_graph": "full"}, "low", 90)]),
                 ("04_data_parallelism", [_finding("04_data_parallelism", "compile off", {"torch_compile": False},
                                                   "medium", 10)]))
-    found = t07.changes(d)
+    by_thread = collect(d)
+    found = t07.changes(by_thread)
     assert [c.title for c in found] == ["torch.compile", "Use CUDA graphs: piecewise", "compile off"]  # Low left out
-    combined, found = t07.compose(Knobs(), found, t07.exclusion_rules(d))
+    combined, found = t07.compose(Knobs(), found, t07.exclusion_rules(by_thread))
     assert combined == Knobs(torch_compile=True)
     assert found[1].excluded.startswith("excluded by a rule of this engine, the higher-ranked change wins: "
                                         "torch.compile excludes piecewise CUDA graphs here")
     assert found[2].excluded == "sets torch_compile=False, which the higher-ranked --torch_compile=True sets to True"
-    combined, _ = t07.compose(Knobs(), t07.changes(d))  # without the rule both join
+    combined, _ = t07.compose(Knobs(), t07.changes(by_thread))  # without the rule both join
     assert combined == Knobs(torch_compile=True, cuda_graph="piecewise")
 
 
@@ -81,8 +83,8 @@ def test_the_changes_together_are_verified_with_each_ones_share(tmp_path, stub_e
     assert len(shares) == 2 and (shares["share_pct"] > 0).all() and shares["resolved"].all()
     assert "Left out: --torch_compile=False (sets torch_compile=False, which the higher-ranked" in head.claim
     assert fs[1].title == "Scheduler tuning: not searched"
-    docs = t07.write_documents(v, fs, d)
-    assert len(docs) == 3
+    docs = nb.write_documents(t07.documents(v, fs), d)
+    assert [p.parent.name for p in docs] == ["changes"] * 3
     text = docs[0].read_text()
     for part in ("## What was found", "## The change", "## Effect", "## What it excludes or risks", "## Roll back",
                  "(../05_torch_compile.html#Answer)", "Its share (the combination against it left out): +"):
@@ -109,7 +111,7 @@ def test_the_scheduler_search_finds_and_verifies_a_setting(tmp_path, stub_engine
     assert fs[1].title.startswith("Verified scheduler setting: max_running_requests=") and fs[1].confidence == "high"
     assert t07.front_line(fs).startswith("Verified: +") and "the engine's defaults" in t07.front_line(fs)
     assert "(not verified: this run recommends no change" in t07.front_line(fs)
-    assert t07.write_documents(v, fs, d) == []
+    assert t07.documents(v, fs) == {}
 
 
 def test_a_search_budget_spent_says_what_was_not_tried(tmp_path, stub_engine):

@@ -173,3 +173,34 @@ def read_outcome(findings_path: str | Path) -> Outcome | None:
     """The outcome written beside findings_path, or None if the notebook wrote none."""
     p = outcome_path(findings_path)
     return Outcome.model_validate_json(p.read_text()) if p.is_file() else None
+
+
+# 99's tiers (servescope.summary ranks by them; thread 07 reads the High and Medium ones)
+TIERS = ("High", "Medium", "Low", "Already optimal", "Measured, no change", "Not applicable here", "Not measured")
+SUMMARY = "99_summary"  # the summary notebook: collect leaves its own findings out
+
+
+def tier(f: Finding) -> str:
+    """Which of 99's tiers a finding falls in (see servescope.summary's docstring)."""
+    if not f.answers:
+        return "Not measured"
+    if f.applies and (f.recommended_flags or f.recommendation):
+        if f.effect is None:
+            return "Low"
+        return {"high": "High", "medium": "Medium"}.get(f.confidence, "Low")
+    if f.reason.startswith("already optimal") or f.title.startswith("Keep "):
+        return "Already optimal"
+    if not f.applies:
+        return "Not applicable here"
+    return "Measured, no change"
+
+
+def collect(report_dir: str | Path) -> dict[str, list[Finding]]:
+    """Every thread's findings in a report folder (X.findings.json), the summary's own left out (99's tiers:
+    summary)."""
+    out = {}
+    for p in sorted(Path(report_dir).glob("*.findings.json")):
+        thread = p.name[: -len(".findings.json")]
+        if thread != SUMMARY:
+            out[thread] = read_findings(p)
+    return out

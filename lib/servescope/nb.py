@@ -12,6 +12,7 @@ from .context import RunContext, context  # noqa: F401  (notebooks build their r
 from .experiment import Results
 from .findings import Finding, Outcome, write_findings, write_outcome
 from .study import Study
+from .util import atomic_write_text
 
 # long words (a verdict's "because", a flag list) wrap in the HTML report instead of ending in "..."
 pd.set_option("display.max_colwidth", 400)
@@ -166,6 +167,17 @@ def probe_result(table: pd.DataFrame, info: dict) -> Markdown | pd.DataFrame:
 def text(words: str) -> Markdown:
     """A sentence as Markdown."""
     return Markdown(words)
+
+
+def write_documents(docs: dict[str, str], report_dir: str | Path) -> list[Path]:
+    """Write a thread's Markdown documents (file name -> text) into the report's changes/ folder; their paths."""
+    out = Path(report_dir) / "changes"
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in docs.items():
+        atomic_write_text(out / name, text)
+        paths.append(out / name)
+    return paths
 
 
 def table_or(df: pd.DataFrame, words: str) -> pd.DataFrame | Markdown:

@@ -8,39 +8,10 @@ measured (a thread that could not answer). Within a tier, larger measured effect
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 
-from .findings import Finding, read_findings
-
-TIERS = ("High", "Medium", "Low", "Already optimal", "Measured, no change", "Not applicable here", "Not measured")
-SELF = "99_summary"
-
-
-def tier(f: Finding) -> str:
-    """Which tier a finding falls in (see the module's docstring)."""
-    if not f.answers:
-        return "Not measured"
-    if f.applies and (f.recommended_flags or f.recommendation):
-        if f.effect is None:
-            return "Low"
-        return {"high": "High", "medium": "Medium"}.get(f.confidence, "Low")
-    if f.reason.startswith("already optimal") or f.title.startswith("Keep "):
-        return "Already optimal"
-    if not f.applies:
-        return "Not applicable here"
-    return "Measured, no change"
-
-
-def collect(report_dir: str | Path) -> dict[str, list[Finding]]:
-    """Every thread's findings in a report folder (X.findings.json), the summary's own left out."""
-    out = {}
-    for p in sorted(Path(report_dir).glob("*.findings.json")):
-        thread = p.name[: -len(".findings.json")]
-        if thread != SELF:
-            out[thread] = read_findings(p)
-    return out
+from .findings import SUMMARY as SELF
+from .findings import TIERS, Finding, collect, tier  # noqa: F401  the tiers live with the findings they read (07 too)
 
 
 def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer") -> pd.DataFrame:

@@ -21,10 +21,9 @@ from typing import Any
 
 import pandas as pd
 
-from .. import summary
 from ..context import RepetitionPlan, RunContext
 from ..errors import SpecError
-from ..findings import Finding, Outcome, read_findings
+from ..findings import Finding, Outcome, collect, tier
 from ..spec import Knobs, ProfileSpec
 from ..study import Arm, Study, expressible, run_study
 
@@ -64,15 +63,15 @@ class Change:
         return " ".join(self.flags) or Knobs(**self.knobs).label()
 
 
-def changes(report_dir: str | Path) -> list[Change]:
-    """The run's recommended changes that name knobs (High, then Medium; larger measured effects first), read from
-    the findings the threads before this one wrote into the report folder."""
+def changes(by_thread: dict[str, list[Finding]]) -> list[Change]:
+    """The run's recommended changes that name knobs (High, then Medium; larger measured effects first), from the
+    findings of the threads before this one (findings.collect of the report folder)."""
     out: list[Change] = []
-    for thread, fs in summary.collect(report_dir).items():
+    for thread, fs in by_thread.items():
         if thread == THREAD:
             continue
         for f in fs:
-            t = summary.tier(f)
+            t = tier(f)
             knobs = f.evidence.get("knobs")
             if t in TIERS and knobs:
                 out.append(Change(thread, f.title, t, dict(knobs), list(f.recommended_flags),
@@ -89,16 +88,12 @@ def changes(report_dir: str | Path) -> list[Change]:
     return uniq
 
 
-def exclusion_rules(report_dir: str | Path) -> list[tuple[dict[str, Any], dict[str, Any], str]]:
+def exclusion_rules(by_thread: dict[str, list[Finding]]) -> list[tuple[dict[str, Any], dict[str, Any], str]]:
     """Pairs of knob settings this engine cannot run together, with the rule, as the run's threads found them
     (thread 05: torch.compile excludes piecewise CUDA graphs here)."""
-    p = Path(report_dir) / "05_torch_compile.findings.json"
-    rules = []
-    if p.is_file():
-        for f in read_findings(p):
-            if f.title == "torch.compile excludes piecewise CUDA graphs here":
-                rules.append(({"torch_compile": True}, {"cuda_graph": "piecewise"}, f"{f.title}: {f.claim}"))
-    return rules
+    return [({"torch_compile": True}, {"cuda_graph": "piecewise"}, f"{f.title}: {f.claim}")
+            for f in by_thread.get("05_torch_compile", [])
+            if f.title == "torch.compile excludes piecewise CUDA graphs here"]
 
 
 def compose(baseline: Knobs, found: list[Change],
@@ -276,8 +271,9 @@ def run(ctx: RunContext, report_dir: str | Path, baseline: dict[str, Any] | None
         raise SpecError(f"search: knobs to search are {', '.join(SEARCH)} (got {bad})")
     if search_budget_s < 0:
         raise SpecError("search_budget_s: seconds of searching, 0 for none")
-    found = changes(report_dir)
-    combined, found = compose(base, found, exclusion_rules(report_dir))
+    by_thread = collect(report_dir)
+    found = changes(by_thread)
+    combined, found = compose(base, found, exclusion_rules(by_thread))
     v = Verification(ctx, base, words, found, combined)
     arms = [Arm(BASELINE, base, words)]
     if combined != base:
@@ -341,37 +337,53 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
     cands = candidates(ctx, v.combined, wanted)
     arms = [Arm(f"tune {s}", k, s) for s, k in cands]
     ex = expressible(ctx, arms) if arms else pd.DataFrame(columns=["arm", "expressible", "flags", "reason"])
-    ok = dict(zip(ex["arm"], ex["expressible"], strict=True))
-    why = dict(zip(ex["arm"], ex["reason"], strict=True))
-    rows: list[dict[str, Any]] = []
     ref = run_study(THREAD, one, [Arm(f"tune {COMBINED}", v.combined, "the combined configuration")])
     v.searched.append(ref)
     ref_tok = _tok(ref, f"tune {COMBINED}")
-    rows.append({"setting": f"({v.tune_base})", "flags": "", "output_tok_s": ref_tok, "vs_combined_pct": 0.0,
-                 "status": "measured" if ref_tok == ref_tok else "failed"})
+    rows: list[dict[str, Any]] = [{"setting": f"({v.tune_base})", "flags": "", "output_tok_s": ref_tok,
+                                   "vs_combined_pct": 0.0, "status": "measured" if ref_tok == ref_tok else "failed"}]
     # which settings the measuring run tried is kept: an offline render (or a rerun) reads the same ones, and says
     # of the others what that run said (a budget spent is not seen from the data)
     parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "load": one.load.model_dump(mode="json"),
              "around": v.combined.model_dump(mode="json", exclude_defaults=True), "search": wanted,
              "budget_s": budget_s}
-    kept = ctx.store.note("verify_search", parts) if ctx.offline or not ctx.force else None
-    t0 = time.monotonic()
-    took = 0.0
+    tried: dict[str, list[dict[str, Any]]] = {}
+
+    def measure() -> dict[str, Any]:
+        tried["rows"] = _try(v, one, arms, ex, ref_tok, budget_s, None)
+        return {"tried": [r["setting"] for r in tried["rows"] if r["status"].startswith(("measured", "failed"))],
+                "skipped": {r["setting"]: r["status"] for r in tried["rows"] if r["status"].startswith("not tried")}}
+
+    kept, _ = ctx.memo("verify_search", parts, measure, keep=lambda _: not ctx.offline, compute_offline=True)
+    v.search = pd.DataFrame(rows + (tried["rows"] if "rows" in tried else _try(v, one, arms, ex, ref_tok, budget_s,
+                                                                                kept)))
+    v.search_note = (f"coarse grid, one knob at a time around the combined configuration, at c={level}, one launch "
+                     f"per setting, within search_budget_s={budget_s:.0f}")
+    _verify_best(v, cands)
+
+
+def _try(v: Verification, one: RunContext, arms: list[Arm], ex: pd.DataFrame, ref_tok: float, budget_s: float,
+         kept: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One launch per expressible setting while the budget lasts (or, kept, the settings the measuring run tried,
+    the others with what it said of them)."""
+    ok = dict(zip(ex["arm"], ex["expressible"], strict=True))
+    why = dict(zip(ex["arm"], ex["reason"], strict=True))
+    rows: list[dict[str, Any]] = []
+    t0, took = time.monotonic(), 0.0
     for a in arms:
         flags = str(ex.loc[ex["arm"] == a.name, "flags"].iloc[0]) if a.name in ok else ""
+        nan = {"output_tok_s": float("nan"), "vs_combined_pct": float("nan")}
         if not ok.get(a.name, False):
             reason = why.get(a.name, "")
             # offline without the engine, a setting the store lacks cannot be asked about: not measured, not refused
             word = "not measured" if reason.startswith("not in the store") else "not expressible"
-            rows.append({"setting": a.note, "flags": "", "output_tok_s": float("nan"), "vs_combined_pct": float("nan"),
-                         "status": f"{word}: {reason}"})
+            rows.append({"setting": a.note, "flags": "", **nan, "status": f"{word}: {reason}"})
             continue
         skip = (kept["skipped"].get(a.note, "not tried by the measuring run") if a.note not in kept["tried"]
                 else "") if kept is not None else \
             "not tried: search budget spent" if time.monotonic() - t0 + took > budget_s else ""
         if skip:
-            rows.append({"setting": a.note, "flags": flags, "output_tok_s": float("nan"),
-                         "vs_combined_pct": float("nan"), "status": skip})
+            rows.append({"setting": a.note, "flags": flags, **nan, "status": skip})
             continue
         t1 = time.monotonic()
         st = run_study(THREAD, one, [a])
@@ -381,25 +393,23 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
         rows.append({"setting": a.note, "flags": flags, "output_tok_s": tok,
                      "vs_combined_pct": round(100 * (tok / ref_tok - 1), 1) if tok == tok and ref_tok else float("nan"),
                      "status": "measured" if tok == tok else "failed: " + _first_error(st)})
-    v.search = pd.DataFrame(rows)
-    if kept is None and not ctx.offline:
-        tried = [r["setting"] for r in rows[1:]
-                 if not r["status"].startswith(("not tried", "not expressible", "not measured"))]
-        ctx.store.put_note("verify_search", parts, {"tried": tried, "skipped": {
-            r["setting"]: r["status"] for r in rows[1:] if r["status"].startswith("not tried")}})
-    v.search_note = (f"coarse grid, one knob at a time around the combined configuration, at c={level}, one launch "
-                     f"per setting, within search_budget_s={budget_s:.0f}")
+    return rows
+
+
+def _verify_best(v: Verification, cands: list[tuple[str, Knobs]]) -> None:
+    """The search's fastest setting, if its one launch led by more than the equivalence band, against the combined
+    configuration at the suite's load with repetitions until resolved."""
     tried = v.search[(v.search["status"] == "measured") & (v.search["setting"] != f"({v.tune_base})")]
     # one launch each: a lead inside the equivalence band is noise, not worth repetitions
-    v.search_floor_pct = float(ctx.equivalence_pct)
+    v.search_floor_pct = float(v.ctx.equivalence_pct)
     if tried.empty or not (tried["vs_combined_pct"] > v.search_floor_pct).any():
         return
     best = tried.sort_values("vs_combined_pct", ascending=False).iloc[0]
     v.tuned_setting = str(best["setting"])
     v.tuned_knobs = next(k for s, k in cands if s == v.tuned_setting)
     base = v.tune_base
-    v.tuned = run_study(THREAD, ctx, [Arm(base, v.combined, "the combined configuration"),
-                                      Arm(v.tuned_setting, v.tuned_knobs, f"{base} with {v.tuned_setting}")],
+    v.tuned = run_study(THREAD, v.ctx, [Arm(base, v.combined, "the combined configuration"),
+                                        Arm(v.tuned_setting, v.tuned_knobs, f"{base} with {v.tuned_setting}")],
                         headlines=[(base, v.tuned_setting)])
 
 
@@ -549,15 +559,13 @@ def _slug(words: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", words.lower()).strip("-")[:60] or "change"
 
 
-def write_documents(v: Verification, fs: list[Finding], report_dir: str | Path) -> list[Path]:
-    """One Markdown improvement document per recommended change, in report_dir/changes/: what was found (with a
-    link to the evidence), the change in the engine's spelling, its effect alone and in combination, what it
-    excludes or risks, and how to roll it back."""
-    out_dir = Path(report_dir) / "changes"
-    out_dir.mkdir(parents=True, exist_ok=True)
+def documents(v: Verification, fs: list[Finding]) -> dict[str, str]:
+    """One Markdown improvement document per recommended change (file name -> text; nb.write_documents puts them in
+    the report's changes/): what was found (with a link to the evidence), the change in the engine's spelling, its
+    effect alone and in combination, what it excludes or risks, and how to roll it back."""
     head = fs[0] if fs else None
     shares = {r["change"]: r for r in v.shares().to_dict("records")}
-    paths = []
+    docs = {}
     for i, c in enumerate(v.changes, 1):
         share = shares.get(c.label)
         if c.excluded:
@@ -589,7 +597,5 @@ def write_documents(v: Verification, fs: list[Finding], report_dir: str | Path) 
                                                    ["Nothing this run measured: no exclusion rule, no latency "
                                                     "metric resolvedly worse."]), "",
             "## Roll back", "", rollback, ""])
-        p = out_dir / f"{i:02d}-{_slug(c.label)}.md"
-        p.write_text(text)
-        paths.append(p)
-    return paths
+        docs[f"{i:02d}-{_slug(c.label)}.md"] = text
+    return docs
