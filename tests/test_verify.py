@@ -97,11 +97,12 @@ def test_the_changes_together_are_verified_with_each_ones_share(tmp_path, stub_e
 
 def test_the_scheduler_search_finds_and_verifies_a_setting(tmp_path, stub_engine):
     """Known answer: no recommended change, the stub capped at 2 running requests by default; at c=8 every larger
-    max_running_requests is faster, so the search must pick one and verify it against the engine's defaults."""
+    max_running_requests is faster, so the search must pick one and verify it against the engine's defaults. Both
+    levels (c=4, 8) are above the cap: at a level below it the effect is zero and noise alone would decide its sign."""
     d = _report(tmp_path)
     eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2"}}
-    ctx = context(eng, {"path": "stub"}, LOAD, repetitions=3, max_repetitions=3, store_dir=str(tmp_path / "s"),
-                  progress=False)
+    ctx = context(eng, {"path": "stub"}, {**LOAD, "concurrency": [4, 8]}, repetitions=3, max_repetitions=3,
+                  store_dir=str(tmp_path / "s"), progress=False)
     v = t07.run(ctx, d, search=["max_running_requests"], search_budget_s=120)
     assert list(v.search["setting"]) == ["(the engine's defaults)", "max_running_requests=4", "max_running_requests=8",
                                          "max_running_requests=16"]

@@ -25,7 +25,7 @@ from ..context import RepetitionPlan, RunContext
 from ..errors import SpecError
 from ..findings import Finding, Outcome, collect, tier
 from ..spec import Knobs, ProfileSpec
-from ..study import Arm, Study, expressible, run_study
+from ..study import Arm, Comparison, Study, expressible, run_study
 
 THREAD = "07_verified_changes"
 BASELINE, COMBINED = "baseline", "combined"
@@ -183,7 +183,7 @@ class Verification:
         frames = [f for f in frames if len(f)]
         return pd.concat(frames, ignore_index=True).drop_duplicates() if frames else pd.DataFrame()
 
-    def compare(self) -> Any:
+    def compare(self) -> Comparison:
         """Combined against the baseline: the fields the joined changes move are studied, the others controlled."""
         assert self.study is not None
         moved = {f for c in self.included for k in c.knobs for f in STATE.get(k, ())}
