@@ -44,8 +44,8 @@ class StubAdapter(EngineAdapter):
     def managed_env(self, version):
         return None
 
-    def probe(self, python):
-        return EngineInstall(python=python, version="0.0-stub", distribution="stub", platform="cpu")
+    def probe(self, python, env=None):
+        return EngineInstall(python=python, version="0.0-stub", distribution="stub", platform="cpu", env=dict(env or {}))
 
     def knob_flags(self, knobs: Knobs, install):
         itl = 4.0 if knobs.torch_compile is False else 1.0
@@ -108,8 +108,8 @@ class StubGpuAdapter(StubAdapter):
     name = "stub-gpu"
     mem_fraction_of = "total"
 
-    def probe(self, python):
-        return EngineInstall(python=python, version="0.0-stub", distribution="stub", platform="cuda")
+    def probe(self, python, env=None):
+        return EngineInstall(python=python, version="0.0-stub", distribution="stub", platform="cuda", env=dict(env or {}))
 
     def knob_flags(self, knobs: Knobs, install):
         flags = super().knob_flags(knobs, install)

@@ -66,6 +66,7 @@ class ProcessDeath:
     evidence: str = ""  # the log line (or exit status) that shows it
     where: str = ""  # for faulthandler dumps: the innermost Python frame of the crashing thread
     oom: str = ""  # for SIGKILL: the kernel's OOM record, or why it could not be read
+    line_no: int = 0  # where the log shows it (0: the root's exit status, seen after every line)
 
     def headline(self) -> str:
         """'VllmWorker-0 died from SIGILL (illegal instruction)'."""
@@ -109,14 +110,15 @@ def signal_name(code: int | str) -> tuple[str, int] | None:
         return f"signal {n}", n
 
 
-def make_death(code: int | str, process: str = "", evidence: str = "", where: str = "") -> ProcessDeath | None:
+def make_death(code: int | str, process: str = "", evidence: str = "", where: str = "",
+               line_no: int = 0) -> ProcessDeath | None:
     """A ProcessDeath for a signal number or name, with its usual meaning."""
     named = signal_name(code)
     if named is None:
         return None
     name, num = named
     return ProcessDeath(signal=name, signum=num, meaning=MEANINGS.get(name, "ended by a signal"), process=process,
-                        evidence=evidence.strip()[:400], where=where)
+                        evidence=evidence.strip()[:400], where=where, line_no=line_no)
 
 
 def deaths_in_log(text: str) -> list[ProcessDeath]:
@@ -132,9 +134,10 @@ def deaths_in_log(text: str) -> list[ProcessDeath]:
             gd = m.groupdict()
             if kind in ("faulthandler", "shell"):
                 table = _FAULTHANDLER if kind == "faulthandler" else _SHELL
-                d = make_death(table[gd["words"]], "", line, _innermost_frame(lines, i) if kind == "faulthandler" else "")
+                d = make_death(table[gd["words"]], "", line, _innermost_frame(lines, i) if kind == "faulthandler" else "",
+                               i + 1)
             else:
-                d = make_death(gd["code"], gd.get("who") or "", line)
+                d = make_death(gd["code"], gd.get("who") or "", line, line_no=i + 1)
             if d is None or d.signal in ("SIGTERM", "SIGINT") and _teardown_line(line):
                 continue
             key = (d.process, d.signal)
@@ -276,3 +279,153 @@ def env_for_python_servers() -> dict[str, str]:
     """Environment that makes any Python process of a server print the fatal signal and its frame on SIGILL,
     SIGSEGV, SIGBUS, SIGFPE and SIGABRT (faulthandler), so a dead worker leaves a line naming its death."""
     return {"PYTHONFAULTHANDLER": os.environ.get("PYTHONFAULTHANDLER", "1")}
+
+
+# -- the engine's own exception, and who tore the tree down -------------------------------------------------------
+# a log line's prefix before the traceback's own text: vLLM's "(EngineCore_DP0 pid=7) ERROR 12-01 01:20:54 [x.py:1] "
+_PREFIX = re.compile(r"^(?:\((?P<who>[\w.\-]+) pid=\d+\) )?(?:[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] )?")
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
+_EXC = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Fault|Failure|Timeout|Warning))"
+                  r"(?::\s?(?P<msg>.*))?$")
+_TRACEBACK = "Traceback (most recent call last):"
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+
+
+@dataclass
+class EngineException:
+    """An exception a server process raised, as its log shows it: type, message, the innermost frame in the engine's
+    own code (and overall), and which process raised it where the log says."""
+
+    type: str
+    message: str
+    frame: str = ""  # innermost frame inside the engine's package: 'sglang/srt/x.py:12 in replay'
+    innermost: str = ""  # innermost frame overall (may be torch's)
+    process: str = ""  # 'Scheduler', 'EngineCore_DP0'
+    line_no: int = 0
+
+    def headline(self) -> str:
+        """'the Scheduler raised ValueError: Invalid forward mode ... (sglang/srt/x.py:12 in replay)'."""
+        who = f"the {self.process}" if self.process else "a server process"
+        where = f" ({self.frame or self.innermost})" if self.frame or self.innermost else ""
+        return f"{who} raised {self.type}: {self.message[:300]}{where}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict for manifests and error tables."""
+        return asdict(self)
+
+
+def _short_path(path: str) -> str:
+    for cut in ("site-packages/", "dist-packages/"):
+        if cut in path:
+            return path.split(cut, 1)[1]
+    return path
+
+
+def exceptions_in_log(text: str, package: str = "", raisers: list[re.Pattern[str]] | None = None) -> list[EngineException]:
+    """Every traceback's exception in a server log, in order (a chain of exceptions counts once: the one that
+    propagated), with the innermost frame inside package (the engine's own code) and who raised it: the process
+    named in the line's prefix (vLLM) or by a raiser pattern on the traceback's line (SGLang's
+    'Scheduler hit an exception')."""
+    lines = text.splitlines()
+    out: list[EngineException] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if _TRACEBACK not in line:
+            i += 1
+            continue
+        who = (_PREFIX.match(line).group("who") or "") if _PREFIX.match(line) else ""  # type: ignore[union-attr]
+        for rx in raisers or []:
+            m = rx.search(line) or (rx.search(lines[i - 1]) if i else None)
+            if m and m.groupdict().get("who"):
+                who = m.group("who")
+        start, frames, exc, j = i, [], None, i + 1
+        while j < len(lines) and j < i + 400:
+            body = _PREFIX.sub("", lines[j], count=1)
+            fm = _FRAME.search(body)
+            if fm:
+                frames.append(fm)
+            elif (em := _EXC.match(body.strip())) and not body.startswith((" ", "\t")):
+                exc = em
+                nxt = " ".join(_PREFIX.sub("", x, count=1) for x in lines[j + 1:j + 3])
+                if not any(c in nxt for c in _CHAINED):
+                    break
+                frames = []  # the chain goes on: what propagated is the later one
+            j += 1
+        if exc is not None:
+            inner = frames[-1] if frames else None
+            own = next((f for f in reversed(frames) if package and f"/{package}/" in f.group("file")), None)
+            fmt = lambda f: f"{_short_path(f.group('file'))}:{f.group('line')} in {f.group('fn')}" if f else ""  # noqa: E731
+            out.append(EngineException(exc.group("type").rsplit(".", 1)[-1], (exc.group("msg") or "").strip(),
+                                       fmt(own), fmt(inner), who, start + 1))
+        i = max(j, i + 1)
+    return out
+
+
+@dataclass
+class DeathCause:
+    """Why a server tree ended, as far as its log and exit status tell: the first failure (an exception the engine
+    raised, or a process killed by a signal) and who tore the rest down: the engine itself after a child failed
+    ('engine'), or something outside it (the kernel's OOM killer, a kill, a timeout: 'outside')."""
+
+    exception: EngineException | None = None
+    first_death: ProcessDeath | None = None  # the first process the log shows dying from a signal, where that came first
+    teardown: str = ""  # 'engine' | 'outside' | ''
+    teardown_evidence: str = ""
+
+    def headline(self) -> str:
+        """The cause in one sentence."""
+        if self.first_death is not None:
+            head = self.first_death.headline()
+        elif self.exception is not None:
+            head = self.exception.headline()
+        else:
+            return ""
+        if self.teardown == "engine":
+            head += "; the engine then killed its own process tree, so the signals that followed are its teardown, " \
+                    "not the cause"
+        return head
+
+    def text(self) -> str:
+        """Headline and the evidence lines."""
+        lines = [self.headline()]
+        if self.teardown_evidence:
+            lines.append(f"teardown: {self.teardown_evidence}")
+        return "\n".join(x for x in lines if x)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict for manifests."""
+        return {"exception": self.exception.as_dict() if self.exception else None,
+                "first_death": self.first_death.as_dict() if self.first_death else None,
+                "teardown": self.teardown, "teardown_evidence": self.teardown_evidence, "headline": self.headline()}
+
+
+def cause_of(text: str, deaths: list[ProcessDeath], package: str = "", teardown: list[re.Pattern[str]] | None = None,
+             raisers: list[re.Pattern[str]] | None = None, killed_by_us: str = "") -> DeathCause | None:
+    """The cause of a server tree's end from its log (text: stdout then stderr), the signal deaths found in it and
+    its exit status: the earliest of the engine's exceptions and the signal deaths the log shows is the first
+    failure; an engine teardown line (the adapter's patterns) after it says the engine killed its own tree, else a
+    SIGKILL or SIGTERM of the root came from outside (killed_by_us: the suite's own reason, e.g. a timeout). None
+    where the log and status show nothing."""
+    excs = exceptions_in_log(text, package, raisers)
+    logged = [d for d in deaths if d.line_no]
+    first_exc = excs[0] if excs else None
+    first_sig = min(logged, key=lambda d: d.line_no) if logged else None
+    cause = DeathCause()
+    if first_sig is not None and (first_exc is None or first_sig.line_no < first_exc.line_no):
+        cause.first_death, cause.exception = first_sig, first_exc
+    elif first_exc is not None:
+        cause.exception = first_exc
+    first = min([x.line_no for x in (first_exc, first_sig) if x is not None], default=0)
+    for i, line in enumerate(text.splitlines(), 1):
+        if i >= first and any(rx.search(line) for rx in teardown or []):
+            cause.teardown, cause.teardown_evidence = "engine", line.strip()[:300]
+            break
+    root = next((d for d in deaths if not d.line_no), None)
+    if not cause.teardown and root is not None and root.signal in ("SIGKILL", "SIGTERM", "SIGINT"):
+        cause.teardown = "outside"
+        cause.teardown_evidence = killed_by_us or (f"the root died from {root.signal} with no engine teardown line"
+                                                   + (f"; kernel OOM record: {root.oom}" if root.oom else ""))
+    if cause.exception is None and cause.first_death is None and not cause.teardown:
+        return None
+    return cause

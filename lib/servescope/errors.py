@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ServescopeError(Exception):
     """Base of every error the library raises on purpose."""
@@ -27,10 +29,13 @@ class ServerError(ServescopeError):
     """A server failed to start, died, or could not be torn down cleanly; deaths names any process of its tree that
     died from a signal (servescope.deaths.ProcessDeath), first one first."""
 
-    def __init__(self, message: str, log_tail: str = "", deaths: list | None = None) -> None:
+    def __init__(self, message: str, log_tail: str = "", deaths: list | None = None, cause: Any = None) -> None:
         self.deaths = list(deaths or [])
-        head = f"{message}: {self.deaths[0].headline()}" if self.deaths else message
-        body = "".join(f"\n{d.text()}" for d in self.deaths[:3])
+        self.cause = cause  # servescope.deaths.DeathCause: the engine's own exception and who tore the tree down
+        said = cause.headline() if cause is not None else ""
+        head = f"{message}: {said}" if said else f"{message}: {self.deaths[0].headline()}" if self.deaths else message
+        body = f"\n{cause.text()}" if said else ""
+        body += "".join(f"\n{d.text()}" for d in self.deaths[:3])
         super().__init__(head + body + (f"\n--- server log tail ---\n{log_tail}" if log_tail else ""))
         self.log_tail = log_tail
 

@@ -18,9 +18,18 @@ import psutil
 
 from .context import RepetitionPlan, RunContext, context
 from .engines.base import EngineAdapter
-from .errors import HungError, KnobError, LevelFailedError, NotMeasuredError, ServescopeError, SpecError
+from .errors import (
+    HungError,
+    KnobError,
+    LevelFailedError,
+    NotMeasuredError,
+    ServerExitedError,
+    ServerStartTimeout,
+    ServescopeError,
+    SpecError,
+)
 from .findings import Finding, Outcome
-from .launch import Prepared, prepare, serve
+from .launch import Prepared, launch_plan, prepare, serve
 from .load import load_tokenizer, run_sweep
 from .load.health import level_failure
 from .load.metrics import rejudge
@@ -192,6 +201,7 @@ def point_parts(ctx: RunContext, knobs: Knobs, rep: int, load: LoadSpec | None =
     would silently change what old points mean, which tests/test_experiment.py guards against."""
     profile = ctx.profile if profile is None else profile
     parts = {"engine": ctx.engine_identity, "engine_env": dict(sorted(ctx.engine.env.items())),
+             **({"engine_args": list(ctx.engine.args)} if ctx.engine.args else {}),
              "model": ctx.model_key, "knobs": knobs.model_dump(mode="json", exclude_defaults=True),
              "load": (load or ctx.load).model_dump(mode="json", exclude_defaults=True), "rep": rep}
     if profile.kind != "none":
@@ -357,8 +367,7 @@ def launch_identity(prep: Prepared, cfg: Config, parts: dict[str, Any]) -> dict[
     """What makes two points the same measurement: the command and environment the adapter builds for the
     configuration (port and paths left out), how many servers, how requests are routed and how the servers share a
     GPU, and everything else of the point's key but the knobs (engine, model, load, repetition, profile)."""
-    plan = prep.adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
-                             host=prep.engine.host, port=1, knobs=cfg.knobs, extra_env=dict(prep.engine.env))
+    plan = launch_plan(prep, cfg.knobs, 1)
     cmd = ["{port}" if a == "1" and i and plan.command[i - 1] == "--port" else a for i, a in enumerate(plan.command)]
     cmd = [a.replace(prep.model_path, "{model}") for a in cmd]
     out = {**{k: v for k, v in parts.items() if k != "knobs"}, "command": cmd, "env": dict(sorted(plan.env.items())),
@@ -386,18 +395,27 @@ def _shared_point(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepar
     return other
 
 
-ERROR_COLUMNS = ("config", "rep", "key", "error_type", "summary", "signal", "death", "error", "traceback")
+ERROR_COLUMNS = ("config", "rep", "key", "error_type", "summary", "signal", "death", "exception", "frame", "teardown",
+                 "before_ready", "error", "traceback")
 
 
 def error_row(config: str, rep: int, key: str, e: BaseException) -> dict[str, Any]:
     """One failed point: its first line, the signal a server process died from (if any) with its evidence, the
-    end of the error (where servers put their log tail) and the traceback."""
+    engine's own exception and its frame, who tore the tree down, whether it died before it was ready, the end of the
+    error (where servers put their log tail) and the traceback."""
     text = str(e)
     deaths = getattr(e, "deaths", None) or []
+    cause = getattr(e, "cause", None)
+    exc = cause.exception if cause is not None else None
     first_line = text.splitlines()[0] if text else ""
     return {"config": config, "rep": rep, "key": key, "error_type": type(e).__name__,
-            "summary": f"{type(e).__name__}: {first_line}"[:400], "signal": deaths[0].signal if deaths else "",
-            "death": deaths[0].text() if deaths else "", "error": text[-3000:],
+            "summary": f"{type(e).__name__}: {first_line}"[:600], "signal": deaths[0].signal if deaths else "",
+            "death": (cause.text() if cause is not None and cause.headline() else "")
+            or (deaths[0].text() if deaths else ""),
+            "exception": f"{exc.type}: {exc.message}"[:400] if exc is not None else "",
+            "frame": (exc.frame or exc.innermost) if exc is not None else "",
+            "teardown": cause.teardown if cause is not None else "",
+            "before_ready": isinstance(e, (ServerExitedError, ServerStartTimeout)), "error": text[-3000:],
             "traceback": traceback.format_exc()[-4000:]}
 
 
@@ -558,9 +576,14 @@ def _check_all(prep: Prepared, configs: Sequence[Config]) -> None:
             raise SpecError(f"configuration {cfg.name!r}: engine.port pins one port, but it asks for "
                             f"{cfg.knobs.replicas} replicas: leave engine.port unset (nothing was launched)")
         try:
-            adapter.check_knobs(cfg.knobs, prep.install, prep.engine.env, prep.model_path)
+            flags = adapter.check_knobs(cfg.knobs, prep.install, prep.engine.env, prep.model_path)
         except KnobError as e:
             raise KnobError(f"configuration {cfg.name!r}: {e} (nothing was launched)") from None
+        both = sorted({f.split("=", 1)[0] for f in prep.engine.args if f.startswith("--")}
+                      & {f.split("=", 1)[0] for f in flags if f.startswith("--")})
+        if both:
+            raise SpecError(f"configuration {cfg.name!r} sets {', '.join(both)} through its knobs, and engine.args "
+                            "sets it too: leave it to the knobs (nothing was launched)")
 
 
 def _level_phases(load: LoadSpec) -> set[str]:

@@ -15,9 +15,9 @@ import psutil
 
 from . import mps
 from .engines import get_engine
-from .engines.base import EngineAdapter, EngineInstall
+from .engines.base import EngineAdapter, EngineInstall, LaunchPlan
 from .engines.envs import ensure_engine_env
-from .errors import PortInUseError, ServescopeError, SpecError
+from .errors import KnobError, PortInUseError, ServescopeError, SpecError
 from .models import resolve_model
 from .server import ManagedServer, free_port, replica_log_dir, write_resolved
 from .spec import EngineSpec, Knobs, ModelSpec
@@ -105,8 +105,39 @@ def prepare(engine: EngineSpec, model: ModelSpec, say: Callable[[str], None] = p
         raise SpecError(f"engine.url is only for engine 'external'; {engine.name!r} is launched by servescope")
     install = find_install(engine, adapter, create=True, say=say)
     assert install is not None
-    path, served = resolve_model(model, install.python)
+    check_base_args(engine, adapter, install)
+    path, served = resolve_model(model, install.python, install.env)
     return Prepared(engine, install, path, adapter.served_name(path, served), adapter)
+
+
+def launch_plan(prep: Prepared, knobs: Knobs, port: int, extra_env: dict[str, str] | None = None) -> LaunchPlan:
+    """The adapter's plan for knobs, with the suite's base arguments (engine.args) after the knobs' flags and the
+    engine's own environment under the launch's."""
+    engine = prep.engine
+    plan = prep.adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
+                             host=engine.host, port=port, knobs=knobs, extra_env={**engine.env, **(extra_env or {})})
+    return dataclasses.replace(plan, command=[*plan.command, *engine.args]) if engine.args else plan
+
+
+def check_base_args(engine: EngineSpec, adapter: EngineAdapter, install: EngineInstall) -> None:
+    """Refuse, before launch, base arguments (engine.args) this version does not define or whose value it does not
+    accept, naming the flag and the version."""
+    if not engine.args:
+        return
+    try:
+        adapter.check_flags(list(engine.args), install)
+    except KnobError as e:
+        raise KnobError(f"engine.args: {e}; change or drop it in the suite's engine section (nothing was "
+                        "launched)") from None
+
+
+def check_env_paths(env: dict[str, str]) -> None:
+    """Refuse an engine environment whose PYTHONPATH names a folder that is not there (a site folder not installed
+    yet, or a typo), before anything runs under it."""
+    for entry in filter(None, env.get("PYTHONPATH", "").split(os.pathsep)):
+        if not Path(entry).is_dir():
+            raise SpecError(f"engine.env PYTHONPATH names {entry}, which is not a folder here: install the engine's "
+                            "site folder there first, or correct the path")
 
 
 def find_install(engine: EngineSpec, adapter: EngineAdapter, create: bool = True,
@@ -115,6 +146,7 @@ def find_install(engine: EngineSpec, adapter: EngineAdapter, create: bool = True
     create, else a ServescopeError saying so); None for an engine servescope does not launch."""
     if not adapter.launches:
         return None
+    check_env_paths(engine.env)
     if engine.python:
         python = engine.python
         if not Path(python).exists():
@@ -127,7 +159,7 @@ def find_install(engine: EngineSpec, adapter: EngineAdapter, create: bool = True
             raise ServescopeError(f"the {env_spec.key} environment is not created yet (make engine, or any run "
                                   "creates it)")
         python = str(ensure_engine_env(env_spec, say))
-    install = adapter.probe(python)
+    install = adapter.probe(python, dict(engine.env))
     if engine.version and install.version != engine.version:
         raise SpecError(f"engine.version is {engine.version} but {python} has {engine.name} {install.version}")
     return install
@@ -248,12 +280,13 @@ def _serve_one(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | 
         return
     for attempt in range(3):
         port = engine.port or free_port(engine.host)
-        plan = adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
-                            host=engine.host, port=port, knobs=knobs, extra_env={**engine.env, **(extra_env or {})})
+        plan = launch_plan(prep, knobs, port, extra_env)
         ready = dataclasses.replace(plan.ready, api_key=api_key)
         server = ManagedServer(command=[*(prefix or []), *plan.command], port=port, host=engine.host,
                                log_dir=Path(log_dir), model=prep.served_name, env=plan.env,
-                               startup_timeout_s=engine.startup_timeout_s, ready=ready, term_grace_s=term_grace_s)
+                               startup_timeout_s=engine.startup_timeout_s, ready=ready, term_grace_s=term_grace_s,
+                               package=adapter.package, teardown_patterns=adapter.teardown_patterns,
+                               raiser_patterns=adapter.raiser_patterns)
         try:
             server.start()
             break

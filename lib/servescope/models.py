@@ -32,8 +32,10 @@ def tiny_model_ready(spec: TinyModelSpec | None) -> bool:
     return spec is not None and (tiny_model_dir(spec) / META).is_file()
 
 
-def ensure_tiny_model(spec: TinyModelSpec, python: str | os.PathLike[str] | None = None) -> Path:
-    """Build the model once (under a lock, atomically) with an interpreter that has torch+transformers."""
+def ensure_tiny_model(spec: TinyModelSpec, python: str | os.PathLike[str] | None = None,
+                      python_env: dict[str, str] | None = None) -> Path:
+    """Build the model once (under a lock, atomically) with an interpreter (and its own environment) that has
+    torch+transformers."""
     target = tiny_model_dir(spec)
     if (target / META).is_file():
         return target
@@ -45,7 +47,8 @@ def ensure_tiny_model(spec: TinyModelSpec, python: str | os.PathLike[str] | None
         script = Path(__file__).with_name("_build_tiny_model.py")
         cmd = [str(python or sys.executable), str(script), json.dumps(spec.model_dump(mode="json")), str(tmp)]
         t0 = time.monotonic()
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, **(python_env or {}), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
         res = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if res.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -63,10 +66,11 @@ def model_info(path: str | os.PathLike[str]) -> dict:
     return json.loads(p.read_text()) if p.is_file() else {}
 
 
-def resolve_model(model: ModelSpec, python: str | os.PathLike[str] | None) -> tuple[str, str]:
+def resolve_model(model: ModelSpec, python: str | os.PathLike[str] | None,
+                  python_env: dict[str, str] | None = None) -> tuple[str, str]:
     """(path or hub id to serve, name the server exposes it as)."""
     if model.tiny is not None:
-        path = str(ensure_tiny_model(model.tiny, python))
+        path = str(ensure_tiny_model(model.tiny, python, python_env))
         return path, model.served_name or f"tiny-moe-{model.tiny.digest()}"
     assert model.path is not None
     check_model_path(model.path)

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import random
+import re
 import shlex
 import signal
 import socket
@@ -213,6 +214,11 @@ class ManagedServer:
     ready: ReadyCheck = field(default_factory=ReadyCheck)
     term_grace_s: float = 15.0
     cwd: Path | None = None
+    # how the engine's log tells its own failures (the adapter's): its package (frames in its code), lines that say
+    # it is tearing its own tree down after a child failed, and lines that name the process that raised
+    package: str = ""
+    teardown_patterns: tuple[str, ...] = ()
+    raiser_patterns: tuple[str, ...] = ()
 
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     timings: StartupTimings = field(default_factory=StartupTimings, init=False)
@@ -261,13 +267,21 @@ class ManagedServer:
         text = self.log_text(self._ready_offsets if since_ready else (0, 0))
         return _deaths.explain(rc, text, self.watch)
 
+    def cause(self, deaths: list[ProcessDeath], since_ready: bool = False,
+              killed_by_us: str = "") -> _deaths.DeathCause | None:
+        """Why the tree failed, from its log: the engine's own first exception or the first signal death, and
+        whether the engine tore its own tree down (servescope.deaths.cause_of)."""
+        text = self.log_text(self._ready_offsets if since_ready else (0, 0))
+        return _deaths.cause_of(text, deaths, self.package, [re.compile(x) for x in self.teardown_patterns],
+                                [re.compile(x) for x in self.raiser_patterns], killed_by_us)
+
     def check_alive(self) -> None:
         """Raise ServerDiedError if the server exited or a process of its tree died since it became ready."""
         found = self.deaths(since_ready=True)
         rc = self.proc.poll() if self.proc is not None else None
         if found or rc is not None:
             what = f"server exited with code {rc} while serving" if rc is not None else "a server process died while serving"
-            raise ServerDiedError(what, self.log_tail(), found)
+            raise ServerDiedError(what, self.log_tail(), found, self.cause(found, since_ready=True))
 
     def log_tail(self, lines: int = 40) -> str:
         """Last lines of the server's stdout then stderr."""
@@ -326,9 +340,10 @@ class ManagedServer:
         assert self.proc is not None
         rc = self.proc.poll()
         if rc is not None:
+            found = self.deaths()
             raise ServerExitedError(
                 f"server exited with code {rc} before it was ready ({time.monotonic() - self._t0:.1f} s after launch)",
-                self.log_tail(), self.deaths(),
+                self.log_tail(), found, self.cause(found),
             )
         self.watch.update(self.proc.pid)
 
@@ -337,10 +352,13 @@ class ManagedServer:
         while True:
             self._check_alive()
             if time.monotonic() > deadline:
+                found = self.deaths()
                 raise ServerStartTimeout(
                     f"server not ready after {self.startup_timeout_s:.0f} s "
                     f"(stuck at step '{step}'; last answer: {last or 'none'})",
-                    self.log_tail(), self.deaths(),
+                    self.log_tail(), found,
+                    self.cause(found, killed_by_us=f"servescope stopped it after its startup timeout "
+                                                   f"({self.startup_timeout_s:.0f} s)"),
                 )
             try:
                 ok, last = attempt()

@@ -148,8 +148,19 @@ class EngineSpec(_Spec):
     host: str = "127.0.0.1"
     port: int | None = Field(None, ge=1, le=65535)
     startup_timeout_s: float = Field(900, gt=0)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, description="the engine's own environment: every process run "
+                                "under engine.python (the server, its --help, the probes) gets it, e.g. PYTHONPATH of "
+                                "a site folder the engine is installed in")
+    args: tuple[str, ...] = Field((), description="base arguments every launch of this suite carries (checked "
+                                  "against the version's flags before launch), e.g. --attention-backend triton")
     api_key_env: str | None = Field(None, description="name of the environment variable holding the API key")
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if v and not v[0].startswith("-"):
+            raise ValueError(f"engine.args must start with a flag (--name), not {v[0]!r}")
+        return v
 
 
 class TelemetrySpec(_Spec):

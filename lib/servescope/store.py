@@ -315,7 +315,9 @@ class Store:
         except BaseException as e:
             w.manifest |= {"status": "failed", "ended_unix": time.time(),
                            "error": f"{type(e).__name__}: {e}"[-4000:], "traceback": traceback.format_exc()[-8000:],
-                           "deaths": [d.as_dict() for d in getattr(e, "deaths", None) or []]}
+                           "deaths": [d.as_dict() for d in getattr(e, "deaths", None) or []],
+                           "cause": c.as_dict() if (c := getattr(e, "cause", None)) is not None else None,
+                           "error_type": type(e).__name__}
             atomic_write_json(tmp / MANIFEST, w.manifest)
             dest = self.root / "_failed" / f"{key}-{time.strftime('%Y%m%d-%H%M%S')}"
             dest.parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -36,11 +37,26 @@ class EngineInstall:
     distribution: str
     platform: str  # "cuda", "cpu", "rocm", ... as far as the install tells
     source: str = ""  # where the engine's source is read from (a wheel, or the folder holding the package)
+    # the interpreter's own environment (engine.env: PYTHONPATH of a site folder, ...): every process run under
+    # python (the server, its --help, the probes) gets it
+    env: dict[str, str] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, str]:
-        """Plain dict for manifests."""
-        return {"python": self.python, "version": self.version, "distribution": self.distribution,
-                "platform": self.platform}
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict for manifests (the environment's secret-looking values hidden)."""
+        from ..util import redact_mapping
+
+        out: dict[str, Any] = {"python": self.python, "version": self.version, "distribution": self.distribution,
+                               "platform": self.platform}
+        return out | ({"env": redact_mapping(dict(self.env))} if self.env else {})
+
+    def environ(self) -> dict[str, str]:
+        """The environment a process run under this interpreter gets: this one's, with the install's on top."""
+        return interpreter_env(self.env)
+
+
+def interpreter_env(env: dict[str, str] | None) -> dict[str, str]:
+    """os.environ with an engine's own variables on top."""
+    return {**os.environ, **(env or {})}
 
 
 @dataclass(frozen=True)
@@ -136,14 +152,18 @@ class EngineAdapter(ABC):
     # replicas sharing a GPU start one after another, each sizing its memory from what the ones before left (True),
     # or all at once (False: its share counts only what is free when its cache is made, so any order fits)
     shared_starts_in_turn: ClassVar[bool] = True
+    # lines of its log saying it is tearing its own process tree down after a child failed (so the signals that
+    # follow are its teardown, not the cause), and lines naming the process that raised (a 'who' group)
+    teardown_patterns: ClassVar[tuple[str, ...]] = ()
+    raiser_patterns: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
         """The environment servescope installs itself for this engine, if any."""
 
     @abstractmethod
-    def probe(self, python: str) -> EngineInstall:
-        """What is installed under that interpreter: version, distribution, platform."""
+    def probe(self, python: str, env: dict[str, str] | None = None) -> EngineInstall:
+        """What is installed under that interpreter with its own environment: version, distribution, platform."""
 
     @abstractmethod
     def knob_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
@@ -349,7 +369,8 @@ class EngineAdapter(ABC):
             tree = SourceTree.from_wheel(install.source) if install.source.endswith(".whl") else \
                 SourceTree(self.package, install.version, install.source)
             return tree
-        return SourceTree.from_installed(install.python, self.package, self.distributions or (self.package,))
+        return SourceTree.from_installed(install.python, self.package, self.distributions or (self.package,),
+                                         env=install.env)
 
     # how to ask an installed server for its flags (argv after the interpreter); () where it has no --help
     help_command: ClassVar[tuple[str, ...]] = ()
@@ -368,7 +389,8 @@ class EngineAdapter(ABC):
             if static is None:
                 raise failed  # type: ignore[misc]
             return static
-        helped = _help_cached(install.python, self.name, install.version, self.help_command)
+        helped = _help_cached(install.python, self.name, install.version, self.help_command,
+                              tuple(sorted(install.env.items())))
         if helped is None:
             if static is None:
                 raise failed  # type: ignore[misc]
@@ -429,25 +451,40 @@ KNOB_PROBES: list[dict[str, Any]] = [
 
 
 _VERSION_PROBE = r"""
-import importlib.metadata as md, json, sys
-for dist in sys.argv[1:]:
+import importlib.metadata as md, importlib.util, json, sys
+out = {}
+for dist in sys.argv[2:]:
     try:
-        print(json.dumps({"version": md.version(dist), "distribution": dist}))
+        out = {"version": md.version(dist), "distribution": dist}
         break
     except md.PackageNotFoundError:
         pass
-else:
-    print("{}")
+if sys.argv[1]:
+    out["found"] = importlib.util.find_spec(sys.argv[1]) is not None  # found without being imported
+print(json.dumps(out))
 """
 
 
-def installed_version(python: str, distributions: tuple[str, ...], label: str) -> tuple[str, str]:
-    """(version, distribution) of the first of these distributions installed under that interpreter, read from
-    package metadata (the engine is not imported); KnobError naming the interpreter when none is."""
-    res = subprocess.run([python, "-c", _VERSION_PROBE, *distributions], capture_output=True, text=True, timeout=120)
+def installed_version(python: str, distributions: tuple[str, ...], label: str, package: str = "",
+                      env: dict[str, str] | None = None) -> tuple[str, str]:
+    """(version, distribution) of the first of these distributions installed under that interpreter (with its own
+    environment), read from package metadata; where package is given, it must also be importable from there (found,
+    not imported). KnobError naming the interpreter and what to change when either is missing."""
+    try:
+        res = subprocess.run([python, "-c", _VERSION_PROBE, package, *distributions], capture_output=True, text=True,
+                             timeout=120, env=interpreter_env(env))
+    except OSError as e:
+        raise KnobError(f"the engine interpreter {python} does not run ({e}): set engine.python to one that "
+                        f"has {label}") from None
     info = json.loads(res.stdout or "{}") if res.returncode == 0 else {}
-    if not info:
-        raise KnobError(f"no {label} installed under {python} ({res.stderr.strip()[-300:]})")
+    where = python + (f" with PYTHONPATH={env['PYTHONPATH']}" if env and env.get("PYTHONPATH") else "")
+    if not info.get("version"):
+        raise KnobError(f"no {label} installed under {where} ({res.stderr.strip()[-300:] or 'no package metadata'}): "
+                        "set engine.python (and engine.env PYTHONPATH for a site folder) to the environment that "
+                        f"has {label}")
+    if package and not info.get("found"):
+        raise KnobError(f"{where} cannot import {package} ({label} {info['version']}'s metadata is there, its "
+                        "package is not): check engine.env PYTHONPATH")
     return info["version"], info["distribution"]
 
 

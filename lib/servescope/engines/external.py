@@ -27,7 +27,7 @@ class ExternalAdapter(EngineAdapter):
         """Nothing to install."""
         return None
 
-    def probe(self, python: str) -> EngineInstall:
+    def probe(self, python: str, env: dict[str, str] | None = None) -> EngineInstall:
         """An external server is not installed here."""
         return EngineInstall(python="", version="unknown", distribution="external", platform="unknown")
 

@@ -31,11 +31,13 @@ def known_release(engine: str, version: str) -> bool:
     return bool(((m["engine"] == engine) & (m["version"] == version) & (m["problems"] == "")).any())
 
 
-def run_help(python: str, engine: str, version: str, argv: tuple[str, ...], timeout_s: float = 300.0) -> FlagSet:
-    """The flags an installed engine's `--help` lists; ServescopeError where it does not run."""
+def run_help(python: str, engine: str, version: str, argv: tuple[str, ...], timeout_s: float = 300.0,
+             env: dict[str, str] | None = None) -> FlagSet:
+    """The flags an installed engine's `--help` lists (run with the engine's own environment); ServescopeError where
+    it does not run."""
     try:
         res = subprocess.run([python, *argv], capture_output=True, text=True, timeout=timeout_s,
-                             env={**os.environ, "COLUMNS": "200"})
+                             env={**os.environ, **(env or {}), "COLUMNS": "200"})
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ServescopeError(f"{engine} --help did not run: {e}") from e
     if res.returncode != 0 or "usage" not in res.stdout.lower():
@@ -44,10 +46,11 @@ def run_help(python: str, engine: str, version: str, argv: tuple[str, ...], time
 
 
 @cache
-def _help_cached(python: str, engine: str, version: str, argv: tuple[str, ...]) -> FlagSet | None:
+def _help_cached(python: str, engine: str, version: str, argv: tuple[str, ...],
+                 env: tuple[tuple[str, str], ...] = ()) -> FlagSet | None:
     """run_help once per install, or None where it cannot run here (logged: the static scan is used)."""
     try:
-        return run_help(python, engine, version, argv)
+        return run_help(python, engine, version, argv, env=dict(env))
     except ServescopeError as e:
         logging.getLogger(__name__).warning("%s %s: %s; using the static scan", engine, version, e)
         return None

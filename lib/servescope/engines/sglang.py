@@ -98,6 +98,10 @@ class SglangAdapter(EngineAdapter):
     compile_study_graphs = "decode_only"
     package = "sglang"
     distributions = ("sglang",)
+    # a child's failure makes the launcher kill its whole tree (entrypoints/engine.py: SIGQUIT handler ->
+    # kill_process_tree), and the scheduler names itself when it raises (managers/scheduler.py)
+    teardown_patterns = (r"Received sigquit from a child process",)
+    raiser_patterns = (r"(?P<who>[A-Z]\w+) hit an exception",)
 
     balancer = ("sglang-router (`python -m sglang_router.launch_router --worker-urls URL1 URL2 ... --policy "
                 "round_robin`, the sglang-router package)")
@@ -119,10 +123,10 @@ class SglangAdapter(EngineAdapter):
         """SGLang needs a CUDA machine: servescope never installs it, point engine.python at yours."""
         return None
 
-    def probe(self, python: str) -> EngineInstall:
-        """Version from the interpreter's package metadata (SGLang is not imported)."""
-        version, dist = installed_version(python, self.distributions, "SGLang")
-        return EngineInstall(python=python, version=version, distribution=dist, platform="cuda")
+    def probe(self, python: str, env: dict[str, str] | None = None) -> EngineInstall:
+        """Version from the interpreter's package metadata, the package found there (SGLang is not imported)."""
+        version, dist = installed_version(python, self.distributions, "SGLang", "sglang", env)
+        return EngineInstall(python=python, version=version, distribution=dist, platform="cuda", env=dict(env or {}))
 
     # ---- knobs -------------------------------------------------------------------------------------------------
 

@@ -78,10 +78,14 @@ class SourceTree:
         return cls(package=package, version=m.group(2), location=str(dest), origin="sdist")
 
     @classmethod
-    def from_installed(cls, python: str, package: str, distributions: tuple[str, ...] = ()) -> SourceTree:
-        """The package as installed under an interpreter (found, not imported)."""
+    def from_installed(cls, python: str, package: str, distributions: tuple[str, ...] = (),
+                       env: dict[str, str] | None = None) -> SourceTree:
+        """The package as installed under an interpreter with its own environment (found, not imported)."""
+        import os
+
         dists = distributions or (package,)
-        res = subprocess.run([python, "-c", _LOCATE, package, *dists], capture_output=True, text=True, timeout=120)
+        res = subprocess.run([python, "-c", _LOCATE, package, *dists], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, **(env or {})})
         info = json.loads(res.stdout or "{}") if res.returncode == 0 else {}
         if not info.get("root"):
             raise ServescopeError(f"no {package} package under {python} ({res.stderr.strip()[-300:]})")

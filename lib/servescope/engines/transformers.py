@@ -11,7 +11,7 @@ from ..errors import KnobError
 from ..models import config_dtype, short_dtype
 from ..server import ReadyCheck
 from ..spec import Knobs
-from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version
+from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version, interpreter_env
 from .envs import EngineEnvSpec
 from .logs import LogPattern, patterns_for
 from .state import FactRule, ResolvedState
@@ -42,13 +42,13 @@ class TransformersAdapter(EngineAdapter):
         """No environment of its own: point engine.python at one with transformers, torch, fastapi, uvicorn."""
         return None
 
-    def probe(self, python: str) -> EngineInstall:
+    def probe(self, python: str, env: dict[str, str] | None = None) -> EngineInstall:
         """Version from package metadata; platform from whether torch sees a GPU (torch is imported, briefly)."""
-        version, dist = installed_version(python, self.distributions, "transformers")
+        version, dist = installed_version(python, self.distributions, "transformers", "transformers", env)
         gpu = subprocess.run([python, "-c", "import torch; print(int(torch.cuda.is_available()))"],
-                             capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=300, env=interpreter_env(env))
         platform = "cuda" if gpu.stdout.strip() == "1" else "cpu"
-        return EngineInstall(python=python, version=version, distribution=dist, platform=platform)
+        return EngineInstall(python=python, version=version, distribution=dist, platform=platform, env=dict(env or {}))
 
     def served_name(self, model_path: str, requested: str) -> str:
         """transformers serve answers to the model id it was started with, nothing else."""

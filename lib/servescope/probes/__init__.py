@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,14 +17,15 @@ ALLREDUCE_SIZES = tuple(4096 * 2**i for i in range(17))
 
 
 def allreduce(python: str, world: int, backend: str = "nccl", sizes: tuple[int, ...] = ALLREDUCE_SIZES,
-              dtype: str = "bfloat16", reps: int = 20, timeout_s: float = 600) -> tuple[pd.DataFrame, dict[str, Any]]:
+              dtype: str = "bfloat16", reps: int = 20, timeout_s: float = 600,
+              env: dict[str, str] | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """all_reduce time per message size over `world` ranks (see probes/allreduce.py): a table (bytes, ms_p50, ms_min,
     algbw_gbps, busbw_gbps) and what ran (backend, world, torch, devices)."""
     if world < 2:
         raise ServescopeError("an all-reduce needs two or more ranks")
     spec = {"world": world, "backend": backend, "sizes": list(sizes), "dtype": dtype, "reps": reps,
             "timeout_s": timeout_s}
-    out = _run_script("allreduce.py", python, spec, timeout_s)
+    out = _run_script("allreduce.py", python, spec, timeout_s, env)
     return pd.DataFrame(out.pop("rows")), out
 
 
@@ -47,11 +49,12 @@ def tp_comm(probe: pd.DataFrame, hidden: int, layers: int, tokens: list[int], tp
     return pd.DataFrame(rows)
 
 
-def _run_script(name: str, python: str, spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+def _run_script(name: str, python: str, spec: dict[str, Any], timeout_s: float,
+                env: dict[str, str] | None = None) -> dict[str, Any]:
     script = Path(__file__).with_name(name)
     try:
         res = subprocess.run([python, str(script), json.dumps(spec)], capture_output=True, text=True,
-                             timeout=timeout_s)
+                             timeout=timeout_s, env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired as ex:  # what it said so far tells how far it got
         said = ex.stderr.decode(errors="replace") if isinstance(ex.stderr, bytes) else (ex.stderr or "")
         tail = " | ".join(said.strip().splitlines()[-3:])
@@ -65,24 +68,24 @@ def _run_script(name: str, python: str, spec: dict[str, Any], timeout_s: float) 
 
 def moe_ceiling(python: str, experts: int, top_k: int, hidden: int, inter: int, tokens: list[int],
                 device: str = "cpu", dtype: str = "float32", reps: int = 20, seed: int = 0,
-                timeout_s: float = 600) -> tuple[pd.DataFrame, dict[str, Any]]:
+                timeout_s: float = 600, env: dict[str, str] | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Per-expert loop against one grouped product on the model's expert shapes, per token count (see
     probes/moe_ceiling.py): a table (tokens, experts_active, loop_ms, grouped_ms, speedup, launches) and what ran."""
     spec = {"experts": experts, "top_k": top_k, "hidden": hidden, "inter": inter, "tokens": list(tokens),
             "device": device, "dtype": dtype, "reps": reps, "seed": seed}
-    out = _run_script("moe_ceiling.py", python, spec, timeout_s)
+    out = _run_script("moe_ceiling.py", python, spec, timeout_s, env)
     return pd.DataFrame(out.pop("rows")), out
 
 
 def graph_ceiling(python: str, shape: dict[str, int], batches: list[int], device: str = "cpu",
                   dtype: str = "float32", forms: tuple[str, ...] = ("eager", "full", "piecewise", "compile"),
                   steps: int = 20, reps: int = 7, seed: int = 0,
-                  timeout_s: float = 600) -> tuple[pd.DataFrame, dict[str, Any]]:
+                  timeout_s: float = 600, env: dict[str, str] | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Milliseconds per decode step of a layer stack of the model's shapes in each form (eager, one full CUDA
     graph, piecewise with the MoE eager, torch.compile; eager and compile only on a CPU), per batch size (see
     probes/graph_ceiling.py): a table (form, batch, ms_per_step, tokens_per_s, runs_ms: every run's ms per step)
     and what ran."""
     spec = {**shape, "batches": list(batches), "device": device, "dtype": dtype, "forms": list(forms),
             "steps": steps, "reps": reps, "seed": seed}
-    out = _run_script("graph_ceiling.py", python, spec, timeout_s)
+    out = _run_script("graph_ceiling.py", python, spec, timeout_s, env)
     return pd.DataFrame(out.pop("rows"), columns=["form", "batch", "ms_per_step", "tokens_per_s", "runs_ms"]), out

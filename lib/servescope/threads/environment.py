@@ -120,7 +120,7 @@ def flags_check(ctx: RunContext, timeout_s: float = 180.0) -> pd.DataFrame:
 
 def engine_help(ctx: RunContext, inst: EngineInstall, timeout_s: float = 180.0) -> FlagSet:
     """Flags from running the engine's `--help`."""
-    return run_help(inst.python, ctx.engine.name, inst.version, ctx.adapter.help_command, timeout_s)
+    return run_help(inst.python, ctx.engine.name, inst.version, ctx.adapter.help_command, timeout_s, env=inst.env)
 
 
 def capabilities(ctx: RunContext) -> pd.DataFrame:

@@ -181,7 +181,7 @@ def _ceiling(gs: GraphStudy, ctx: RunContext) -> None:
     # bf16 on a GPU as served; fp32 on a CPU, where bf16 products without AMX time the CPU's emulation of them
     gs.ceiling, gs.ceiling_info = kept_probe(ctx, "graph_ceiling", parts, install, lambda inst: probes.graph_ceiling(
         inst.python, shape, list(CEILING_BATCHES[device]), device=device,
-        dtype="bfloat16" if device == "cuda" else "float32", timeout_s=300))
+        dtype="bfloat16" if device == "cuda" else "float32", timeout_s=300, env=inst.env))
 
 
 def findings(gs: GraphStudy) -> list[Finding]:

@@ -249,7 +249,7 @@ def _probe(ms: MoeStudy, ctx: RunContext) -> None:
     dtype = s.dtype if s.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
     ms.probe, ms.probe_info = kept_probe(ctx, "moe_ceiling", parts, install, lambda inst: probes.moe_ceiling(
         inst.python, s.experts, s.top_k, s.hidden, s.inter, sorted(set(load.concurrency)), device=device,
-        dtype=dtype))
+        dtype=dtype, env=inst.env))
 
 
 def findings(ms: MoeStudy) -> list[Finding]:

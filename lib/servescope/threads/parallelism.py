@@ -407,7 +407,7 @@ def _run_probe(ps: ParallelStudy, prep: Prepared, load: LoadSpec) -> None:
         ps.allreduce_info = {"skipped": f"needs two or more GPUs; {ps.device_count} {ps.device_kind} here"}
         return
     try:
-        table, info = probes.allreduce(prep.install.python, ps.device_count, "nccl")
+        table, info = probes.allreduce(prep.install.python, ps.device_count, "nccl", env=prep.install.env)
     except ServescopeError as e:
         ps.allreduce_info = {"failed": str(e)}
         return
