@@ -19,7 +19,8 @@ def stub_engine() -> dict:
 # the published engine versions the adapters and the audit are tested against (wheels fetched once per user into
 # the servescope cache with `pip download --no-deps`, read as zips, never installed or committed)
 ENGINE_WHEELS = {"sglang-0.4.10": ("sglang", "0.4.10"), "sglang-0.5.9": ("sglang", "0.5.9"),
-                 "sglang-0.5.14": ("sglang", "0.5.14"), "sglang-0.5.23": ("sglang", "0.5.23"),
+                 "sglang-0.5.14": ("sglang", "0.5.14"), "sglang-0.5.17": ("sglang", "0.5.17"),
+                 "sglang-0.5.23": ("sglang", "0.5.23"),
                  "vllm-0.32.0": ("vllm", "0.32.0"), "transformers-5.17.0": ("transformers", "5.17.0"),
                  "transformers-5.23.0": ("transformers", "5.23.0")}
 # releases read from their source archive (vLLM's sdist is 47 MB against a 336 MB wheel), unpacked once per user

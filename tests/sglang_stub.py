@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -44,11 +46,24 @@ def parse_launch_args(argv: list[str]) -> dict:
     return out
 
 
+def _per_phase(version: str) -> bool:
+    return tuple(int(x) for x in version.split(".")[:3]) >= (0, 5, 14)
+
+
 def resolve(args: dict, version: str) -> dict:
     """The resolved server args an SGLang of that version would report, as far as the stub models it."""
     r = {"attention_backend": "flashinfer", "disable_cuda_graph": False, "enable_torch_compile": False,
          "cuda_graph_max_bs": 160, "moe_runner_backend": "auto", "tp_size": 1, "dp_size": 1} | args
     notes = []
+    if _per_phase(version):  # 0.5.14+: per-phase backends folded into cuda_graph_config (server_args.py)
+        dec = r.get("cuda_graph_backend_decode") or "full"
+        pre = r.get("cuda_graph_backend_prefill") or "breakable"
+        if r["disable_cuda_graph"]:
+            dec = pre = "disabled"
+        if r.get("disable_prefill_cuda_graph"):
+            pre = "disabled"
+        r["cuda_graph_config"] = {"decode": {"backend": dec, "max_bs": r.get("cuda_graph_max_bs_decode") or 160},
+                                  "prefill": {"backend": pre, "max_bs": 4096}}
     if r["attention_backend"] == "torch_native":
         r["disable_cuda_graph"] = True
         notes.append("Cuda graph is disabled because of using torch native attention backend")
@@ -66,11 +81,45 @@ def main() -> None:
     res = resolve(args, version)
     for line in res["notes"]:
         print(f"[2026-11-30 12:00:00] WARNING server_args.py: {line}", file=sys.stderr, flush=True)
+    cfg = res["resolved"].get("cuda_graph_config")
+    if cfg:  # 0.5.17's startup lines (model_runner.py, cuda_graph_setup.py)
+        say = lambda m: print(f"[2026-11-30 12:00:00] {m}", file=sys.stderr, flush=True)  # noqa: E731
+        say("Load weight end. elapsed=1.25 s, type=Qwen3MoeForCausalLM, avail mem=120.00 GB, mem usage=4.70 GB.")
+        for phase in ("decode", "prefill"):
+            backend = cfg[phase]["backend"]
+            if backend != "disabled":
+                say(f"Capture target {phase} CUDA graph begin. backend={backend}, avail mem=100.00 GB")
+                say(f"Capture target {phase} CUDA graph end. elapsed=2.50 s, mem usage=0.50 GB, avail mem=99.50 GB.")
+        if cfg["prefill"]["backend"] == "full" and res["resolved"].get("attention_backend") == "triton":
+            # what the real 0.5.17 does with full prefill graphs on triton attention: the scheduler raises at the
+            # warm-up's first prefill replay, and the launcher kills its own tree
+            print("[2026-11-30 12:00:01] Scheduler hit an exception: Traceback (most recent call last):\n"
+                  '  File "/site/sglang/srt/managers/scheduler.py", line 3300, in run_batch\n'
+                  "    batch_result = self.model_worker.forward_batch_generation(batch)\n"
+                  '  File "/site/sglang/srt/layers/attention/triton_backend.py", line 1202, in '
+                  "_init_forward_metadata_cuda_graph\n"
+                  '    raise ValueError(\n'
+                  "ValueError: Invalid forward mode: forward_mode=<ForwardMode.EXTEND: 1> for CUDA Graph replay.",
+                  file=sys.stderr, flush=True)
+            say("Received sigquit from a child process. It usually means the child failed.")
+            os.kill(os.getpid(), signal.SIGKILL)
     a = argparse.Namespace(port=int(args["port"]), host=args.get("host", "127.0.0.1"),
                            model=args.get("served_model_name") or args.get("model_path", "stub"), mode="ok",
                            ready_after=0.0, fail_every=0, ttft_ms=0.0, itl_ms=1.0, chunk_tokens=1)
     app = build_app(a)
     prof: dict = {}
+    if cfg:
+        @web.middleware
+        async def batch_lines(request: web.Request, handler):  # SGLang logs each batch with its graph use
+            if request.path.startswith(("/v1/", "/generate")):
+                pre, dec = cfg["prefill"]["backend"] != "disabled", cfg["decode"]["backend"] != "disabled"
+                print(f"[2026-11-30 12:00:02] Prefill batch, #new-seq: 1, #new-token: 8, #cached-token: 0, "
+                      f"#running-req: 0, #queue-req: 0, cuda graph: {pre}, input throughput (token/s): 0.00",
+                      file=sys.stderr, flush=True)
+                print(f"[2026-11-30 12:00:02] Decode batch, #running-req: 1, #token: 9, token usage: 0.00, "
+                      f"cuda graph: {dec}, gen throughput (token/s): 0.00, #queue-req: 0", file=sys.stderr, flush=True)
+            return await handler(request)
+        app.middlewares.append(batch_lines)
 
     async def server_info(_: web.Request) -> web.Response:
         return web.json_response({**res["resolved"], "internal_states": [{"last_gen_throughput": 0.0}]})

@@ -27,8 +27,12 @@ def fake_sglang(root: Path, wheel: str, version: str) -> str:
     (pkg / "srt").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "srt" / "__init__.py").write_text("")
-    with zipfile.ZipFile(wheel) as z:
-        (pkg / "srt" / "server_args.py").write_bytes(z.read("sglang/srt/server_args.py"))
+    with zipfile.ZipFile(wheel) as z:  # the flags' file, and where 0.5.14+ declares the graph backends' names
+        for name in z.namelist():
+            if name == "sglang/srt/server_args.py" or name.endswith("model_executor/cuda_graph_config.py") or \
+                    name.startswith("sglang/srt/arg_groups/") and name.endswith(".py"):
+                (site / name).parent.mkdir(parents=True, exist_ok=True)
+                (site / name).write_bytes(z.read(name))
     (pkg / "launch_server.py").write_text(textwrap.dedent(f"""
         import runpy, sys
         sys.argv = [{str(STUB)!r}, "--stub-version", {version!r}] + sys.argv[1:]
@@ -152,3 +156,98 @@ def test_thread02_on_sglang_059_expresses_its_modes_and_reads_its_graph_counters
     counters = gs.study.graph_metrics()
     assert set(counters["metric"]) == {"sglang:cuda_graph_passes_total"}
     assert set(counters["config"]) == {"off", "decode_only", "piecewise"}
+
+
+# -- 0.5.17: a site folder and base arguments given by the suite, per-phase graph backends, a death at capture ------
+BASE = ("--attention-backend", "triton", "--sampling-backend", "pytorch")
+
+
+@pytest.fixture
+def sglang_0517(tmp_path, wheel_install):
+    """SGLang 0.5.17's protocol stub in a site folder of its own, reached only through engine.env (PYTHONPATH), the
+    way the H200 machine runs it, with the suite's base arguments."""
+    fake_sglang(tmp_path, wheel_install("sglang-0.5.17").source, "0.5.17")
+    return {"name": "sglang", "python": sys.executable, "env": {"PYTHONPATH": str(tmp_path / "site")},
+            "args": list(BASE), "startup_timeout_s": 60}
+
+
+def test_0517_site_folder_and_base_args_reach_every_launch(sglang_0517, tmp_path):
+    from servescope.spec import parse
+
+    prep = prepare(parse(EngineSpec, sglang_0517, "engine"), ModelSpec(path="org/moe", served_name="moe"),
+                   say=lambda _: None)
+    assert (prep.install.version, prep.install.env) == ("0.5.17", sglang_0517["env"])
+    with serve(prep, Knobs(cuda_graph="off"), tmp_path / "run") as target:
+        assert target.flags == ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+        assert target.command.endswith(" ".join(BASE))
+        r = target.resolved_config
+        assert r["attention_backend"] == "triton" and r["cuda_graph_config"]["prefill"]["backend"] == "disabled"
+        run_sweep(target.base_url, target.model, LoadSpec(concurrency=(1,), num_requests=2, input_len=8,
+                                                           output_len=4, endpoint="generate"), None, progress=False)
+    ad = get_engine("sglang")
+    log = (tmp_path / "run" / "server.stderr.log").read_text()
+    st = ad.resolved_state(r, log)
+    assert (st.graphs, st.graph_mode) == ("off", "decode=disabled prefill=disabled")
+    counts = ad.graph_counts(log)
+    assert set(counts["mode"]) == {"prefill eager", "decode eager"} and counts["batches"].min() >= 2
+
+
+def test_0517_every_graph_mode_is_spelled_and_read_back(wheel_install):
+    ad, inst = get_engine("sglang"), wheel_install("sglang-0.5.17")
+    spelled = {m: ad.knob_flags(Knobs(cuda_graph=m), inst) for m in
+               ("off", "decode_only", "full", "piecewise", "compiled_piecewise")}
+    assert spelled["compiled_piecewise"] == ["--cuda-graph-backend-decode", "full", "--cuda-graph-backend-prefill",
+                                             "tc_piecewise"]
+    assert spelled["piecewise"][-1] == "breakable" and spelled["full"][-1] == "full"
+    for mode, (dec, pre) in {"compiled_piecewise": ("full", "tc_piecewise"), "piecewise": ("full", "breakable"),
+                             "decode_only": ("full", "disabled")}.items():
+        st = ad.resolved_state({"cuda_graph_config": {"decode": {"backend": dec}, "prefill": {"backend": pre}}})
+        assert st.graphs == mode
+    with pytest.raises(Exception, match="does not define --enable-piecewise-cuda-graph"):
+        ad.check_flags(["--enable-piecewise-cuda-graph"], inst)
+    # an auto-selected prefill graph its log says was not captured runs eager
+    st = ad.resolved_state({"cuda_graph_config": {"decode": {"backend": "full"}, "prefill": {"backend": "breakable"}}},
+                           "[x] Disabling auto-selected prefill CUDA graph: only 1.00 GiB is free after model/KV")
+    assert st.graphs == "decode_only" and "not captured" in st.graph_mode
+
+
+def test_0517_user_flag_is_named_with_its_alias(wheel_install):
+    ad, inst = get_engine("sglang"), wheel_install("sglang-0.5.17")
+    (hit,) = ad.graph_off_flags(["python", "-m", "sglang.launch_server", "--disable-cuda-graph", "--port", "1"], inst)
+    assert hit["flag"] == "--disable-cuda-graph" and hit["phases"] == "decode and prefill"
+    assert "deprecated alias on sglang 0.5.17" in hit["alias"] and "--cuda-graph-backend-decode disabled" in hit["alias"]
+
+
+def test_0517_bad_base_argument_and_missing_site_are_refused_before_launch(sglang_0517, tmp_path):
+    from servescope.errors import KnobError, SpecError
+    from servescope.spec import parse
+
+    bad = parse(EngineSpec, {**sglang_0517, "args": ["--enable-piecewise-cuda-graph"]}, "engine")
+    with pytest.raises(KnobError, match=r"engine.args: sglang 0.5.17 does not define --enable-piecewise-cuda-graph"):
+        prepare(bad, ModelSpec(path="org/moe"), say=lambda _: None)
+    gone = parse(EngineSpec, {**sglang_0517, "env": {"PYTHONPATH": str(tmp_path / "nowhere")}}, "engine")
+    with pytest.raises(SpecError, match="PYTHONPATH names .*nowhere, which is not a folder"):
+        prepare(gone, ModelSpec(path="org/moe"), say=lambda _: None)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    none = parse(EngineSpec, {**sglang_0517, "env": {"PYTHONPATH": str(empty)}}, "engine")
+    with pytest.raises(KnobError, match="no SGLang installed under .* with PYTHONPATH="):
+        prepare(none, ModelSpec(path="org/moe"), say=lambda _: None)
+
+
+def test_0517_full_prefill_graphs_die_with_the_engines_own_exception(sglang_0517, tmp_path):
+    """The stub dies as the real 0.5.17 on the H200 did: the scheduler raises at the first prefill replay, the
+    launcher kills its own tree; the failure names the exception and its frame, not the teardown's SIGKILL."""
+    from servescope.errors import ServerExitedError
+    from servescope.spec import parse
+
+    prep = prepare(parse(EngineSpec, sglang_0517, "engine"), ModelSpec(path="org/moe"), say=lambda _: None)
+    with pytest.raises(ServerExitedError) as ei, serve(prep, Knobs(cuda_graph="full"), tmp_path / "run"):
+        pass
+    e = ei.value
+    assert e.cause.exception.type == "ValueError" and e.cause.exception.process == "Scheduler"
+    assert e.cause.exception.frame == "sglang/srt/layers/attention/triton_backend.py:1202 in " \
+        "_init_forward_metadata_cuda_graph"
+    assert e.cause.teardown == "engine" and "Received sigquit" in e.cause.teardown_evidence
+    head = str(e).splitlines()[0]
+    assert "the Scheduler raised ValueError: Invalid forward mode" in head and "SIGKILL" not in head

@@ -314,10 +314,12 @@ class EngineException:
         return asdict(self)
 
 
-def _short_path(path: str) -> str:
+def _short_path(path: str, package: str = "") -> str:
     for cut in ("site-packages/", "dist-packages/"):
         if cut in path:
             return path.split(cut, 1)[1]
+    if package and f"/{package}/" in path:  # a site folder of its own (PYTHONPATH): from the package on
+        return package + "/" + path.rsplit(f"/{package}/", 1)[1]
     return path
 
 
@@ -355,7 +357,8 @@ def exceptions_in_log(text: str, package: str = "", raisers: list[re.Pattern[str
         if exc is not None:
             inner = frames[-1] if frames else None
             own = next((f for f in reversed(frames) if package and f"/{package}/" in f.group("file")), None)
-            fmt = lambda f: f"{_short_path(f.group('file'))}:{f.group('line')} in {f.group('fn')}" if f else ""  # noqa: E731
+            fmt = lambda f: f"{_short_path(f.group('file'), package)}:{f.group('line')} in {f.group('fn')}" \
+                if f else ""  # noqa: E731
             out.append(EngineException(exc.group("type").rsplit(".", 1)[-1], (exc.group("msg") or "").strip(),
                                        fmt(own), fmt(inner), who, start + 1))
         i = max(j, i + 1)

@@ -75,8 +75,10 @@ class ModelSpec(_Spec):
 
 
 # off: no graphs; decode_only: decode batches as full graphs, prefill eager; full: decode and prefill as full graphs;
-# piecewise: decode full, prefill/mixed batches as piecewise (breakable) graphs with the unsafe parts eager
-CudaGraphMode = Literal["off", "decode_only", "full", "piecewise"]
+# piecewise: decode full, prefill/mixed batches as piecewise graphs with the unsafe parts (attention, MoE) eager, by the
+# engine's default mechanism (SGLang's breakable capture); compiled_piecewise: the same split made by torch.compile
+# (SGLang's tc_piecewise), where an engine offers both
+CudaGraphMode = Literal["off", "decode_only", "full", "piecewise", "compiled_piecewise"]
 # how the client spreads requests over replicas: in turn, or to the one with the fewest requests in flight
 Route = Literal["round_robin", "least_outstanding"]
 # replicas on the same GPU(s): the driver's time-slicing between their contexts, or one MPS server running their

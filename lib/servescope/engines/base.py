@@ -339,6 +339,15 @@ class EngineAdapter(ABC):
         """Prometheus series that count CUDA-graph use (replays, passes by mode), name -> meaning; {} if none."""
         return {}
 
+    def startup_stages(self, log_text: str) -> pd.DataFrame:
+        """Seconds each startup stage took as the engine's log says (stage, seconds); empty where it does not."""
+        return pd.DataFrame(columns=["stage", "seconds"])
+
+    def graph_off_flags(self, command: list[str], install: EngineInstall) -> list[dict[str, str]]:
+        """The flags of a launch command that turn CUDA graphs off (flag, phases, alias: what a deprecated spelling
+        stands for on this version); [] where the engine names none."""
+        return []
+
     def graph_counts(self, log_text: str) -> pd.DataFrame:
         """Batches per CUDA-graph runtime mode as the server's log counts them (mode, batches); empty where the
         engine logs no such counts."""

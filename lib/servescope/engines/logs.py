@@ -15,7 +15,7 @@ import pandas as pd
 from .source import SourceTree, parse_source
 
 KINDS = ("graph_capture", "graph_disabled", "compile", "moe_backend", "attention_backend", "oom", "cuda_error",
-         "startup", "config")
+         "startup", "config", "teardown")
 # placeholder written for an f-string's {expression} when a template is rebuilt from source
 HOLE = "\u2039x\u203a"
 
@@ -39,6 +39,17 @@ class LogPattern:
 SGLANG_PATTERNS = [
     LogPattern("capture_begin", "graph_capture", r"Capture (?P<what>[\w ./-]*?)(?:cuda|CUDA) graph begin",
                "CUDA-graph capture started", "sglang", "0.4.10 0.5.9 0.5.23"),
+    LogPattern("capture_backend", "graph_capture",
+               r"Capture (?P<role>\w+) (?P<phase>prefill|decode|verify) (?:CUDA|cuda) graph begin\. backend=(?P<backend>\w+)",
+               "a phase's CUDA-graph capture started, with the backend it captures with", "sglang", "0.5.17"),
+    LogPattern("prefill_graph_skipped", "graph_disabled",
+               r"Disabling auto-selected prefill CUDA graph|Disable prefill CUDA graph(?: capture)? because",
+               "a prefill CUDA graph the configuration asked for was not captured (the line says why); prefill runs "
+               "eager", "sglang", "0.5.17"),
+    LogPattern("sigquit_teardown", "teardown", r"Received sigquit from a child process",
+               "a child process failed and SGLang killed its own process tree", "sglang", "0.5.17"),
+    LogPattern("scheduler_exception", "teardown", r"(?P<who>[A-Z]\w+) hit an exception",
+               "a process of the server raised (the traceback follows)", "sglang", "0.5.17"),
     LogPattern("capture_end", "graph_capture",
                r"Capture (?P<what>[\w ./-]*?)(?:cuda|CUDA) graph end\. (?:Time elapsed: |elapsed=)(?P<capture_s>[\d.]+) s",
                "CUDA-graph capture finished (seconds it took)", "sglang", "0.4.10 0.5.9 0.5.23"),
@@ -63,8 +74,8 @@ SGLANG_PATTERNS = [
     LogPattern("kv_cache_size", "startup", r"KV Cache is allocated\. #tokens: (?P<kv_tokens>\d[\d.]*)|"
                r"(?:is allocated|allocated)\. dtype: [^,]+, #tokens: (?P<kv_tokens_dtype>\d[\d.]*)",
                "KV cache size in tokens", "sglang", "0.4.10 0.5.9 0.5.23"),
-    LogPattern("load_weight", "startup", r"Load weight end\. (?:elapsed=|type=)",
-               "weights loaded", "sglang", "0.4.10 0.5.9 0.5.23"),
+    LogPattern("load_weight", "startup", r"Load weight end\. (?:elapsed=(?P<load_s>[\d.]+) s|type=)",
+               "weights loaded (seconds it took, where the version says)", "sglang", "0.4.10 0.5.9 0.5.17 0.5.23"),
     LogPattern("server_ready", "startup", r"The server is fired up and ready to roll",
                "the server answered its warm-up request", "sglang", "0.4.10 0.5.9 0.5.23"),
 ]

@@ -17,6 +17,8 @@ import urllib.error
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from ..errors import KnobError
 from ..models import config_dtype, short_dtype
 from ..server import ReadyCheck
@@ -34,9 +36,15 @@ _OLD_MOE_FLAGS = {"flashinfer_cutlass": "--enable-flashinfer-cutlass-moe",
                   "flashinfer_mxfp4": "--enable-flashinfer-mxfp4-moe",
                   "triton_kernel": "--enable-triton-kernel-moe"}
 
-# (decode, prefill) backends of each graph intent on 0.5.2x (--cuda-graph-backend-decode/prefill)
+# (decode, prefill) backends of each graph intent from 0.5.14 (--cuda-graph-backend-decode/prefill)
 _PHASE_BACKENDS = {"off": ("disabled", "disabled"), "decode_only": ("full", "disabled"), "full": ("full", "full"),
-                   "piecewise": ("full", "breakable")}
+                   "piecewise": ("full", "breakable"), "compiled_piecewise": ("full", "tc_piecewise")}
+# a phase's backend as the engine-neutral record names it
+_PHASE_STATE = {"disabled": "off", "full": "full", "breakable": "piecewise", "piecewise": "piecewise",
+                "tc_piecewise": "compiled_piecewise"}
+# the flags of a launch that turn graphs (or one phase) off, and which phases: what thread 1 names as the user's cause
+_OFF_FLAGS = {"--disable-cuda-graph": ("decode", "prefill"), "--disable-prefill-cuda-graph": ("prefill",),
+              "--disable-decode-cuda-graph": ("decode",), "--disable-piecewise-cuda-graph": ("prefill",)}
 
 METRICS = {
     "sglang:num_running_reqs": "requests in the running batch",
@@ -77,6 +85,13 @@ class _Flags:
                 raise KnobError(f"{knob}: {e}" if knob else str(e)) from None
         self.out += [flag] if value is None else [flag, str(value)]
 
+
+# 'Prefill batch, ... cuda graph: True, ...' / 'Decode batch, ... cuda graph: False, ...' (metrics_reporter.py)
+_BATCH_LINE = re.compile(r"(?P<phase>Prefill|Decode) batch\b[^\n]*?cuda graph: (?P<graph>True|False)")
+# 'Load weight end. elapsed=1.2 s', 'Capture target decode CUDA graph begin. backend=full', '... end. elapsed=3.4 s'
+_STAGE = re.compile(r"Load weight end\. elapsed=(?P<load_s>[\d.]+) s|Capture (?P<what>[\w ]+?) (?:CUDA|cuda) graph "
+                    r"(?P<begin>begin)\. backend=(?P<backend>\w+)|Capture (?P<what2>[\w ]+?) (?:CUDA|cuda) graph end\. "
+                    r"(?:Time elapsed: |elapsed=)(?P<capture_s>[\d.]+) s")
 
 SGLANG_KEY_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
                       "sglang:gen_throughput", "sglang:cuda_graph_passes_total", "sglang:is_cuda_graph",
@@ -134,10 +149,17 @@ class SglangAdapter(EngineAdapter):
         per_phase = f.has("--cuda-graph-backend-decode", "--cuda-graph-backend-prefill")
         pcg_opt_in = f.has("--enable-piecewise-cuda-graph") and not f.has("--disable-piecewise-cuda-graph")
         pcg_default = f.has("--disable-piecewise-cuda-graph")
-        prefill_ok = f.fs.choices("--cuda-graph-backend-prefill") or ["full"] if per_phase else []
-        can = ["off", "decode_only"] + ((["full"] if "full" in prefill_ok else []) + ["piecewise"] if per_phase else
+        prefill_ok = (f.fs.choices("--cuda-graph-backend-prefill") or ["full"]) if per_phase else []
+        can = ["off", "decode_only"] + ([m for m in ("full", "piecewise", "compiled_piecewise")
+                                         if _PHASE_BACKENDS[m][1] in prefill_ok] if per_phase else
                                         ["piecewise"] if (pcg_opt_in or pcg_default) else [])
-        if per_phase:  # 0.5.2x says each phase's backend outright
+        if per_phase and mode not in can:
+            raise KnobError(f"{f.v} has no prefill backend {_PHASE_BACKENDS[mode][1]!r} (cuda_graph={mode!r}); it "
+                            f"can: {', '.join(can)}")
+        if mode == "compiled_piecewise" and not per_phase:
+            raise KnobError(f"{f.v}'s piecewise graphs are torch.compile's already: ask for cuda_graph 'piecewise' "
+                            f"(it can: {', '.join(can)})")
+        if per_phase:  # 0.5.14+ says each phase's backend outright
             decode, prefill = _PHASE_BACKENDS[mode]
             f.add("--cuda-graph-backend-decode", decode, knob=f"cuda_graph={mode!r} needs decode={decode}")
             f.add("--cuda-graph-backend-prefill", prefill, knob=f"cuda_graph={mode!r} needs prefill={prefill}")
@@ -282,11 +304,9 @@ class SglangAdapter(EngineAdapter):
             cfg = r.get("cuda_graph_config") if isinstance(r.get("cuda_graph_config"), dict) else {}
             dec = (cfg.get("decode") or {}).get("backend") or r.get("cuda_graph_backend_decode")
             pre = (cfg.get("prefill") or {}).get("backend") or r.get("cuda_graph_backend_prefill")
-            if dec is not None or pre is not None:  # 0.5.2x per-phase backends
+            if dec is not None or pre is not None:  # 0.5.14+ per-phase backends
                 dec, pre = dec or "full", pre or "disabled"
-                phase = {"disabled": "off", "full": "full", "breakable": "piecewise", "piecewise": "piecewise",
-                         "tc_piecewise": "piecewise"}
-                st.graph_decode, st.graph_prefill = phase.get(dec, dec), phase.get(pre, pre)
+                st.graph_decode, st.graph_prefill = _PHASE_STATE.get(dec, dec), _PHASE_STATE.get(pre, pre)
                 st.graph_mode = f"decode={dec} prefill={pre}"
             elif r.get("disable_cuda_graph"):
                 st.graph_decode, st.graph_prefill, st.graph_mode = "off", "off", "disable_cuda_graph=True"
@@ -317,6 +337,12 @@ class SglangAdapter(EngineAdapter):
             if (lines["name"] == "piecewise_compile_conflict").any() and st.graph_prefill == "piecewise":
                 st.graph_prefill = "off"
                 st.graph_mode = f"{st.graph_mode}; log: piecewise disabled (conflict with torch compile)"
+            # 0.5.17 may still run a configured prefill graph eagerly (too little memory left to capture, no
+            # capture size fits, layers it cannot split): its log says so, its args do not
+            skipped = lines[lines["name"] == "prefill_graph_skipped"]
+            if len(skipped) and st.graph_prefill not in (None, "off"):
+                st.graph_prefill = "off"
+                st.graph_mode = f"{st.graph_mode}; log: prefill graph not captured ({skipped['line'].iloc[0][:160]})"
             for fld, kind in (("moe_backend", "moe_backend"), ("attention_backend", "attention_backend")):
                 hit = lines[lines["kind"] == kind]
                 if getattr(st, fld) is None and len(hit) and "backend" in hit:
@@ -345,6 +371,58 @@ class SglangAdapter(EngineAdapter):
             out.append(FactRule("two-batch overlap is on", r"enable_two_batch_overlap"))
         if (f.get("pp_size") or 1) > 1:
             out.append(FactRule("pipeline parallelism", r"pp_size > 1"))
+        return out
+
+    def graph_counts(self, log_text: str) -> pd.DataFrame:
+        """Logged batches per phase and whether each ran as a CUDA graph (the 'cuda graph: True|False' field of
+        SGLang's 'Prefill batch' and 'Decode batch' lines; decode lines come every decode_log_interval batches, so
+        these count logged batches, not all)."""
+        rows = [(f"{m.group('phase').lower()} {'graph' if m.group('graph') == 'True' else 'eager'}",)
+                for m in _BATCH_LINE.finditer(log_text)]
+        if not rows:
+            return pd.DataFrame(columns=["mode", "batches"])
+        df = pd.DataFrame(rows, columns=["mode"]).assign(batches=1)
+        return df.groupby("mode", sort=True, as_index=False)["batches"].sum()
+
+    def startup_stages(self, log_text: str) -> pd.DataFrame:
+        """Seconds each startup stage took, as the log says (weights, each CUDA-graph capture with its backend)."""
+        rows, backend = [], {}
+        for m in _STAGE.finditer(log_text):
+            if m.group("begin"):
+                backend[m.group("what")] = m.group("backend") or ""
+            elif m.group("load_s"):
+                rows.append({"stage": "load weights", "seconds": float(m.group("load_s"))})
+            else:
+                what = m.group("what2")
+                rows.append({"stage": f"capture {what} graph" + (f" ({backend[what]})" if backend.get(what) else ""),
+                             "seconds": float(m.group("capture_s"))})
+        return pd.DataFrame(rows, columns=["stage", "seconds"])
+
+    def graph_off_flags(self, command: list[str], install: EngineInstall) -> list[dict[str, str]]:
+        """The flags of a launch command that turn CUDA graphs (or a phase) off, each with the phases it turns off
+        and, where this version marks it deprecated, what it stands for now."""
+        out = []
+        try:
+            fs = self.flag_set(install)
+        except Exception:  # noqa: BLE001 - offline without the source: the flags are still named, unqualified
+            fs = None
+        for i, arg in enumerate(command):
+            name, _, inline = arg.partition("=")
+            value = inline or (command[i + 1] if i + 1 < len(command) else "")
+            phases: tuple[str, ...] = ()
+            if name in _OFF_FLAGS:
+                phases = _OFF_FLAGS[name]
+            elif name in ("--cuda-graph-backend-decode", "--cuda-graph-backend-prefill") and value == "disabled":
+                phases = (name.rsplit("-", 1)[-1],)
+            if not phases:
+                continue
+            shown = f"{name} {value}" if name.startswith("--cuda-graph-backend") else name
+            alias = ""
+            if fs is not None and fs.is_deprecated(name):
+                new = " ".join(f"--cuda-graph-backend-{p} disabled" for p in phases)
+                alias = f"a deprecated alias on {self.name} {install.version}: it stands for `{new}`" \
+                    if fs.has("--cuda-graph-backend-decode") else f"deprecated on {self.name} {install.version}"
+            out.append({"flag": shown, "phases": " and ".join(phases), "alias": alias})
         return out
 
     def graph_metrics(self) -> dict[str, str]:

@@ -16,7 +16,8 @@ from ..spec import Knobs
 
 # graph intent -> (decode phase, prefill/mixed phase); 'piecewise' graphs attention and leaves the rest (MoE) eager
 GRAPH_PHASES: dict[str, tuple[str, str]] = {"off": ("off", "off"), "decode_only": ("full", "off"),
-                                            "full": ("full", "full"), "piecewise": ("full", "piecewise")}
+                                            "full": ("full", "full"), "piecewise": ("full", "piecewise"),
+                                            "compiled_piecewise": ("full", "compiled_piecewise")}
 # the fields a request can pin, in table order
 FIELDS = ("compile", "graph_decode", "graph_prefill", "eager", "tp", "dp", "ep", "moe_backend", "attention_backend")
 NOT_REPORTED = "not reported"
@@ -40,8 +41,8 @@ class ResolvedState:
     source: str = ""  # where it was read: '/server_info', 'command line', 'log', ...
     compile: str | None = None  # 'on' | 'off'
     compile_mode: str | None = None  # the engine's words ('DYNAMO_TRACE_ONCE', 'max-autotune-no-cudagraphs', ...)
-    graph_decode: str | None = None  # 'off' | 'full' | 'piecewise'
-    graph_prefill: str | None = None  # 'off' | 'full' | 'piecewise'
+    graph_decode: str | None = None  # 'off' | 'full' | 'piecewise' | 'compiled_piecewise'
+    graph_prefill: str | None = None  # 'off' | 'full' | 'piecewise' | 'compiled_piecewise'
     graph_mode: str | None = None  # the engine's words ('FULL_AND_PIECEWISE', 'decode=full prefill=breakable', ...)
     eager: bool | None = None  # an engine-level eager switch (vLLM --enforce-eager), where one exists
     tp: int | None = None

@@ -50,6 +50,11 @@ class TransformersAdapter(EngineAdapter):
         platform = "cuda" if gpu.stdout.strip() == "1" else "cpu"
         return EngineInstall(python=python, version=version, distribution=dist, platform=platform, env=dict(env or {}))
 
+    def graph_off_flags(self, command: list[str], install: EngineInstall) -> list[dict[str, str]]:
+        """--no-cb-use-cuda-graph."""
+        return [{"flag": a, "phases": "decode and prefill", "alias": ""} for a in command
+                if a == "--no-cb-use-cuda-graph"]
+
     def served_name(self, model_path: str, requested: str) -> str:
         """transformers serve answers to the model id it was started with, nothing else."""
         return model_path

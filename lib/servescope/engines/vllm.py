@@ -113,6 +113,9 @@ class VllmAdapter(EngineAdapter):
     def _compile_flags(self, knobs: Knobs, install: EngineInstall, fs: FlagSet | None) -> list[str]:
         """--enforce-eager, or --compilation-config with the compile mode and CUDA-graph mode asked for."""
         v = f"vLLM {install.version}"
+        if knobs.cuda_graph == "compiled_piecewise":
+            raise KnobError(f"{v}'s piecewise graphs are always torch.compile's pieces: ask for cuda_graph "
+                            "'piecewise' (FULL_AND_PIECEWISE)")
         flags: list[str] = []
         cc: dict[str, Any] = {}
         eager = knobs.torch_compile is False and knobs.cuda_graph in (None, "off")
@@ -328,6 +331,18 @@ class VllmAdapter(EngineAdapter):
         """vLLM 0.32 exports no CUDA-graph counter to Prometheus: with --cudagraph-metrics (which plan() sets on
         CUDA) its stat logger logs batches per runtime mode instead (see graph_counts)."""
         return {}
+
+    def graph_off_flags(self, command: list[str], install: EngineInstall) -> list[dict[str, str]]:
+        """--enforce-eager, and a compilation config whose cudagraph_mode is NONE."""
+        out = []
+        for i, arg in enumerate(command):
+            name, _, inline = arg.partition("=")
+            value = inline or (command[i + 1] if i + 1 < len(command) else "")
+            if name == "--enforce-eager":
+                out.append({"flag": name, "phases": "decode and prefill", "alias": "it also turns torch.compile off"})
+            elif name in ("--compilation-config", "-cc", "-O") and re.search(r"cudagraph_mode\W+(?:NONE|0)\b", value):
+                out.append({"flag": f"{name} {value}", "phases": "decode and prefill", "alias": ""})
+        return out
 
     def graph_counts(self, log_text: str) -> pd.DataFrame:
         """Batches per runtime mode (FULL, PIECEWISE, NONE) summed over every '**CUDAGraph Stats:**' table the stat
