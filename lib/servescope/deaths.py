@@ -375,6 +375,7 @@ class DeathCause:
     first_death: ProcessDeath | None = None  # the first process the log shows dying from a signal, where that came first
     teardown: str = ""  # 'engine' | 'outside' | ''
     teardown_evidence: str = ""
+    stage: str = ""  # where in its startup the server was, as its log shows ('during the prefill CUDA-graph capture')
 
     def headline(self) -> str:
         """The cause in one sentence."""
@@ -396,11 +397,20 @@ class DeathCause:
             lines.append(f"teardown: {self.teardown_evidence}")
         return "\n".join(x for x in lines if x)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DeathCause:
+        """The cause as as_dict wrote it (a failed point's manifest)."""
+        exc, first = d.get("exception"), d.get("first_death")
+        return cls(exception=EngineException(**exc) if exc else None, first_death=ProcessDeath(**first) if first else None,
+                   teardown=d.get("teardown", ""), teardown_evidence=d.get("teardown_evidence", ""),
+                   stage=d.get("stage", ""))
+
     def as_dict(self) -> dict[str, Any]:
         """Plain dict for manifests."""
         return {"exception": self.exception.as_dict() if self.exception else None,
                 "first_death": self.first_death.as_dict() if self.first_death else None,
-                "teardown": self.teardown, "teardown_evidence": self.teardown_evidence, "headline": self.headline()}
+                "teardown": self.teardown, "teardown_evidence": self.teardown_evidence, "stage": self.stage,
+                "headline": self.headline()}
 
 
 def cause_of(text: str, deaths: list[ProcessDeath], package: str = "", teardown: list[re.Pattern[str]] | None = None,

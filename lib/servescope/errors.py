@@ -75,3 +75,12 @@ class NotMeasuredError(ServescopeError):
 
 class ProfilingUnavailable(ServescopeError):
     """A profiler cannot run here (no nsys, no GPU, no hook in the engine); the message says why."""
+
+
+class RecordedFailure(ServescopeError):
+    """A configuration whose earlier attempt (kept in the store's _failed/) died before it was ready with the engine's
+    own exception: not launched again (a forced run retries it); carries that attempt's cause."""
+
+    def __init__(self, message: str, cause: Any, recorded: str, before_ready: bool = True) -> None:
+        super().__init__(message)
+        self.cause, self.recorded, self.before_ready, self.deaths = cause, recorded, before_ready, []

@@ -23,6 +23,7 @@ from .errors import (
     KnobError,
     LevelFailedError,
     NotMeasuredError,
+    RecordedFailure,
     ServerExitedError,
     ServerStartTimeout,
     ServescopeError,
@@ -252,6 +253,8 @@ class _Loop:
         try:
             if store.has(key) and not ctx.force:
                 self.say(f"{tag}: from store ({key})")
+            elif (died := None if ctx.force else store.recorded_death(key)) is not None:
+                raise recorded_failure(*died)
             elif rep >= 1 and ctx.offline:  # a repetition the measuring run did not take (or an older, shorter run)
                 return "missing"
             else:
@@ -261,11 +264,14 @@ class _Loop:
             raise
         except Exception as e:  # a failed point must not lose the others
             self.planned += 1
-            self.acc.errors.append(error_row(cfg.name, rep, key, e))
-            self.say(f"{tag}: FAILED: {self.acc.errors[-1]['summary']}")
-            if self.acc.errors[-1]["death"]:
-                self.say("  " + self.acc.errors[-1]["death"].replace("\n", "\n  "))
-            return "failed"
+            row = error_row(cfg.name, rep, key, e)
+            self.acc.errors.append(row)
+            self.say(f"{tag}: FAILED: {row['summary']}")
+            if row["death"] and not row["recorded"]:
+                self.say("  " + row["death"].replace("\n", "\n  "))
+            # a launch that dies before it is ready with the engine's own exception dies the same way again: its
+            # later repetitions are not launched (they would spend the same startup to learn nothing)
+            return "dead" if row["before_ready"] and row["exception"] else "failed"
         self.planned += 1
         self.acc.add(pt, key, {"config": cfg.name, "rep": rep})
         return how
@@ -321,8 +327,9 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
         t_rep, loop.launched = time.monotonic(), False
         order = active if rep % 2 == 0 else list(reversed(active))
         hows = [loop.point(rep, cfg) for cfg in order]
-        # a shorter run of one configuration must not hide the repetitions the store holds of the others
-        gone |= {c.name for c, how in zip(order, hows, strict=True) if how == "missing"}
+        # a shorter run of one configuration must not hide the repetitions the store holds of the others; a
+        # configuration that died before it was ready is not launched again
+        gone |= {c.name for c, how in zip(order, hows, strict=True) if how in ("missing", "dead")}
         active = [c for c in active if c.name not in gone]
         if not active:
             break
@@ -332,7 +339,7 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
     else:
         stopped = f"max_repetitions={plan.max_reps} reached" if plan.max_reps > plan.min_reps else \
             f"{plan.max_reps} repetitions, as asked"
-    if gone:
+    if gone - {r["config"] for r in loop.acc.errors if r["before_ready"] and r["exception"]}:
         stopped = _held(loop, configs)
     res = loop.acc.results(loop.planned)
     res.stopped = _keep_stopped(ctx, configs, rep, stopped)
@@ -396,7 +403,7 @@ def _shared_point(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepar
 
 
 ERROR_COLUMNS = ("config", "rep", "key", "error_type", "summary", "signal", "death", "exception", "frame", "teardown",
-                 "before_ready", "error", "traceback")
+                 "stage", "before_ready", "recorded", "error", "traceback")
 
 
 def error_row(config: str, rep: int, key: str, e: BaseException) -> dict[str, Any]:
@@ -415,8 +422,22 @@ def error_row(config: str, rep: int, key: str, e: BaseException) -> dict[str, An
             "exception": f"{exc.type}: {exc.message}"[:400] if exc is not None else "",
             "frame": (exc.frame or exc.innermost) if exc is not None else "",
             "teardown": cause.teardown if cause is not None else "",
-            "before_ready": isinstance(e, (ServerExitedError, ServerStartTimeout)), "error": text[-3000:],
+            "stage": cause.stage if cause is not None else "",
+            "before_ready": isinstance(e, (ServerExitedError, ServerStartTimeout)) or bool(getattr(e, "before_ready", 0)),
+            "recorded": getattr(e, "recorded", ""), "error": text[-3000:],
             "traceback": traceback.format_exc()[-4000:]}
+
+
+def recorded_failure(folder: Path, manifest: dict[str, Any]) -> RecordedFailure:
+    """The failure an earlier attempt recorded, raised again instead of launching the same configuration to die the
+    same way."""
+    from .deaths import DeathCause
+
+    cause = DeathCause.from_dict(manifest.get("cause") or {})
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(manifest.get("ended_unix") or 0))
+    first = str(manifest.get("error", "")).splitlines()[0] if manifest.get("error") else ""
+    return RecordedFailure(f"{first or cause.headline()} [recorded {when} in _failed/{folder.name}; not launched "
+                           "again: a forced run retries it]", cause, f"_failed/{folder.name} ({when})")
 
 
 def _telemetry_for(spec: TelemetrySpec, target: Any, adapter: EngineAdapter) -> Telemetry | None:

@@ -63,6 +63,36 @@ class Effect(BaseModel):
         return f"{self.value_pct:+.1f}% {self.metric} ({ci}n={self.n}{at})"
 
 
+class Failure(BaseModel):
+    """A configuration that failed in this run (or in the store for this engine, version and model): its knobs and
+    flags, what failed (the engine's own exception and frame where its log has one), whether it died before it was
+    ready (at CUDA-graph capture, compile or warm-up), and who tore its tree down."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: str
+    knobs: dict[str, Any] = Field(default_factory=dict)
+    flags: list[str] = Field(default_factory=list)
+    summary: str = ""
+    exception: str = ""  # 'ValueError: Invalid forward mode ...'
+    frame: str = ""  # 'sglang/srt/layers/attention/triton_backend.py:1202 in ...'
+    stage: str = ""  # where in the startup it died, as the log shows ('during the prefill CUDA-graph capture', ...)
+    teardown: str = ""  # 'engine' | 'outside' | ''
+    before_ready: bool = False
+    recorded: str = ""  # '' (this run), or where an earlier run recorded it
+
+    def words(self) -> str:
+        """'dies before it is ready (during the prefill CUDA-graph capture): ValueError: ... (at frame)'."""
+        when = f"dies before it is ready ({self.stage})" if self.before_ready and self.stage else \
+            "dies before it is ready" if self.before_ready else "fails while serving"
+        what = self.exception or self.summary
+        return f"{when}: {what}" + (f" (at {self.frame})" if self.frame else "")
+
+    def matches(self, knobs: dict[str, Any]) -> bool:
+        """Whether a change setting knobs contains this failed configuration (every knob it set, set the same)."""
+        return bool(self.knobs) and all(knobs.get(k) == v for k, v in self.knobs.items())
+
+
 class Finding(BaseModel):
     """One conclusion of one thread, with its evidence."""
 
@@ -80,6 +110,8 @@ class Finding(BaseModel):
     confidence: Confidence = "none"
     direction: Direction = ""
     evidence: dict[str, Any] = Field(default_factory=dict)
+    # configurations this finding saw fail: no change containing one of them is recommended (summary, thread 07)
+    failures: list[Failure] = Field(default_factory=list)
 
     def resolved_as(self, direction: Direction, at_least: Confidence = "medium") -> bool:
         """True for a comparison that applies and moved the way asked, with at least that confidence."""
@@ -176,14 +208,30 @@ def read_outcome(findings_path: str | Path) -> Outcome | None:
 
 
 # 99's tiers (servescope.summary ranks by them; thread 07 reads the High and Medium ones)
-TIERS = ("High", "Medium", "Low", "Already optimal", "Measured, no change", "Not applicable here", "Not measured")
+TIERS = ("High", "Medium", "Low", "Excluded: failed here", "Already optimal", "Measured, no change",
+         "Not applicable here", "Not measured")
 SUMMARY = "99_summary"  # the summary notebook: collect leaves its own findings out
 
 
-def tier(f: Finding) -> str:
-    """Which of 99's tiers a finding falls in (see servescope.summary's docstring)."""
+def failures_of(by_thread: dict[str, list[Finding]]) -> list[Failure]:
+    """Every failed configuration the run's findings carry."""
+    return [x for fs in by_thread.values() for f in fs for x in f.failures]
+
+
+def failed_change(f: Finding, failed: list[Failure]) -> Failure | None:
+    """The failed configuration a finding's recommended change contains, if any (its knobs set every knob the
+    failure set, the same way)."""
+    knobs = f.evidence.get("knobs") or {}
+    return next((x for x in failed if knobs and x.matches(knobs)), None)
+
+
+def tier(f: Finding, failed: list[Failure] | None = None) -> str:
+    """Which of 99's tiers a finding falls in (see servescope.summary's docstring); a change that contains a
+    configuration that failed here (failed: failures_of the run) is excluded."""
     if not f.answers:
         return "Not measured"
+    if f.applies and (f.recommended_flags or f.recommendation) and failed and failed_change(f, failed):
+        return "Excluded: failed here"
     if f.applies and (f.recommended_flags or f.recommendation):
         if f.effect is None:
             return "Low"

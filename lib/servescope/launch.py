@@ -286,7 +286,7 @@ def _serve_one(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | 
                                log_dir=Path(log_dir), model=prep.served_name, env=plan.env,
                                startup_timeout_s=engine.startup_timeout_s, ready=ready, term_grace_s=term_grace_s,
                                package=adapter.package, teardown_patterns=adapter.teardown_patterns,
-                               raiser_patterns=adapter.raiser_patterns)
+                               raiser_patterns=adapter.raiser_patterns, stage_of=adapter.death_stage)
         try:
             server.start()
             break

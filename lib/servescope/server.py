@@ -219,6 +219,7 @@ class ManagedServer:
     package: str = ""
     teardown_patterns: tuple[str, ...] = ()
     raiser_patterns: tuple[str, ...] = ()
+    stage_of: Any = None  # log text -> where in its startup the server was (the adapter's death_stage)
 
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     timings: StartupTimings = field(default_factory=StartupTimings, init=False)
@@ -272,8 +273,11 @@ class ManagedServer:
         """Why the tree failed, from its log: the engine's own first exception or the first signal death, and
         whether the engine tore its own tree down (servescope.deaths.cause_of)."""
         text = self.log_text(self._ready_offsets if since_ready else (0, 0))
-        return _deaths.cause_of(text, deaths, self.package, [re.compile(x) for x in self.teardown_patterns],
-                                [re.compile(x) for x in self.raiser_patterns], killed_by_us)
+        cause = _deaths.cause_of(text, deaths, self.package, [re.compile(x) for x in self.teardown_patterns],
+                                 [re.compile(x) for x in self.raiser_patterns], killed_by_us)
+        if cause is not None and not since_ready and self.stage_of is not None:
+            cause.stage = self.stage_of(self.log_text())
+        return cause
 
     def check_alive(self) -> None:
         """Raise ServerDiedError if the server exited or a process of its tree died since it became ready."""

@@ -278,6 +278,35 @@ class Store:
         d = self.root / "_failed"
         return sorted(d.glob(f"{key}-*")) if d.is_dir() else []
 
+    def failed_manifests(self, engine: str | None = None, model: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The manifests of every failed attempt kept in _failed/ (optionally of one engine identity and model),
+        oldest first, each with its folder's name under 'folder'."""
+        d = self.root / "_failed"
+        out = []
+        for f in sorted(d.iterdir()) if d.is_dir() else []:
+            m = f / MANIFEST
+            if not m.is_file():
+                continue
+            man = json.loads(m.read_text())
+            parts = man.get("parts") or {}
+            if (engine is not None and parts.get("engine") != engine) or (model is not None and parts.get("model") != model):
+                continue
+            out.append({**man, "folder": f.name})
+        return out
+
+    def recorded_death(self, key: str) -> tuple[Path, dict[str, Any]] | None:
+        """The newest failed attempt at key that died before it was ready with the engine's own exception (a death
+        that repeats: the same launch raises the same way), as (its folder, its manifest); None where there is none."""
+        for d in reversed(self.failed_attempts(key)):
+            m = d / MANIFEST
+            if not m.is_file():
+                continue
+            man = json.loads(m.read_text())
+            cause = man.get("cause") or {}
+            if cause.get("exception") and man.get("error_type") in ("ServerExitedError", "RecordedFailure"):
+                return d, man
+        return None
+
     def sweep_abandoned(self) -> list[Path]:
         """Move the temporary folders of writers that died (a killed kernel: its pid is gone) to _failed/, marked
         abandoned, so no half-written folder lingers; returns where they went."""

@@ -28,7 +28,7 @@ from .engines.base import EngineAdapter, EngineInstall
 from .engines.state import FIELDS, ResolvedState, differences, verify
 from .errors import KnobError, ServescopeError, SpecError
 from .experiment import Config, Results, point_parts, read_store, run_configs
-from .findings import Confidence, Direction, Effect, Finding, Outcome, capped
+from .findings import Confidence, Direction, Effect, Failure, Finding, Outcome, capped
 from .launch import find_install
 from .plots import Figure
 from .spec import EngineSpec, Knobs
@@ -307,6 +307,28 @@ class Study:
         """What the study measured, for the index."""
         return self.results.outcome(self.thread, findings)
 
+    def failures(self) -> list[Failure]:
+        """The arms that failed (in this run, or as an earlier run recorded in the store), one per arm: knobs,
+        flags, the engine's exception and frame, where in its startup it died; offline gaps are no failures."""
+        out: dict[str, Failure] = {}
+        e = self.results.errors
+        for r in e.to_dict("records") if len(e) else []:
+            if r["error_type"] == "NotMeasuredError" or r["config"] in out:
+                continue
+            arm = next((a for a in self.arms if a.name == r["config"]), None)
+            knobs = arm.knobs if arm is not None else Knobs()
+            flags, _ = self.spell(knobs) if arm is not None else ([], "")
+            out[r["config"]] = Failure(config=r["config"], knobs=knobs.model_dump(mode="json", exclude_defaults=True),
+                                       flags=flags, summary=str(r["summary"])[:400], exception=str(r["exception"] or ""),
+                                       frame=str(r["frame"] or ""), stage=str(r.get("stage") or ""),
+                                       teardown=str(r["teardown"] or ""), before_ready=bool(r["before_ready"]),
+                                       recorded=str(r.get("recorded") or ""))
+        return list(out.values())
+
+    def failure(self, arm: str) -> Failure | None:
+        """An arm's failure (Study.failures), or None where it did not fail."""
+        return next((f for f in self.failures() if f.config == arm), None)
+
     # -- comparisons -----------------------------------------------------------------------------------------
     def compare(self, baseline: str, treatment: str, studied: tuple[str, ...], controls: tuple[str, ...] = ()) -> Comparison:
         """Treatment against baseline; studied: the state fields the comparison is about; controls: the fields that
@@ -438,8 +460,12 @@ class Comparison:
         errs = [{k: v for k, v in x.items() if k != "traceback"} for x in errors.to_dict("records")] if len(errors) else []
         peak = self.peak()
         states = {n: self.study.states[n] for n in (self.baseline, self.treatment) if n in self.study.states}
+        fails = [x for x in self.study.failures() if x.config in (self.baseline, self.treatment)]
         if peak is None:
-            return self._not_measured(subject, states, errs)
+            dead = next((x for x in fails if x.before_ready and x.exception), None)
+            if dead is not None:
+                return self._dies(subject, dead, states, errs, fails)
+            return self._not_measured(subject, states, errs).model_copy(update={"failures": fails})
         says, cap, varied = self.caveats()
         e = self.effects()
         tok = e[(e["metric"] == "output_tok_s") & (e["n_pairs"] > 0)]
@@ -463,9 +489,24 @@ class Comparison:
                                                                 "treatment": _r(peak.treatment_spread_pct)}}
         if flags and rec_knobs is not None:  # what a later thread composes (thread 07 verifies the changes together)
             ev["knobs"] = rec_knobs.model_dump(mode="json", exclude_defaults=True)
+        if fails:
+            claim += " Failed: " + "; ".join(f"{x.config} {x.words()}" for x in fails) + "."
         return Finding(thread=thread, title=f"{subject}: {self.treatment} vs {self.baseline}", claim=claim + note,
                        effect=effect, recommended_flags=flags, confidence=conf, direction=direction, evidence=ev,
-                       reason=reason)
+                       reason=reason, failures=fails)
+
+    def _dies(self, subject: str, dead: Failure, states: dict[str, ResolvedState], errs: list[dict[str, Any]],
+              fails: list[Failure]) -> Finding:
+        """A side that dies before it is ready with the engine's own exception: that is the answer for it."""
+        install = self.study.install
+        version = f"{self.study.adapter.name} {install.version}" if install is not None else "this engine version"
+        return Finding(thread=self.study.thread, title=f"{subject}: {dead.config} dies before it is ready on {version}",
+                       claim=f"{dead.config} ({Knobs(**dead.knobs).label()}) {dead.words()}"
+                             + ("; the engine then tore its own process tree down" if dead.teardown == "engine" else "")
+                             + (f". Seen in an earlier attempt, {dead.recorded}, and not launched again"
+                                if dead.recorded else "") + ". No effect can be measured for it.",
+                       applies=True, confidence="high", reason=dead.words(), failures=fails,
+                       evidence={"errors": errs, "resolved": {k: v.to_dict() for k, v in states.items()}})
 
     def _not_measured(self, subject: str, states: dict[str, ResolvedState], errs: list[dict[str, Any]]) -> Finding:
         first = next((x for x in errs if x.get("signal")), errs[0] if errs else None)
@@ -615,6 +656,31 @@ def kept_probe(ctx: RunContext, kind: str, parts: dict[str, Any], install: Engin
     if "rows" in got:
         return pd.DataFrame(got["rows"]), got["info"]
     return pd.DataFrame(), got
+
+
+def stored_failures(ctx: RunContext) -> list[Failure]:
+    """Every configuration of this engine and model whose attempt the store kept as failed (_failed/), one per
+    configuration (the newest), with the engine's exception where its log had one."""
+    from .deaths import DeathCause
+    from .experiment import point_label
+
+    out: dict[str, Failure] = {}
+    for man in ctx.store.failed_manifests(ctx.engine_identity, ctx.model_key):
+        parts = man.get("parts") or {}
+        cause = DeathCause.from_dict(man["cause"]) if man.get("cause") else None
+        exc = cause.exception if cause is not None else None
+        name = point_label(parts)
+        flags = (man.get("target") or {}).get("flags") or []
+        out[name] = Failure(config=name, knobs=parts.get("knobs") or {}, flags=list(flags),
+                            summary=str(man.get("error", "")).splitlines()[0][:400] if man.get("error") else "",
+                            exception=f"{exc.type}: {exc.message}"[:400] if exc is not None else "",
+                            frame=(exc.frame or exc.innermost) if exc is not None else "",
+                            stage=cause.stage if cause is not None else "",
+                            teardown=cause.teardown if cause is not None else "",
+                            before_ready=man.get("error_type") in ("ServerExitedError", "ServerStartTimeout",
+                                                                   "RecordedFailure"),
+                            recorded=f"_failed/{man['folder']}")
+    return list(out.values())
 
 
 def stored_points(ctx: RunContext) -> Results:

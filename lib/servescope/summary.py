@@ -11,16 +11,18 @@ from __future__ import annotations
 import pandas as pd
 
 from .findings import SUMMARY as SELF
-from .findings import TIERS, Finding, collect, tier  # noqa: F401  the tiers live with the findings they read (07 too)
+from .findings import TIERS, Finding, collect, failed_change, failures_of, tier  # noqa: F401  (07 reads them too)
 
 
 def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer") -> pd.DataFrame:
     """One row per finding, ranked: tier, thread, finding, measured effect, confidence, what to change, why, and a
-    link to its evidence in the thread's HTML."""
+    link to its evidence in the thread's HTML. A change containing a configuration that failed in this run is
+    excluded, with the failure as its why."""
     rows = []
+    failed = failures_of(findings)
     for thread, fs in findings.items():
         for i, f in enumerate(fs):
-            t = tier(f)
+            t = tier(f, failed)
             change = " ".join(f.recommended_flags)
             if f.recommendation:
                 change = f"{change}; {f.recommendation}" if change else f.recommendation
@@ -30,8 +32,7 @@ def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer")
                          "optimal": optimal_words(f) if t == "Already optimal" else "",
                          "effect_pct": abs(f.effect.value_pct) if f.effect is not None else float("nan"),
                          "confidence": f.confidence, "change": change,
-                         "why": f.reason if t in ("Not applicable here", "Not measured", "Already optimal")
-                         else f.claim.split(". ")[0][:300], "evidence": link.format(thread=thread), "order": i})
+                         "why": _why(f, t, failed), "evidence": link.format(thread=thread), "order": i})
     cols = ["tier", "thread", "finding", "effect", "confidence", "change", "why", "evidence", "optimal"]
     if not rows:
         return pd.DataFrame(columns=cols)
@@ -40,6 +41,13 @@ def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer")
     df = df.sort_values(["_t", "effect_pct", "thread", "order"], ascending=[True, False, True, True],
                         na_position="last", ignore_index=True)
     return df[cols]
+
+
+def _why(f: Finding, t: str, failed: list) -> str:
+    if t == "Excluded: failed here":
+        x = failed_change(f, failed)
+        return f"its configuration {x.config} {x.words()}"[:400] if x is not None else ""
+    return f.reason if t in ("Not applicable here", "Not measured", "Already optimal") else f.headline[:300]
 
 
 def optimal_words(f: Finding) -> str:

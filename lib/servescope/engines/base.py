@@ -339,6 +339,11 @@ class EngineAdapter(ABC):
         """Prometheus series that count CUDA-graph use (replays, passes by mode), name -> meaning; {} if none."""
         return {}
 
+    def death_stage(self, log_text: str) -> str:
+        """Where in its startup a server that died before it was ready had got to, as its log shows ('' where the
+        engine's log does not tell)."""
+        return ""
+
     def startup_stages(self, log_text: str) -> pd.DataFrame:
         """Seconds each startup stage took as the engine's log says (stage, seconds); empty where it does not."""
         return pd.DataFrame(columns=["stage", "seconds"])

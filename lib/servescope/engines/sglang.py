@@ -398,6 +398,19 @@ class SglangAdapter(EngineAdapter):
                              "seconds": float(m.group("capture_s"))})
         return pd.DataFrame(rows, columns=["stage", "seconds"])
 
+    def death_stage(self, log_text: str) -> str:
+        """A capture begun and not ended: during it; every capture ended: at the warm-up after them, where the
+        first prefill and decode batches replay the graphs; no capture: before any."""
+        begun = [m.group("what") for m in _STAGE.finditer(log_text) if m.group("begin")]
+        ended = [m.group("what2") for m in _STAGE.finditer(log_text) if m.group("capture_s")]
+        open_ = [w for w in begun if w not in ended]
+        if open_:
+            return f"during the {open_[-1]} CUDA-graph capture"
+        if begun:
+            return f"after capturing its {' and '.join(dict.fromkeys(w.split()[-1] for w in begun))} CUDA graphs, " \
+                   "at the warm-up that first replays them"
+        return "before any CUDA-graph capture" if "Load weight end" in log_text else ""
+
     def graph_off_flags(self, command: list[str], install: EngineInstall) -> list[dict[str, str]]:
         """The flags of a launch command that turn CUDA graphs (or a phase) off, each with the phases it turns off
         and, where this version marks it deprecated, what it stands for now."""

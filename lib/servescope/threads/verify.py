@@ -23,7 +23,7 @@ import pandas as pd
 
 from ..context import RepetitionPlan, RunContext
 from ..errors import SpecError
-from ..findings import Finding, Outcome, collect, tier
+from ..findings import Finding, Outcome, collect, failures_of, tier
 from ..spec import Knobs, ProfileSpec
 from ..study import Arm, Comparison, Study, expressible, run_study
 
@@ -67,11 +67,12 @@ def changes(by_thread: dict[str, list[Finding]]) -> list[Change]:
     """The run's recommended changes that name knobs (High, then Medium; larger measured effects first), from the
     findings of the threads before this one (findings.collect of the report folder)."""
     out: list[Change] = []
+    failed = failures_of(by_thread)
     for thread, fs in by_thread.items():
         if thread == THREAD:
             continue
         for f in fs:
-            t = tier(f)
+            t = tier(f, failed)
             knobs = f.evidence.get("knobs")
             if t in TIERS and knobs:
                 out.append(Change(thread, f.title, t, dict(knobs), list(f.recommended_flags),
