@@ -339,6 +339,29 @@ class EngineAdapter(ABC):
         """Prometheus series that count CUDA-graph use (replays, passes by mode), name -> meaning; {} if none."""
         return {}
 
+    # scheduler knobs -> the attribute the engine's config stores them in (where a static read can tell whether any
+    # code reads it)
+    knob_attrs: ClassVar[dict[str, str]] = {}
+
+    def unread_knobs(self, install: EngineInstall) -> dict[str, str]:
+        """Knobs this version accepts but whose attribute no file of its source reads outside the one declaring its
+        flags: a flag that cannot change anything (knob -> the evidence, in words); {} where the source is not here."""
+        try:
+            tree = self.source_tree(install)
+            files = [f for f in tree.files(self.package + "/") if f.endswith(".py")]
+        except Exception:  # noqa: BLE001 - the source is not on this machine: nothing can be said
+            return {}
+        out = {}
+        for knob, attr in self.knob_attrs.items():
+            decl = [f for f in files if f.endswith("server_args.py") and attr in tree.read(f)]
+            if not decl:
+                continue
+            readers = [f for f in files if not f.endswith("server_args.py") and attr in tree.read(f)]
+            if not readers:
+                out[knob] = (f"{self.name} {install.version} declares {attr} in {decl[0]} and no other file of its "
+                             "source reads it")
+        return out
+
     def death_stage(self, log_text: str) -> str:
         """Where in its startup a server that died before it was ready had got to, as its log shows ('' where the
         engine's log does not tell)."""

@@ -116,6 +116,8 @@ class SglangAdapter(EngineAdapter):
     # a child's failure makes the launcher kill its whole tree (entrypoints/engine.py: SIGQUIT handler ->
     # kill_process_tree), and the scheduler names itself when it raises (managers/scheduler.py)
     teardown_patterns = (r"Received sigquit from a child process",)
+    knob_attrs = {"num_continuous_decode_steps": "num_continuous_decode_steps",
+                  "max_running_requests": "max_running_requests", "chunked_prefill_size": "chunked_prefill_size"}
     raiser_patterns = (r"(?P<who>[A-Z]\w+) hit an exception",)
 
     balancer = ("sglang-router (`python -m sglang_router.launch_router --worker-urls URL1 URL2 ... --policy "
@@ -436,6 +438,12 @@ class SglangAdapter(EngineAdapter):
                 alias = f"a deprecated alias on {self.name} {install.version}: it stands for `{new}`" \
                     if fs.has("--cuda-graph-backend-decode") else f"deprecated on {self.name} {install.version}"
             out.append({"flag": shown, "phases": " and ".join(phases), "alias": alias})
+        both = {x["flag"] for x in out} >= {"--cuda-graph-backend-decode disabled", "--cuda-graph-backend-prefill disabled"}
+        if both and fs is not None and fs.has("--disable-cuda-graph") and fs.is_deprecated("--disable-cuda-graph"):
+            for x in out:  # the pair is what the seed's one flag stands for on this version
+                if x["flag"].startswith("--cuda-graph-backend-"):
+                    x["alias"] = (f"with its twin, what `--disable-cuda-graph` stands for on {self.name} "
+                                  f"{install.version}, where that flag is a deprecated alias")
         return out
 
     def graph_metrics(self) -> dict[str, str]:

@@ -8,6 +8,7 @@ as the reason."""
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import replace
 from typing import Any
 
@@ -21,10 +22,10 @@ from ..engines.logs import analyze_log
 from ..engines.matrix import source_tree as published_source
 from ..engines.state import FactRule, ResolvedState
 from ..errors import KnobError, ServescopeError, SpecError
-from ..findings import Finding
+from ..findings import Failure, Finding
 from ..launch import find_install
 from ..spec import Knobs, ProfileSpec, parse
-from ..study import Arm, Study, run_study, stored_points
+from ..study import Arm, Study, run_study, stored_failures, stored_points
 
 THREAD = "01_cuda_graph_disable_reason"
 ARM = "requested"
@@ -130,25 +131,95 @@ def audit_for(ctx: RunContext, install: EngineInstall | None = None) -> pd.DataF
     return audit
 
 
-def graphs_on_flags(study: Study) -> list[str]:
-    """The flags that turn CUDA graphs on in this engine version's spelling (full graphs, else decode-only, where the
-    version cannot run full ones); [] without CUDA, or where the version has no such knob or its install is unknown.
-    Where the install is not on this machine, the published release of the same version spells them."""
+# the graph modes thread 1 recommends, in order of preference where nothing better is known: piecewise (the
+# engines' own default where they have it), decode graphs alone, then full graphs
+ON_MODES = ("piecewise", "decode_only", "full", "compiled_piecewise")
+
+
+def graph_modes_seen(study: Study) -> tuple[list[str], dict[str, Failure]]:
+    """The graph modes the store holds served points of for this engine and model (most served first), and those
+    that failed there (mode -> its failure)."""
+    served: dict[str, int] = {}
+    for pt in study.ctx.store.points(study.ctx.engine_identity, study.ctx.model_key):
+        mode = (pt.parts.get("knobs") or {}).get("cuda_graph")
+        if mode and mode != "off" and set(pt.parts.get("knobs") or {}) == {"cuda_graph"}:
+            served[mode] = served.get(mode, 0) + 1
+    failed = {str(f.knobs["cuda_graph"]): f for f in [*stored_failures(study.ctx), *study.failures()]
+              if f.knobs.get("cuda_graph") not in (None, "off")}
+    return sorted((m for m in served if m not in failed), key=lambda m: -served[m]), failed
+
+
+def graphs_on(study: Study) -> tuple[str, list[str]]:
+    """The graph mode to turn graphs on with and its flags in this engine version's spelling: a mode the store holds
+    served points of, else the first of ON_MODES this version expresses; never one that failed here. ('', []) without
+    CUDA, or where the version has no such knob or its install is unknown. Where the install is not on this machine,
+    the published release of the same version spells them."""
     install = study.install
     if install is None or not study.adapter.launches or install.platform != "cuda":  # no graphs without CUDA
-        return []
+        return "", []
+    served, failed = graph_modes_seen(study)
+    order = [*served, *(m for m in ON_MODES if m not in served and m not in failed)]
     for inst in (install, None):
         try:
             inst = inst or replace(install, source=published_source(study.adapter, install.version).location)
-            for intent in ("full", "decode_only"):
+            for intent in order:
                 try:
-                    return study.adapter.knob_flags(parse(Knobs, {"cuda_graph": intent}, "knobs"), inst)
+                    return intent, study.adapter.knob_flags(parse(Knobs, {"cuda_graph": intent}, "knobs"), inst)
                 except (KnobError, SpecError):
                     continue
-            return []
+            return "", []
         except (ServescopeError, OSError):  # not here: try the published release (no network: nothing)
             continue
-    return []
+    return "", []
+
+
+def graphs_on_flags(study: Study) -> list[str]:
+    """The flags of graphs_on."""
+    return graphs_on(study)[1]
+
+
+def launch_off_flags(study: Study) -> list[dict[str, str]]:
+    """The flags of the measured launch's own command that turn CUDA graphs (or a phase) off, in the version's
+    spelling, with what a deprecated alias stands for (the adapter reads them)."""
+    pts = study.results.points
+    if not len(pts) or study.install is None:
+        return []
+    cmd = str(pts["command"].iloc[0] or "")
+    return study.adapter.graph_off_flags(shlex.split(cmd), study.install) if cmd else []
+
+
+def startup_stages(study: Study) -> pd.DataFrame:
+    """What the launch cost: each startup stage its log times (weights, each graph capture), and launch to first
+    token."""
+    pt = study.results.point(ARM)
+    rows = study.adapter.startup_stages(pt.log()) if pt is not None and pt.has_log() else pd.DataFrame()
+    start = study.startup()
+    if len(start):
+        rows = pd.concat([rows, pd.DataFrame([{"stage": "launch to first token (all of it)",
+                                               "seconds": float(start["first_token_s"].iloc[0])}])], ignore_index=True)
+    return rows
+
+
+def causes(study: Study, why: pd.DataFrame) -> pd.DataFrame:
+    """The three causes thread 1 checks, each with what was found: the launch's own flags, a rule of the engine whose
+    condition a resolved fact meets, and a crash at capture (this launch, or a graph or compile configuration of this
+    engine and model that the store saw die)."""
+    own = launch_off_flags(study)
+    rules = why[why["source"] == "audit"] if len(why) else why
+    _, failed = graph_modes_seen(study)
+    died = [*{f.config: f for f in [*study.failures(), *stored_failures(study.ctx)]
+              if f.before_ready and (f.knobs.get("cuda_graph") not in (None, "off") or f.knobs.get("torch_compile")
+                                     or f.config == ARM)}.values()]
+    rows = [{"cause": "a flag of the launch", "found": bool(own),
+             "evidence": "; ".join(f"`{x['flag']}` turns off {x['phases']}" + (f" ({x['alias']})" if x["alias"] else "")
+                                   for x in own) or "no graph-off flag in the launch command"},
+            {"cause": "an automatic rule of the engine", "found": bool(len(rules)),
+             "evidence": "; ".join(dict.fromkeys(f"{r.fact}: {r.where}" for r in rules.itertuples()))[:600]
+             if len(rules) else "no audit rule's condition matched a resolved fact"},
+            {"cause": "a crash at capture", "found": bool(died),
+             "evidence": "; ".join(f"{f.config} {f.words()}" for f in died)[:800] or
+             "no graph or compile configuration of this engine and model died here (this launch and the store)"}]
+    return pd.DataFrame(rows)
 
 
 def graph_twin(study: Study, apart: float = 1.3) -> Finding | None:
@@ -205,10 +276,18 @@ def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding
     if len(errors) and state.graphs is None:
         first = errors.iloc[0]
         err = str(first["error"])
+        dead = study.failure(ARM)
+        if dead is not None and dead.before_ready and dead.exception:  # a crash at capture is the answer
+            return [Finding(thread=THREAD, title="The launch dies before it is ready", applies=True,
+                            confidence="high", reason=dead.words(), failures=[dead],
+                            claim=f"The server launched with {knobs.label()} {dead.words()}"
+                                  + ("; the engine then tore its own process tree down" if dead.teardown == "engine"
+                                     else "") + ". Its log is under the store's _failed/ folder.",
+                            evidence={"error": err[-2000:], "signal": first["signal"]})]
         said = (f"{first['death']}" if first["death"] else
                 f"last line of its log: {[ln for ln in err.splitlines() if ln.strip()][-1][:300]}")
         return [Finding(thread=THREAD, title="The server did not start", applies=False, confidence="none",
-                        claim=f"{first['summary']}. {said}",
+                        claim=f"{first['summary']}. {said}", failures=study.failures(),
                         reason="launch failed; its log is under data/runs/_failed/",
                         evidence={"error": err[-2000:], "signal": first["signal"]})]
     if state.graphs is None:
@@ -221,9 +300,16 @@ def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding
                               "compare its speed with.",
                         reason=state.why_missing("graph_decode"), evidence={"resolved": state.to_dict()})]
     mode = state.graph_mode or state.graphs
-    on = graphs_on_flags(study) if state.graphs == "off" and not state.eager else []
+    own = launch_off_flags(study) if state.graphs != "full" else []
+    on_mode, on = graphs_on(study) if (state.graphs == "off" or own) and not state.eager else ("", [])
     if len(crashed):
         claim = f"CUDA-graph capture failed: {crashed['line'].iloc[0]}"
+    elif own:
+        said = "; ".join(f"`{x['flag']}` turns off {x['phases']} graphs" + (f" ({x['alias']})" if x["alias"] else "")
+                         for x in own)
+        claim = (f"CUDA graphs are {state.graphs or 'partly off'} ({mode}) because the launch asked for it: {said}."
+                 + (f" Rules of the engine that would also turn them off here: "
+                    f"{'; '.join(dict.fromkeys(rules['fact']))}." if len(rules) else ""))
     elif state.graphs == "off" and len(rules):
         facts = "; ".join(dict.fromkeys(rules["fact"]))
         where = ", ".join(dict.fromkeys(rules["where"]))[:300]
@@ -232,18 +318,31 @@ def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding
         claim = f"CUDA graphs are off ({mode}); no rule of the audit matched a resolved fact."
     else:
         claim = f"CUDA graphs resolved to {state.graphs} ({mode})."
+    _, failed = graph_modes_seen(study)
     if on and not len(crashed):
         remedies = [r for r in dict.fromkeys(rules["remedy"]) if r] if len(rules) and "remedy" in rules else []
-        claim += f" To turn them on: `{' '.join(on)}`" + (f", {'; '.join(remedies)}" if remedies else "") + "."
+        names = [f"`{x['flag']}`" for x in own]
+        drop = f"drop {', '.join(names[:-1])} and {names[-1]}, and launch with " if len(names) > 1 else \
+            f"drop {names[0]}, and launch with " if names else ""
+        claim += f" To turn them on: {drop}`{' '.join(on)}` ({on_mode})" + \
+            (f", {'; '.join(remedies)}" if remedies else "") + "."
+    if failed:
+        claim += " Not recommended, because they died here: " + "; ".join(
+            f"{m} {f.words()}" for m, f in failed.items()) + "."
     if state.graphs == "off" and state.eager:
         claim += " The server was started with the engine's eager switch, which turns graphs off: drop it."
     if state.dtype:
         claim += f" Weights served in {state.dtype_words()}."
     asked = knobs.cuda_graph
     differs = asked is not None and state.graphs not in (asked, None)
-    return [Finding(thread=THREAD, title="Why CUDA graphs are " + ("not as requested" if differs else state.graphs),
+    evidence = {"engine": study.engine.name, "resolved_mode": state.graph_mode, "resolved": state.to_dict(),
+                "facts": state.facts, "rules": rules.head(10).to_dict("records") if len(rules) else [],
+                "launch_flags": own}
+    if on:  # what a later thread composes (07), and what the summary checks against what failed here
+        evidence["knobs"] = {"cuda_graph": on_mode}
+    title = ("Why CUDA graphs are " + ("not as requested" if differs else state.graphs)) if not own else \
+        f"CUDA graphs are {state.graphs or 'partly off'} because of the launch's own flag"
+    return [Finding(thread=THREAD, title=title,
                     claim=claim + (f" Requested: {asked}." if asked else " Requested: the engine's defaults."),
-                    confidence="high" if len(rules) or len(crashed) else "medium", recommended_flags=on,
-                    evidence={"engine": study.engine.name, "resolved_mode": state.graph_mode,
-                              "resolved": state.to_dict(), "facts": state.facts,
-                              "rules": rules.head(10).to_dict("records") if len(rules) else []})]
+                    confidence="high" if len(rules) or len(crashed) or own else "medium", recommended_flags=on,
+                    evidence=evidence, failures=list(failed.values()))]

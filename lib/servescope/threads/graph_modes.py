@@ -24,7 +24,7 @@ from ..study import Arm, Comparison, Study, expressible, kept_probe, run_study
 from .graph_disable import audit_for, explain_state, server_log
 
 THREAD = "02_piecewise_cuda_graphs"
-MODES = ("off", "decode_only", "full", "piecewise")
+MODES = ("off", "decode_only", "full", "piecewise", "compiled_piecewise")
 BASELINE = "off"
 DEFAULTS = "engine default"
 STUDIED = ("graph_decode", "graph_prefill")
@@ -209,19 +209,28 @@ def findings(gs: GraphStudy) -> list[Finding]:
                            if f.effect is not None and f is not top)
         head = Finding(thread=THREAD, title=f"Use CUDA graphs: {mode}", confidence=top.confidence,
                        claim=f"{mode} gave the largest verified throughput gain over graphs off: {top.effect.text()}."
-                             + (f" Other modes against off: {others}." if others else ""),
-                       effect=top.effect, recommended_flags=top.recommended_flags,
-                       evidence={"per_mode": [f.model_dump(mode="json") for f in per_mode]})
+                             + (f" Other modes against off: {others}." if others else "") + _died(gs),
+                       effect=top.effect, recommended_flags=top.recommended_flags, failures=gs.study.failures(),
+                       evidence={"per_mode": [f.model_dump(mode="json") for f in per_mode],
+                                 **({"knobs": top.evidence["knobs"]} if "knobs" in top.evidence else {})})
     else:
         compared = any(f.applies for f in per_mode)
         head = Finding(thread=THREAD, title="No graph mode shown to help" if compared else "Graph modes: not compared",
                        confidence="low" if compared else "none", applies=compared,
                        claim="No graph mode gave a throughput gain over graphs off that this measurement resolves "
                              "(medium or high confidence): " + "; ".join(
-                                 f"{f.title}: {f.headline}" for f in per_mode) + ".",
+                                 f"{f.title}: {f.headline}" for f in per_mode) + "." + _died(gs),
+                       failures=gs.study.failures(),
                        evidence={"per_mode": [f.model_dump(mode="json") for f in per_mode]})
     ceiling = _ceiling_finding(gs, top)
     return [head, *([ceiling] if ceiling is not None else []), *per_mode]
+
+
+def _died(gs: GraphStudy) -> str:
+    """The modes that died before they were ready, in a sentence ('' where none did)."""
+    dead = [f for f in gs.study.failures() if f.before_ready and f.exception]
+    return (" Dies at capture on this version: " + "; ".join(f"{f.config}: {f.words()}" for f in dead) + ".") \
+        if dead else ""
 
 
 def _no_modes(gs: GraphStudy) -> Finding:

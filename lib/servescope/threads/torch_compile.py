@@ -6,14 +6,14 @@ each side resolved to what it asked before it states an effect."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
 from ..context import RepetitionPlan, RunContext
 from ..engines.audit import find_rules
-from ..findings import Finding
+from ..findings import Failure, Finding
 from ..spec import Knobs, ProfileSpec
 from ..study import Arm, Comparison, Study, run_study
 
@@ -44,55 +44,84 @@ def comparison(study: Study) -> Comparison:
 
 
 PROBE = "compiled+piecewise"
+# the piecewise forms a version may offer: graphs split by the engine (SGLang breakable) and by torch.compile itself
+PIECEWISE_FORMS = {"piecewise": PROBE, "compiled_piecewise": "compiled+compiled_piecewise"}
 
 
 @dataclass
 class Exclusion:
     """Whether compile excludes piecewise CUDA graphs on this engine version, and the evidence."""
 
-    verdict: str  # 'excludes', 'coexist', 'not expressible', 'not verified'
+    verdict: str  # 'excludes', 'coexist', 'dies', 'not expressible', 'not verified'
     words: str
     evidence: pd.DataFrame
+    failures: list[Failure] = field(default_factory=list)
 
 
 def piecewise_exclusion(study: Study) -> Exclusion:
-    """Ask this engine version for compile and piecewise graphs at once: if it cannot express that, say why; if it
-    can, launch once (one repetition, the lightest load level) and read what it resolved. The audit's rules that turn
+    """Ask this engine version for compile with each piecewise form it can express (the engine's own split and
+    torch.compile's, where it offers both): if it can express neither, say why; else launch each once (one
+    repetition, the lightest load level) and read what it resolved, or how it died. The audit's rules that turn
     graphs off when compile is on are listed with it."""
     rows: list[dict[str, Any]] = []
     install = study.install
-    try:
-        flags = study.adapter.knob_flags(Knobs(torch_compile=True, cuda_graph="piecewise"), install) \
-            if install is not None else None
-    except Exception as e:  # KnobError: the version cannot ask for both
-        rows.append({"source": "knobs", "where": "", "text": str(e)})
-        return Exclusion("not expressible", f"this engine version cannot ask for piecewise graphs with compile: {e}",
-                         _with_audit(study, rows))
-    if flags is None:
+    if install is None:
         return Exclusion("not verified", "nothing was measured, so the engine version is unknown",
                          _with_audit(study, rows))
-    rows.append({"source": "knobs", "where": "", "text": " ".join(flags)})
+    arms = []
+    for mode, name in PIECEWISE_FORMS.items():
+        try:
+            flags = study.adapter.knob_flags(Knobs(torch_compile=True, cuda_graph=mode), install)
+        except Exception as e:  # noqa: BLE001 - KnobError: the version cannot ask for both
+            rows.append({"source": "knobs", "where": mode, "text": str(e)})
+            continue
+        rows.append({"source": "knobs", "where": mode, "text": " ".join(flags)})
+        arms.append(Arm(name, Knobs(torch_compile=True, cuda_graph=mode), f"compile on, {mode} graphs asked"))
+    if not arms:
+        return Exclusion("not expressible", "this engine version cannot ask for piecewise graphs with compile: "
+                         + "; ".join(r["text"] for r in rows), _with_audit(study, rows))
     ld = study.ctx.load
     level = min(ld.concurrency) if ld.mode == "closed" else 1
     probe_load = ld.model_copy(update={"concurrency": (level,), "num_requests": max(4, 2 * level), "duration_s": None})
     one = study.ctx.with_(load=probe_load, plan=RepetitionPlan(1, 1), progress=False, profile=ProfileSpec())
-    probe = run_study(THREAD, one, [Arm(PROBE, Knobs(torch_compile=True, cuda_graph="piecewise"),
-                                        "compile on, piecewise graphs asked")])
-    st = probe.states.get(PROBE)
-    if st is None:
-        err = probe.results.errors["summary"].iloc[0] if len(probe.results.errors) else "no point"
-        return Exclusion("not verified", f"the probe launch did not measure: {err}", _with_audit(study, rows))
-    rows.append({"source": "resolved", "where": st.source, "text": f"compile {st.shown('compile')}, graphs "
-                 f"{st.graphs or 'not reported'} ({st.graph_mode or st.why_missing('graph_prefill')})"})
-    if st.compile == "on" and st.graph_prefill == "piecewise":
-        verdict, words = "coexist", "compile and piecewise graphs resolved together"
-    elif st.compile == "on" and st.graph_prefill in ("off", "full"):
-        verdict, words = "excludes", (f"with compile on, the piecewise request resolved to prefill graphs "
-                                      f"{st.graph_prefill} ({st.graph_mode})")
+    probe = run_study(THREAD, one, arms)
+    verdicts = [_probe_verdict(probe, a, rows) for a in arms]
+    said = "; ".join(f"{a.knobs.cuda_graph}: {w}" for a, (_, w) in zip(arms, verdicts, strict=True))
+    kinds = [v for v, _ in verdicts]
+    if "coexist" in kinds:
+        verdict = "coexist"
+    elif kinds and all(k == "excludes" for k in kinds):
+        verdict = "excludes"
+    elif "excludes" in kinds:
+        verdict = "excludes"
+    elif "dies" in kinds:
+        verdict = "dies"
     else:
-        verdict, words = "not verified", (f"the probe resolved compile {st.shown('compile')}, prefill graphs "
-                                          f"{st.shown('graph_prefill')}: {st.why_missing('graph_prefill') or 'no answer'}")
-    return Exclusion(verdict, words, _with_audit(study, rows))
+        verdict = "not verified"
+    return Exclusion(verdict, said, _with_audit(study, rows), probe.failures())
+
+
+def _probe_verdict(probe: Study, arm: Arm, rows: list[dict[str, Any]]) -> tuple[str, str]:
+    """One probe arm's verdict: coexist, excludes, dies (before it is ready, with the engine's exception) or not
+    verified, in words."""
+    st = probe.states.get(arm.name)
+    mode = arm.knobs.cuda_graph
+    if st is None:
+        dead = probe.failure(arm.name)
+        if dead is not None and dead.before_ready and dead.exception:
+            rows.append({"source": "died", "where": dead.frame, "text": dead.words()})
+            return "dies", f"asking for both, the server {dead.words()}"
+        err = probe.results.errors["summary"].iloc[0] if len(probe.results.errors) else "no point"
+        return "not verified", f"the probe launch did not measure: {err}"
+    rows.append({"source": "resolved", "where": st.source, "text": f"{mode}: compile {st.shown('compile')}, graphs "
+                 f"{st.graphs or 'not reported'} ({st.graph_mode or st.why_missing('graph_prefill')})"})
+    if st.compile == "on" and st.graph_prefill == mode:
+        return "coexist", f"compile and {mode} graphs resolved together ({st.graph_mode})"
+    if st.compile == "on" and st.graph_prefill in ("off", "full", "piecewise", "compiled_piecewise"):
+        return "excludes", f"with compile on, the {mode} request resolved to prefill graphs {st.graph_prefill} " \
+                           f"({st.graph_mode})"
+    return "not verified", (f"the probe resolved compile {st.shown('compile')}, prefill graphs "
+                            f"{st.shown('graph_prefill')}: {st.why_missing('graph_prefill') or 'no answer'}")
 
 
 def _with_audit(study: Study, rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -128,11 +157,13 @@ def findings(study: Study, exclusion: Exclusion | None = None) -> list[Finding]:
         f.evidence["startup_cost_s"] = round(float(st[TREATMENT] - st[BASELINE]), 1)
     if exclusion is None:
         return [f]
-    known = exclusion.verdict in ("excludes", "coexist")
+    known = exclusion.verdict in ("excludes", "coexist", "dies")
     title = {"excludes": "torch.compile excludes piecewise CUDA graphs here",
-             "coexist": "torch.compile and piecewise CUDA graphs run together here"}.get(
+             "coexist": "torch.compile and piecewise CUDA graphs run together here",
+             "dies": "torch.compile with piecewise CUDA graphs dies at capture here"}.get(
         exclusion.verdict, f"torch.compile with piecewise CUDA graphs: {exclusion.verdict}")
     x = Finding(thread=THREAD, title=title, claim=exclusion.words[0].upper() + exclusion.words[1:] + ".",
                 applies=known, reason="" if known else exclusion.words, confidence="high" if known else "none",
-                evidence={"rows": exclusion.evidence.to_dict("records")})
+                evidence={"rows": exclusion.evidence.to_dict("records"), "verdict": exclusion.verdict},
+                failures=exclusion.failures)
     return [f, x]

@@ -35,6 +35,7 @@ SEARCH: dict[str, tuple[float, ...]] = {
     "max_running_requests": (0.5, 1.0, 2.0),  # x the highest concurrency: below it requests queue
     "chunked_prefill_size": (512, 2048, 8192),  # tokens per step: prefill chunking (transformers: --cb-max-batch-tokens)
     "num_continuous_decode_steps": (2, 4, 8),
+    "cuda_graph_max_bs": (0.5, 2.0),  # x the highest concurrency: decode batches above it run without a graph
 }
 # the resolved-state fields (what the engine says it ran as) each knob moves; the others must stay equal
 STATE = {"torch_compile": ("compile",), "cuda_graph": ("graph_decode", "graph_prefill"), "tp": ("tp",), "dp": ("dp",)}
@@ -94,7 +95,7 @@ def exclusion_rules(by_thread: dict[str, list[Finding]]) -> list[tuple[dict[str,
     (thread 05: torch.compile excludes piecewise CUDA graphs here)."""
     return [({"torch_compile": True}, {"cuda_graph": "piecewise"}, f"{f.title}: {f.claim}")
             for f in by_thread.get("05_torch_compile", [])
-            if f.title == "torch.compile excludes piecewise CUDA graphs here"]
+            if f.evidence.get("verdict") == "excludes" or f.title == "torch.compile excludes piecewise CUDA graphs here"]
 
 
 def compose(baseline: Knobs, found: list[Change],
@@ -319,7 +320,7 @@ def candidates(ctx: RunContext, combined: Knobs, wanted: list[str]) -> list[tupl
             if i >= len(SEARCH[knob]):
                 continue
             x = SEARCH[knob][i]
-            value = max(1, int(round(x * top))) if knob == "max_running_requests" else int(x)
+            value = max(1, int(round(x * top))) if knob in ("max_running_requests", "cuda_graph_max_bs") else int(x)
             k = combined.model_copy(update={knob: value})
             if k != combined:
                 out.append((f"{knob}={value}", k))
@@ -352,12 +353,19 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
 
     def measure() -> dict[str, Any]:
         tried["rows"] = _try(v, one, arms, ex, ref_tok, budget_s, None)
+        unread = ctx.adapter.unread_knobs(ref.install) if ref.install is not None else {}
         return {"tried": [r["setting"] for r in tried["rows"] if r["status"].startswith(("measured", "failed"))],
-                "skipped": {r["setting"]: r["status"] for r in tried["rows"] if r["status"].startswith("not tried")}}
+                "skipped": {r["setting"]: r["status"] for r in tried["rows"] if r["status"].startswith("not tried")},
+                "unread": unread}
 
     kept, _ = ctx.memo("verify_search", parts, measure, keep=lambda _: not ctx.offline, compute_offline=True)
-    v.search = pd.DataFrame(rows + (tried["rows"] if "rows" in tried else _try(v, one, arms, ex, ref_tok, budget_s,
-                                                                                kept)))
+    found = pd.DataFrame(rows + (tried["rows"] if "rows" in tried else _try(v, one, arms, ex, ref_tok, budget_s,
+                                                                             kept)))
+    # a knob the version accepts but never reads: said beside what its launches measured
+    unread = (kept or {}).get("unread") or {}
+    found["source_says"] = [next((w for k, w in unread.items() if str(s).startswith(f"{k}=")), "")
+                            for s in found["setting"]]
+    v.search = found
     v.search_note = (f"coarse grid, one knob at a time around the combined configuration, at c={level}, one launch "
                      f"per setting, within search_budget_s={budget_s:.0f}")
     _verify_best(v, cands)

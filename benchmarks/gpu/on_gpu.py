@@ -1,0 +1,215 @@
+"""Run a suite on the GPU machine: the one entry point for every H200 recording (device calls, from the repository
+root). Standard library only: it runs before anything is installed.
+
+    SENT=01,02 BUDGET_S=540 ONLY="--only 02" python3 benchmarks/gpu/on_gpu.py data/suites/sglang-h200.yaml
+
+What it needs travels in parts (benchmarks/gpu/pack.py splits it; benchmarks/gpu/parts.json lists every file with its
+part and sha256), one part per call, carried as .device/parts/NN. Each call:
+1. checks that what earlier calls left is still here (SENT names the parts sent before this call; a fresh machine has
+   none of them, and it says so: send them again);
+2. stores the part it carries (sha256 checked) under /tmp/ssgpu/files;
+3. when every part is here, installs once (the suite's wheels into /tmp/site, an engine's wheels into the site folder
+   its suite names in engine.env PYTHONPATH, Nsight Systems' library), then runs the suite under BUDGET_S seconds,
+   continuing /tmp/ssgpu/store (started from the suite's committed reference store, data/reference/<name>/store,
+   when there is one, so a recording continues across sessions), saving the store into $OUT every 15 s;
+4. leaves no server, engine process or MPS daemon behind (checked, and killed if found), and says what it found.
+$OUT gets store.tgz, reports.tgz, run.log, gpu.txt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+WORK = Path("/tmp/ssgpu")
+NSYS = Path("/opt/nvidia/nsight-compute/2025.3.1/host")
+OUT = Path(os.environ.get("OUT", "/tmp/ssgpu-out"))
+LEFTOVERS = ("sglang.launch_server", "sglang::", "vllm.entrypoints", "transformers serve", "transformers.cli",
+             "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+
+
+def say(msg: str) -> None:
+    """One timestamped line."""
+    print(time.strftime("%H:%M:%S"), msg, flush=True)
+
+
+def boot_id() -> str:
+    """This machine's boot id: a fresh machine has another."""
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def sha(p: Path) -> str:
+    """sha256 of a file."""
+    h = hashlib.sha256()
+    with open(p, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def gather(manifest: dict) -> tuple[list[int], list[int]]:
+    """Store the carried parts (checked), then (parts complete here, parts missing)."""
+    files = WORK / "files"
+    files.mkdir(parents=True, exist_ok=True)
+    want = {f["name"]: f for f in manifest["files"]}
+    for d in sorted((ROOT / ".device" / "parts").glob("[0-9][0-9]")):
+        for f in sorted(d.iterdir()):
+            meta = want.get(f.name)
+            if meta is None:
+                raise SystemExit(f"{f} is not in benchmarks/gpu/parts.json: pack again (pack.py) and send every part")
+            if sha(f) != meta["sha256"]:
+                raise SystemExit(f"{f}: sha256 differs from parts.json: the part was changed after packing")
+            shutil.copy2(f, files / f.name)
+        say(f"part {d.name}: {len(list(d.iterdir()))} files stored")
+    have, missing = set(), set()
+    for name, meta in want.items():
+        p = files / name
+        (have if p.is_file() and p.stat().st_size == meta["bytes"] else missing).add(meta["part"])
+    return sorted(have - missing), sorted(missing)
+
+
+def check_machine(sent: list[int]) -> None:
+    """A call after others expects what they left; a fresh machine has none of it: say so and stop."""
+    mark = WORK / "boot_id"
+    if mark.is_file() and mark.read_text().strip() != boot_id():
+        raise SystemExit("this is another machine than the earlier calls' (boot id changed): send every part again")
+    got = {int(x) for x in (WORK / "received").read_text().split()} if (WORK / "received").is_file() else set()
+    lost = [p for p in sent if p not in got]
+    if lost:
+        raise SystemExit(f"the machine changed: part(s) {', '.join(f'{p:02d}' for p in lost)} sent by earlier calls "
+                         f"are not here (this machine, boot id {boot_id()[:8]}, is fresh: it went back while idle). "
+                         "Send the parts again from 01, back to back.")
+    WORK.mkdir(parents=True, exist_ok=True)
+    mark.write_text(boot_id())
+
+
+def install(manifest: dict, suite: dict) -> dict[str, str]:
+    """Install what the parts hold, once per machine; the environment the suite runs with."""
+    files = WORK / "files"
+    kinds: dict[str, list[Path]] = {}
+    for f in manifest["files"]:
+        kinds.setdefault(f["kind"], []).append(files / f["name"])
+    site = "/tmp/site"
+    engine_site = ((suite.get("engine") or {}).get("env") or {}).get("PYTHONPATH", "")
+    if not (WORK / "installed").is_file():
+        t0 = time.monotonic()
+        for kind, target in (("suite", site), ("sglang", engine_site)):
+            wheels = [str(w) for w in kinds.get(kind, []) if w.suffix == ".whl"]
+            if not wheels:
+                continue
+            if not target:
+                raise SystemExit(f"{kind} wheels travelled, but the suite names no site folder for them")
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                            "--target", target, *wheels], check=True)
+            say(f"installed {len(wheels)} {kind} wheels into {target}")
+        nsys = WORK / "nsys-lib"
+        nsys.mkdir(exist_ok=True)
+        for f in kinds.get("nsys", []):
+            shutil.copy2(f, nsys / f.name, follow_symlinks=True)
+        (WORK / "installed").write_text(f"{time.monotonic() - t0:.0f} s\n")
+        say(f"installed in {time.monotonic() - t0:.0f} s")
+    env = dict(os.environ)
+    env |= {"PYTHONPATH": f"{site}:{ROOT / 'lib'}", "SERVESCOPE_CACHE": str(WORK / "cache"),
+            "JUPYTER_PATH": f"{site}/share/jupyter", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+            "LD_LIBRARY_PATH": f"{WORK / 'nsys-lib'}:{env.get('LD_LIBRARY_PATH', '')}",
+            # SGLang JIT-compiles a few kernels with ninja, which the torch environment's bin holds
+            "PATH": f"{NSYS / 'target-linux-x64'}:{NSYS / 'linux-desktop-glibc_2_11_3-x64'}:/opt/torch/.venv/bin:"
+                    f"{env.get('PATH', '')}",
+            # NVLink multicast stays off on these machines (KINDS.md), for every process the suite starts
+            "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    return env
+
+
+def save(src: Path, name: str, exclude_logs_over: int = 8 * 2**20) -> None:
+    """Tar a folder into $OUT atomically (server logs over the size left out: they are not data)."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    tmp = OUT / f".{name}.part"
+    with tarfile.open(tmp, "w:gz") as tf:
+        tf.add(src, arcname=src.name, filter=lambda ti: None if ti.isfile() and ti.size > exclude_logs_over and
+               ti.name.endswith(".log") else ti)
+    os.replace(tmp, OUT / name)
+
+
+def leftovers() -> list[str]:
+    """Processes a suite may have started that are still running."""
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
+    me = str(os.getpid())
+    return [ln.strip() for ln in out if any(k in ln for k in LEFTOVERS) and not ln.strip().startswith(me)]
+
+
+def run_suite(suite_path: str, name: str, env: dict[str, str], budget_s: float, only: list[str]) -> int:
+    """The suite through servescope run, under the budget, the store saved every 15 s."""
+    store, reports = WORK / "store", WORK / "reports"
+    if not store.is_dir():
+        ref = ROOT / "data" / "reference" / name / "store"
+        if ref.is_dir():
+            shutil.copytree(ref, store)
+            say(f"store continues {ref.relative_to(ROOT)} ({sum(1 for _ in store.iterdir())} entries)")
+        else:
+            store.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "servescope.cli", "run", suite_path, "--store-dir", str(store), "--reports-dir",
+           str(reports), "--run-id", f"gpu-{time.strftime('%H%M%S')}", *only]
+    say("running: " + " ".join(cmd))
+    log = open(OUT / "run.log", "a")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+    t0, last = time.monotonic(), 0.0
+    stopping = False
+    while proc.poll() is None:
+        time.sleep(1)
+        now = time.monotonic()
+        if now - last > 15:
+            save(store, "store.tgz")
+            last = now
+        if not stopping and now - t0 > budget_s:
+            say(f"budget of {budget_s:.0f} s spent: stopping the suite (SIGTERM; it writes the report of what ran)")
+            os.killpg(proc.pid, signal.SIGTERM)
+            stopping = True
+        if stopping and now - t0 > budget_s + 60:
+            os.killpg(proc.pid, signal.SIGKILL)
+    say(f"suite ended with {proc.returncode} after {time.monotonic() - t0:.0f} s")
+    save(store, "store.tgz")
+    if reports.is_dir():
+        save(reports, "reports.tgz")
+    return proc.returncode
+
+
+def main() -> int:
+    """Check, gather, install, run, clean up."""
+    suite_path = sys.argv[1]
+    sent = [int(x) for x in os.environ.get("SENT", "").replace(",", " ").split()]
+    budget_s = float(os.environ.get("BUDGET_S", "540"))
+    only = os.environ.get("ONLY", "").split()
+    OUT.mkdir(parents=True, exist_ok=True)
+    check_machine(sent)
+    manifest = json.loads((ROOT / "benchmarks" / "gpu" / "parts.json").read_text())
+    have, missing = gather(manifest)
+    (WORK / "received").write_text(" ".join(map(str, have)))
+    if missing:
+        say(f"have part(s) {have or 'none'} of {manifest['parts']}; waiting for {missing}: make the next call now")
+        return 0
+    import yaml  # the image has PyYAML
+
+    suite = yaml.safe_load(Path(suite_path).read_text())
+    env = install(manifest, suite)
+    subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,power.limit,memory.total", "--format=csv"],
+                   stdout=open(OUT / "gpu.txt", "w"), stderr=subprocess.STDOUT)
+    rc = run_suite(suite_path, suite["name"], env, budget_s, only)
+    time.sleep(5)  # the MPS daemon's reaper needs a moment after a kill
+    left = leftovers()
+    for ln in left:
+        os.kill(int(ln.split()[0]), signal.SIGKILL)
+    say("left behind: none" if not left else f"left behind and killed now: {left}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
