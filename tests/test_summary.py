@@ -9,7 +9,7 @@ from pathlib import Path
 
 from servescope import summary
 from servescope.findings import Effect, Finding, Outcome, write_findings
-from servescope.report import NotebookRun, _write_index
+from servescope.report import NotebookRun, write_index
 from servescope.suite import Suite
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -73,7 +73,7 @@ def _front_page(tmp_path: Path) -> Path:
                                 outcome=Outcome(thread=nb, points_planned=2, points_measured=2, findings_total=1,
                                                 findings_answering=1)))
     suite = Suite(name="t", notebooks=[{"id": n} for n in FINDINGS])
-    _write_index(tmp_path, suite, tmp_path / "suite.yaml", "run-1", 0.0, runs)
+    write_index(tmp_path, suite, tmp_path / "suite.yaml", "run-1", 0.0, runs)
     return tmp_path / "index.html"
 
 
@@ -120,11 +120,11 @@ def test_the_front_pages_first_line_is_the_verified_answer(tmp_path):
     (tmp_path / "changes" / "01-itl-ms-1.md").write_text("# Change 1")
     runs = [NotebookRun(id="07_verified_changes", html="07_verified_changes.html", findings=checked)]
     suite = Suite(name="t", notebooks=[{"id": "07_verified_changes"}])
-    _write_index(tmp_path, suite, tmp_path / "suite.yaml", "run-1", 0.0, runs)
+    write_index(tmp_path, suite, tmp_path / "suite.yaml", "run-1", 0.0, runs)
     page = (tmp_path / "index.html").read_text()
     answer = page[page.index('id="answer"'):]
     assert answer.index(line) < answer.index("Regime under load")  # the first line of the answer
     assert 'href="changes/01-itl-ms-1.md"' in page and 'href="07_verified_changes.html#Answer"' in page
-    _write_index(tmp_path, suite, tmp_path / "suite.yaml", "run-2", 0.0, [])
+    write_index(tmp_path, suite, tmp_path / "suite.yaml", "run-2", 0.0, [])
     assert "Not verified: this run did not measure the recommended changes together" in \
         (tmp_path / "index.html").read_text()

@@ -193,7 +193,7 @@ def ranked_table(ranked: pd.DataFrame) -> Markdown | HTML:
     if ranked.empty:
         return Markdown("No finding to rank: no thread of this run wrote findings.")
     # 'optimal' (what an Already-optimal setting beat) is the front page's wording of the same row
-    df = ranked.drop(columns=["optimal"], errors="ignore").replace("", pd.NA).dropna(axis=1, how="all").fillna("")
+    df = ranked.drop(columns=["optimal", "knob_keys"], errors="ignore").replace("", pd.NA).dropna(axis=1, how="all").fillna("")
     df = df.map(lambda v: html.escape(str(v)))
     df["evidence"] = ranked["evidence"].map(lambda h: f'<a href="{html.escape(h)}">{html.escape(h.split("#")[0])}</a>')
     style = "<style>table.servescope-ranked td, table.servescope-ranked th { text-align: left; }</style>"

@@ -216,12 +216,14 @@ def run_suite(
                   flush=True)
             runs.append(run)
             Store(store).sweep_abandoned()  # a kernel that died mid-point leaves its temporary folder behind
-            _write_index(out_dir, suite, Path(suite_path), run_id, t_start, runs)
+            write_index(out_dir, suite, Path(suite_path), run_id, t_start, runs,
+                        host=measured_host(store) if offline else "")
     skipped = [e.id for e in entries[len(runs):]]
     if stop.signal:
         print(f"interrupted by {stop.signal}: the report holds what ran" + (f"; not run: {', '.join(skipped)}"
                                                                             if skipped else ""), flush=True)
-    _write_index(out_dir, suite, Path(suite_path), run_id, t_start, runs, stop.signal, skipped)
+    write_index(out_dir, suite, Path(suite_path), run_id, t_start, runs, stop.signal, skipped,
+                host=measured_host(store) if offline else "")
     _point_latest(reports, out_dir)
     print(f"report: {out_dir / 'index.html'}", flush=True)
     return SuiteRun(out_dir, runs, stop.signal, skipped)
@@ -316,8 +318,38 @@ def _kill(procs: list[psutil.Process]) -> None:
             p.kill()
 
 
-def _write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_start: float,
-                 runs: list[NotebookRun], interrupted: str = "", skipped: Sequence[str] = ()) -> None:
+def measured_host(store_dir: Path) -> str:
+    """Where a store's points were measured, from their manifests (host, platform, CPUs, the GPU NVML named): what
+    an offline render's front page names, since the machine rendering it measured nothing ('' for an empty store)."""
+    import collections
+    import json
+
+    seen: collections.Counter[tuple[str, str, str]] = collections.Counter()
+    for m in Path(store_dir).glob("*/manifest.json"):
+        with contextlib.suppress(OSError, ValueError):
+            d = json.loads(m.read_text())
+            if d.get("status") == "complete":
+                seen[(str(d.get("host", "?")), str(d.get("platform", "")).split("-with-")[0],
+                      str(d.get("cpu_count", "?")))] += 1
+    if not seen:
+        return ""
+    (host, plat, cpus), n = seen.most_common(1)[0]
+    gpus = ""
+    for g in Path(store_dir).glob("*/telemetry_gpu_static.parquet"):
+        with contextlib.suppress(Exception):
+            import pandas as pd
+
+            names = pd.read_parquet(g)["name"].dropna().astype(str)
+            gpus = f", {len(names)} x {names.iloc[0]}" if len(names) else ""
+            break
+    return f"{host} ({plat}, {cpus} CPUs{gpus}), where {n} of the store's points were measured; rendered offline"
+
+
+def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_start: float,
+                runs: list[NotebookRun], interrupted: str = "", skipped: Sequence[str] = (),
+                host: str = "") -> None:
+    """The front page (index.html) of a run's report folder, from its notebooks' runs; host: where the figures were
+    measured (default: this machine)."""
     env = Environment(loader=FileSystemLoader(str(Path(__file__).with_name("templates"))),
                       autoescape=select_autoescape(["html", "j2"]))
     by_thread = {r.id: r.findings for r in runs if r.id != summary.SELF}
@@ -340,7 +372,7 @@ def _write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_s
         started=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_start)), total_s=time.time() - t_start,
         engine_line=html.unescape(", ".join(f"{k}={v}" for k, v in suite.engine.items() if k != "env")),
         model_line=", ".join(f"{k}={v}" for k, v in suite.model.items()),
-        host=f"{socket.gethostname()} ({platform.machine()}, {os.cpu_count()} CPUs)")
+        host=host or f"{socket.gethostname()} ({platform.machine()}, {os.cpu_count()} CPUs)")
     atomic_write_text(out_dir / "index.html", page)
 
 

@@ -313,7 +313,7 @@ class Study:
         out: dict[str, Failure] = {}
         e = self.results.errors
         for r in e.to_dict("records") if len(e) else []:
-            if r["error_type"] == "NotMeasuredError" or r["config"] in out:
+            if r["error_type"] in ("NotMeasuredError", *INTERRUPTS) or r["config"] in out:
                 continue
             arm = next((a for a in self.arms if a.name == r["config"]), None)
             knobs = arm.knobs if arm is not None else Knobs()
@@ -658,6 +658,10 @@ def kept_probe(ctx: RunContext, kind: str, parts: dict[str, Any], install: Engin
     return pd.DataFrame(), got
 
 
+# how an attempt stopped from outside is recorded: not a failure of its configuration
+INTERRUPTS = ("KeyboardInterrupt", "SystemExit", "Interrupted")
+
+
 def stored_failures(ctx: RunContext) -> list[Failure]:
     """Every configuration of this engine and model whose attempt the store kept as failed (_failed/), one per
     configuration (the newest), with the engine's exception where its log had one."""
@@ -666,6 +670,8 @@ def stored_failures(ctx: RunContext) -> list[Failure]:
 
     out: dict[str, Failure] = {}
     for man in ctx.store.failed_manifests(ctx.engine_identity, ctx.model_key):
+        if man.get("error_type") in INTERRUPTS or str(man.get("error", "")).startswith(INTERRUPTS):
+            continue  # stopped from outside (a budget's SIGTERM, Ctrl-C): the configuration did not fail
         parts = man.get("parts") or {}
         cause = DeathCause.from_dict(man["cause"]) if man.get("cause") else None
         exc = cause.exception if cause is not None else None

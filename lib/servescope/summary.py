@@ -32,8 +32,9 @@ def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer")
                          "optimal": optimal_words(f) if t == "Already optimal" else "",
                          "effect_pct": abs(f.effect.value_pct) if f.effect is not None else float("nan"),
                          "confidence": f.confidence, "change": change,
-                         "why": _why(f, t, failed), "evidence": link.format(thread=thread), "order": i})
-    cols = ["tier", "thread", "finding", "effect", "confidence", "change", "why", "evidence", "optimal"]
+                         "why": _why(f, t, failed), "evidence": link.format(thread=thread), "order": i,
+                         "knob_keys": ",".join(sorted((f.evidence.get("knobs") or {}).keys()))})
+    cols = ["tier", "thread", "finding", "effect", "confidence", "change", "why", "evidence", "optimal", "knob_keys"]
     if not rows:
         return pd.DataFrame(columns=cols)
     df = pd.DataFrame(rows)
@@ -63,8 +64,11 @@ def optimal_words(f: Finding) -> str:
 def recommendations(ranked: pd.DataFrame, n: int = 5) -> pd.DataFrame:
     """The top changes to make (tiers High, Medium, Low), best first, each change once (a thread's headline and its
     per-mode finding, or a regime's suggestion, may name the same flags: the best-ranked one stands for them)."""
-    recs = ranked[ranked["tier"].isin(TIERS[:3])]
-    return recs.drop_duplicates(subset="change", keep="first").head(n).reset_index(drop=True)
+    recs = ranked[ranked["tier"].isin(TIERS[:3])].drop_duplicates(subset="change", keep="first")
+    if "knob_keys" in recs:  # alternatives for the same knob (graph modes, say): the best-ranked one stands
+        keyed = recs["knob_keys"].astype(str) != ""
+        recs = recs[~keyed | ~recs["knob_keys"].duplicated(keep="first")]
+    return recs.head(n).reset_index(drop=True)
 
 
 def regime(findings: dict[str, list[Finding]]) -> str:

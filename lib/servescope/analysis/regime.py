@@ -53,6 +53,9 @@ class RegimeThresholds:
     underloaded_thread_pct: float = 50.0  # the busiest server thread below this share of a core: far from saturating
     headroom_x: float = 1.5  # a higher level of the same sweep served this many times the output tok/s: room left
     cpu_cores_full_pct: float = 80.0  # a CPU server's processes at this share of its cores: the cores are full
+    min_gpu_samples: int = 5  # fewer GPU readings than this (a level over in a few tenths of a second) tell nothing:
+    # GPM's per-interval activity swings from 0 to 40% between neighbouring 0.1 s readings (seen on the H200 with
+    # SGLang at c=32, 3 readings per level)
 
 
 ACTIONS = {
@@ -108,6 +111,7 @@ class Evidence:
     gemm_share: float = NAN
     memory_share: float = NAN
     gpu_why_missing: str = ""  # why there are no GPU counters (no GPU, NVML error)
+    gpu_samples: float = NAN  # GPU readings behind the medians (a level shorter than a few sampling intervals)
     server_cpu_pct: float = NAN  # the server's processes together, % of one core (host sampler)
     server_cores: float = NAN  # a CPU server's cores (it computes on them); NaN for a GPU server
     headroom_x: float = NAN  # the most output tok/s a higher level of the same sweep served, over this point's
@@ -202,6 +206,11 @@ def decide(ev: Evidence, th: RegimeThresholds = RegimeThresholds()) -> Regime:
                    f"{_fmt(ev.sm_clock_pct_of_max)} of max" + (f", NVML's SW power cap set in "
                    f"{100 * shares['sw_power_cap']:.0f}% of readings" if capped_reason else ""), "high")
 
+    if ev.has("gpu_samples") and ev.gpu_samples < th.min_gpu_samples:
+        return out("undecided", f"the level was over after {ev.gpu_samples:.0f} GPU readings (fewer than "
+                   f"{th.min_gpu_samples}): too few to tell what limited it", "none",
+                   ("host-bound", "launch-bound", "compute-bound"),
+                   ["a longer level (more requests, or load.duration_s) for enough GPU readings"])
     util = ev.gpu_util_pct
     util_words = f"NVML utilization {_fmt(util)}"
     gpm = ev.has("sm_active_pct")
@@ -405,6 +414,7 @@ def point_evidence(gpu: pd.Series | None = None, host: pd.Series | None = None, 
         for f in ("gpu_util_pct", "mem_util_pct", "sm_active_pct", "dram_bw_util_pct", "tensor_active_pct"):
             setattr(ev, f, _num(gpu, f"{f}_p50"))
         ev.power_pct_of_limit = _num(gpu, "power_pct_of_limit_p50")
+        ev.gpu_samples = _num(gpu, "samples")
         ev.sm_clock_pct_of_max = _num(gpu, "sm_clock_pct_of_max_p50")
         ev.reason_shares = {k[len("reason_"):-len("_share")]: float(v) for k, v in gpu.items()
                             if str(k).startswith("reason_") and str(k).endswith("_share") and v == v}

@@ -146,7 +146,8 @@ def graph_modes_seen(study: Study) -> tuple[list[str], dict[str, Failure]]:
             served[mode] = served.get(mode, 0) + 1
     failed = {str(f.knobs["cuda_graph"]): f for f in [*stored_failures(study.ctx), *study.failures()]
               if f.knobs.get("cuda_graph") not in (None, "off")}
-    return sorted((m for m in served if m not in failed), key=lambda m: -served[m]), failed
+    rank = {m: i for i, m in enumerate(ON_MODES)}
+    return sorted((m for m in served if m not in failed), key=lambda m: rank.get(m, len(rank))), failed
 
 
 def graphs_on(study: Study) -> tuple[str, list[str]]:

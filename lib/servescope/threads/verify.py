@@ -57,6 +57,7 @@ class Change:
     confidence: str
     claim: str
     excluded: str = ""
+    alternative_to: str = ""  # the higher-ranked change that sets the same knob otherwise (an alternative, not a change)
 
     @property
     def label(self) -> str:
@@ -111,6 +112,7 @@ def compose(baseline: Knobs, found: list[Change],
             k = clash[0]
             c.excluded = (f"sets {k}={c.knobs[k]}, which the higher-ranked {taken[k].label} sets to "
                           f"{taken[k].knobs[k]}")
+            c.alternative_to = taken[k].label
             continue
         trial = {**merged, **c.knobs}
         broken = next((why for a, b, why in rules if _has(trial, a) and _has(trial, b)
@@ -575,8 +577,11 @@ def documents(v: Verification, fs: list[Finding]) -> dict[str, str]:
     head = fs[0] if fs else None
     shares = {r["change"]: r for r in v.shares().to_dict("records")}
     docs = {}
-    for i, c in enumerate(v.changes, 1):
+    # an alternative setting of a knob a higher-ranked change sets is said in that change's document, not its own
+    kept = [c for c in v.changes if not c.alternative_to]
+    for i, c in enumerate(kept, 1):
         share = shares.get(c.label)
+        alternatives = [x for x in v.changes if x.alternative_to == c.label]
         if c.excluded:
             together = f"Not in the combination: {c.excluded}."
         elif head is not None and head.effect is not None:
@@ -589,7 +594,8 @@ def documents(v: Verification, fs: list[Finding]) -> dict[str, str]:
             together = "Not measured in combination in this run."
         risks = [f"Excluded: {c.excluded}"] if c.excluded else []
         risks += [f"{x.label} was left out because of it: {x.excluded}" for x in v.changes
-                  if x.excluded and c.label in x.excluded]
+                  if x.excluded and not x.alternative_to and c.label in x.excluded]
+        risks += [f"Measured alternative, not taken: {x.label} ({x.effect} alone, {x.tier})" for x in alternatives]
         worse = _worse(v.study, BASELINE, COMBINED) if v.study is not None and not c.excluded else []
         risks += [f"With the combination: {w}" for w in worse]
         rollback = (f"Remove `{' '.join(c.flags)}` from the launch command" if c.flags
@@ -597,7 +603,7 @@ def documents(v: Verification, fs: list[Finding]) -> dict[str, str]:
             f" and restart: the server then runs as {v.baseline_words} again."
         text = "\n".join([
             f"# Change {i}: {c.label}", "",
-            f"Rank {i} of {len(v.changes)} ({c.tier}), from [{c.thread}](../{c.thread}.html#Answer).", "",
+            f"Rank {i} of {len(kept)} ({c.tier}), from [{c.thread}](../{c.thread}.html#Answer).", "",
             "## What was found", "", f"**{c.title}.** {c.claim}", "",
             "## The change", "", f"`{' '.join(c.flags)}`" if c.flags else f"Knobs: {Knobs(**c.knobs).label()}", "",
             "## Effect", "", f"- Alone (its own thread, against its own baseline): {c.effect or 'no measured effect'}"
