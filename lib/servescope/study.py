@@ -741,6 +741,8 @@ def expressible(ctx: RunContext, arms: Sequence[Arm], install: EngineInstall | N
 
 def _stored_row(ctx: RunContext, a: Arm, why: str) -> dict[str, Any]:
     store = ctx.store
-    have = store.has(store.key(point_parts(ctx, a.knobs, 0)))
+    key = store.key(point_parts(ctx, a.knobs, 0))
+    # a launch the store saw die before it was ready was expressible: its death is what the store holds of it
+    have = store.has(key) or store.recorded_death(key) is not None
     return {"arm": a.name, "expressible": have, "flags": "(read from the store)" if have else "",
             "reason": "" if have else f"not in the store, and the engine is not here to ask ({why})"}

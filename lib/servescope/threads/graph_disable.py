@@ -186,7 +186,23 @@ def launch_off_flags(study: Study) -> list[dict[str, str]]:
     if not len(pts) or study.install is None:
         return []
     cmd = str(pts["command"].iloc[0] or "")
-    return study.adapter.graph_off_flags(shlex.split(cmd), study.install) if cmd else []
+    return study.adapter.graph_off_flags(shlex.split(cmd), readable_install(study)) if cmd else []
+
+
+def readable_install(study: Study) -> EngineInstall:
+    """The install the study ran on, or, where its source is not on this machine (an offline render elsewhere), the
+    published release of the same version (fetched once, cached per user), so the version's own flags are read."""
+    install = study.install
+    assert install is not None
+    try:
+        study.adapter.source_tree(install)
+        return install
+    except (ServescopeError, OSError):
+        pass
+    try:
+        return replace(install, source=published_source(study.adapter, install.version).location)
+    except (ServescopeError, OSError):  # no network to the index and nothing cached: the flags stay unqualified
+        return install
 
 
 def startup_stages(study: Study) -> pd.DataFrame:

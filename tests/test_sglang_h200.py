@@ -1,0 +1,114 @@
+"""The seed's case on a real SGLang: 0.5.17 on the H200 (data/reference/sglang-h200, recorded through
+benchmarks/gpu/on_gpu.py), rendered offline here. Known answers recorded on real hardware: the launch's own flag turns
+graphs off, full prefill graphs die at capture with the engine's own ValueError (SGLang then kills its own tree), and
+piecewise (breakable) graphs are the verified first change against the seed's graphs-off launch."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from servescope.deaths import cause_of, deaths_in_log
+from servescope.engines import get_engine
+from servescope.findings import read_findings
+from servescope.report import run_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = ROOT / "data" / "reference" / "sglang-h200"
+SUITE = ROOT / "data" / "suites" / "sglang-h200.yaml"
+
+
+def _failed(kind: str) -> Path:
+    """The recorded attempt whose manifest has this error type."""
+    for d in sorted((REF / "store" / "_failed").iterdir()):
+        if json.loads((d / "manifest.json").read_text()).get("error_type") == kind:
+            return d
+    raise AssertionError(f"no {kind} attempt in {REF}/store/_failed")
+
+
+def test_real_sglang_death_names_the_engines_exception_its_frame_and_its_own_teardown():
+    """The H200's full-prefill-graph launch: its log, read again as the server reported it."""
+    d = _failed("ServerExitedError")
+    log = (d / "server.stdout.log").read_text() + "\n" + (d / "server.stderr.log").read_text()
+    ad = get_engine("sglang")
+    cause = cause_of(log, deaths_in_log(log), ad.package, [re.compile(x) for x in ad.teardown_patterns],
+                     [re.compile(x) for x in ad.raiser_patterns])
+    exc = cause.exception
+    assert (exc.type, exc.process) == ("ValueError", "Scheduler")
+    assert exc.message == "Invalid forward mode: forward_mode=<ForwardMode.EXTEND: 1> for CUDA Graph replay."
+    assert exc.frame == "sglang/srt/layers/attention/triton_backend.py:1201 in _apply_cuda_graph_metadata"
+    assert cause.teardown == "engine" and "Received sigquit from a child process" in cause.teardown_evidence
+    assert ad.death_stage(log) == "during the target prefill CUDA-graph capture"
+    # what the measuring run wrote: the signal of the root is not the headline
+    m = json.loads((d / "manifest.json").read_text())
+    assert m["error"].startswith("ServerExitedError: server exited with code -9 before it was ready")
+    assert "the Scheduler raised ValueError" in m["error"].splitlines()[0]
+
+
+def test_interrupted_attempts_are_not_failures():
+    """The recording's budget stops (SIGTERM) left KeyboardInterrupt attempts in _failed/: not a configuration's
+    failure, never recorded as a death that blocks a relaunch."""
+    from servescope.store import Store
+
+    d = _failed("KeyboardInterrupt")
+    assert Store(REF / "store").recorded_death(d.name.rsplit("-", 2)[0]) is None
+
+
+@pytest.fixture(scope="module")
+def offline_run(tmp_path_factory):
+    """Threads 01, 02, 07 and 99 of the suite rendered offline from a copy of the H200 store."""
+    tmp = tmp_path_factory.mktemp("sglang-h200")
+    shutil.copytree(REF / "store", tmp / "store")
+    done = run_suite(SUITE, only=["01", "02", "07", "99"], offline=True, reports_dir=tmp / "r",
+                     store_dir=tmp / "store", run_id="t", progress=False)
+    return done.out_dir
+
+
+def test_thread01_names_the_launchs_own_flag_and_recommends_a_mode_that_served(offline_run):
+    (f,) = read_findings(offline_run / "01_cuda_graph_disable_reason.findings.json")
+    assert f.title == "CUDA graphs are off because of the launch's own flag" and f.confidence == "high"
+    assert "`--cuda-graph-backend-decode disabled` turns off decode graphs" in f.claim
+    assert "what `--disable-cuda-graph` stands for on sglang 0.5.17, where that flag is a deprecated alias" in \
+        json.dumps(f.evidence["launch_flags"])
+    # the mode to turn on served here; full died here and is named as not recommended, with the engine's words
+    assert f.recommended_flags == ["--cuda-graph-backend-decode", "full", "--cuda-graph-backend-prefill", "breakable"]
+    assert [x.config for x in f.failures] == ["cuda_graph=full"]
+    assert "full dies before it is ready (during the target prefill CUDA-graph capture): ValueError" in f.claim
+
+
+def test_thread02_says_full_dies_at_capture_and_picks_piecewise(offline_run):
+    fs = read_findings(offline_run / "02_piecewise_cuda_graphs.findings.json")
+    head = fs[0]
+    assert head.title == "Use CUDA graphs: piecewise" and head.confidence == "high"
+    assert head.effect.n == 3 and head.effect.ci_low_pct > 100  # +532% (90% CI +341..+807%) on the H200
+    (dead,) = [f for f in fs if "dies before it is ready" in f.title]
+    assert dead.title == "CUDA graphs full: full dies before it is ready on sglang 0.5.17"
+    assert "at sglang/srt/layers/attention/triton_backend.py:1201" in dead.claim and dead.confidence == "high"
+    assert [x.config for x in head.failures] == ["full"]
+
+
+def test_front_page_opens_with_the_verified_effect_against_the_seeds_launch(offline_run):
+    (summary,) = read_findings(offline_run / "99_summary.findings.json")
+    assert summary.title == "First change: Use CUDA graphs: piecewise"
+    assert "--cuda-graph-backend-prefill breakable" in summary.recommendation
+    page = (offline_run / "index.html").read_text()
+    line = re.search(r'id="verified"[^>]*><b>([^<]*)', page).group(1)
+    assert line.startswith("Verified: +532.3% output_tok_s (90% CI +340.9..+807.0%, n=3")
+    assert line.endswith("with --cuda-graph-backend-decode full --cuda-graph-backend-prefill breakable, against the "
+                         "baseline cuda_graph=off")
+    assert "NVIDIA H200" in page and "rendered offline" in page  # where it was measured, not this machine
+    # one improvement document: the other graph modes are alternatives for the same knob, said inside it
+    (doc,) = sorted((offline_run / "changes").glob("*.md"))
+    assert "Measured alternative, not taken: --cuda-graph-backend-decode full --cuda-graph-backend-prefill " \
+        "disabled" in doc.read_text()
+
+
+def test_committed_reference_report_says_the_same():
+    page = (REF / "report" / "index.html").read_text()
+    assert "Verified: +532.3% output_tok_s" in page
+    (env,) = read_findings(REF / "report" / "00_environment.findings.json")
+    assert "sglang 0.5.17 (cuda) on 1 x NVIDIA H200" in env.claim  # written on the H200 itself
