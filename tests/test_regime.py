@@ -126,7 +126,7 @@ def test_the_real_server_on_the_h200_is_host_bound(tmp_path):
 
 
 def test_an_under_loaded_point_on_the_h200():
-    """Recorded on the H200 (tests/fixtures/h200_underloaded, benchmarks/gpu/run_issue21_h200.sh part b):
+    """Recorded on the H200 (tests/fixtures/h200_underloaded, benchmarks/gpu/run_issue21_h200.sh (removed: the GPU runs now go through benchmarks/gpu/on_gpu.py) part b):
     transformers serve with its defaults at 0.25 requests/s, open loop. Every request completed, the GPU ran kernels
     0% of the time at 18% of its power, no thread near a full core: the offered load was the limit, and the sweep's
     unbounded rate served 17.5x more, where the server read as host-bound."""
@@ -239,3 +239,20 @@ def test_thread_03_renders_the_h200_store_offline(tmp_path):
     assert by["cuda_graph=full (+nsys profile)"]["recommended_flags"] == []  # it already ran with them
     html = (done.out_dir / "03_clocks_power.html").read_text()
     assert "joules_per_output_token" in html and "Timeline over the sweep" in html
+
+
+def test_a_level_over_in_a_few_gpu_readings_gets_no_verdict():
+    """Recorded on the H200 (data/reference/sglang-h200): SGLang with graphs served c=32 x 32 requests in a few
+    tenths of a second, 3 readings at 10 Hz whose GPM SM activity read 0, 2 and 0%: no regime can rest on that."""
+    store = Store(ROOT / "data" / "reference" / "sglang-h200" / "store")
+    res = read_store(store)
+    gp = gpu_points(res.telemetry, res.summary)
+    short = gp[(gp["phase"] == "c=32") & (gp["samples"] < rg.RegimeThresholds().min_gpu_samples)]
+    assert len(short), "the recording has levels shorter than the guard"
+    row = short.iloc[0]
+    verdict = rg.decide(rg.point_evidence(gpu=row))
+    assert verdict.regime == "undecided" and verdict.confidence == "none"
+    assert "too few to tell" in verdict.because and "duration_s" in verdict.missing[0]
+    # the same readings with the guard's floor lowered are read as before: the guard is what changed the answer
+    loose = rg.decide(rg.point_evidence(gpu=row), rg.RegimeThresholds(min_gpu_samples=1))
+    assert "too few to tell" not in loose.because

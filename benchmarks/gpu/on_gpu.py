@@ -97,7 +97,8 @@ def install(manifest: dict, suite: dict) -> dict[str, str]:
     files = WORK / "files"
     kinds: dict[str, list[Path]] = {}
     for f in manifest["files"]:
-        kinds.setdefault(f["kind"], []).append(files / f["name"])
+        for kind in f.get("kinds") or [f["kind"]]:
+            kinds.setdefault(kind, []).append(files / f["name"])
     site = "/tmp/site"
     engine_site = ((suite.get("engine") or {}).get("env") or {}).get("PYTHONPATH", "")
     if not (WORK / "installed").is_file():

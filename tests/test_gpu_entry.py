@@ -1,0 +1,66 @@
+"""The one GPU entry point (benchmarks/gpu/pack.py here, benchmarks/gpu/on_gpu.py on the GPU machine): parts that fit
+beside the tree, gathered across calls and checked, and a fresh machine said plainly. Its real runs are the H200
+recordings of data/reference/sglang-h200 (gpu-logs/ keeps what each call printed)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "gpu" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_parts_fit_their_budget_largest_first(tmp_path):
+    pack = _load("pack")
+    files = []
+    for name, size in (("a.whl", 30), ("b.whl", 20), ("c.whl", 15), ("d.whl", 10)):
+        (tmp_path / name).write_bytes(b"x" * size)
+        files.append(("suite", tmp_path / name))
+    parts = pack.split(files, 40)
+    assert [[f.name for _, f in p] for p in parts] == [["a.whl", "d.whl"], ["b.whl", "c.whl"]]
+    with pytest.raises(SystemExit, match="more than one call carries"):
+        pack.split(files, 25)
+
+
+def test_the_sglang_suite_needs_its_engine_wheels():
+    pack = _load("pack")
+    assert pack.needs(ROOT / "data" / "suites" / "sglang-h200.yaml") == ["suite", "nsys", "sglang"]
+    assert pack.needs(ROOT / "data" / "suites" / "transformers-gpu.yaml") == ["suite", "nsys"]
+
+
+def test_a_fresh_machine_is_said_plainly_and_parts_are_checked(tmp_path, monkeypatch):
+    gpu = _load("on_gpu")
+    monkeypatch.setattr(gpu, "WORK", tmp_path / "work")
+    monkeypatch.setattr(gpu, "ROOT", tmp_path / "repo")
+    with pytest.raises(SystemExit, match=r"the machine changed: part\(s\) 01, 02 sent by earlier calls are not here"):
+        gpu.check_machine([1, 2])
+    part = tmp_path / "repo" / ".device" / "parts" / "01"
+    part.mkdir(parents=True)
+    (part / "w.whl").write_bytes(b"wheel")
+    manifest = {"parts": 2, "files": [
+        {"name": "w.whl", "kinds": ["suite"], "part": 1, "bytes": 5, "sha256": hashlib.sha256(b"wheel").hexdigest()},
+        {"name": "v.whl", "kinds": ["suite", "sglang"], "part": 2, "bytes": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}]}
+    gpu.check_machine([])
+    assert gpu.gather(manifest) == ([1], [2])
+    (tmp_path / "work" / "received").write_text("1")
+    gpu.check_machine([1])  # the first call's part is still here: no complaint
+    (part / "w.whl").write_bytes(b"changed")
+    with pytest.raises(SystemExit, match="sha256 differs from parts.json"):
+        gpu.gather(manifest)
+
+
+def test_the_committed_manifest_names_every_part_once():
+    m = json.loads((ROOT / "benchmarks" / "gpu" / "parts.json").read_text())
+    assert {f["part"] for f in m["files"]} == set(range(1, m["parts"] + 1))
+    assert len({f["name"] for f in m["files"]}) == len(m["files"])
