@@ -126,7 +126,7 @@ def test_the_real_server_on_the_h200_is_host_bound(tmp_path):
 
 
 def test_an_under_loaded_point_on_the_h200():
-    """Recorded on the H200 (tests/fixtures/h200_underloaded, benchmarks/gpu/run_issue21_h200.sh (removed; see git history) part b):
+    """Recorded on the H200 (tests/fixtures/h200_underloaded, benchmarks/gpu/run_issue21_h200.sh part b, in git history):
     transformers serve with its defaults at 0.25 requests/s, open loop. Every request completed, the GPU ran kernels
     0% of the time at 18% of its power, no thread near a full core: the offered load was the limit, and the sweep's
     unbounded rate served 17.5x more, where the server read as host-bound."""

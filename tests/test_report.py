@@ -295,7 +295,7 @@ def test_h200_suite_renders_offline_as_measured(tmp_path):
     assert status["04_data_parallelism"] == "partial"  # its time-sliced layout was never measured (device time)
     head, ceiling, full = json.loads((done.out_dir / "02_piecewise_cuda_graphs.findings.json").read_text())
     assert head["title"] == "Use CUDA graphs: full" and head["recommended_flags"] == ["--cb-use-cuda-graph"]
-    # the engine-free ceiling probe, recorded on the H200 (benchmarks/gpu/run_issue21_h200.sh (removed; see git history)): 1 to 256, 4 forms
+    # the engine-free ceiling probe, recorded on the H200 (run_issue21_h200.sh, in git history): 1 to 256, 4 forms
     rows = ceiling["evidence"]["ceiling"]
     fg, pw = ({r["batch"]: r for r in rows if r["form"] == form} for form in ("full", "piecewise"))
     assert sorted(fg) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
