@@ -9,6 +9,7 @@ import pytest
 
 from servescope.context import context
 from servescope.engines import get_engine
+from servescope.errors import KnobError
 from servescope.spec import EngineSpec, Knobs
 from servescope.suite import load_suite
 from servescope.threads import graph_modes, parallelism, torch_compile, verify
@@ -39,8 +40,12 @@ def test_sglang_example_is_valid_for_sglang_0_5_23(wheel_install):
     install = wheel_install("sglang-0.5.23")
     adapter = get_engine("sglang")
     modes = graph_modes.modes(context(engine, {"tiny": {}}), install)
-    assert modes["expressible"].all(), modes  # off, decode only, full, piecewise: all spelled by 0.5.23
-    knobs = [Knobs(cuda_graph=m) for m in modes["mode"]]
+    # off, decode only, full, piecewise: all spelled by 0.5.23; torch.compile's piecewise split (tc_piecewise, in 0.5.17)
+    # is gone from 0.5.23's prefill backends, refused with that version's own list
+    can = dict(zip(modes["mode"], modes["expressible"], strict=True))
+    assert can == {"off": True, "decode_only": True, "full": True, "piecewise": True, "compiled_piecewise": False}
+    assert "no prefill backend 'tc_piecewise'" in modes.set_index("mode").loc["compiled_piecewise", "reason"]
+    knobs = [Knobs(cuda_graph=m) for m in modes["mode"] if can[m]]
     knobs += [a.knobs for a in torch_compile.arms(context(engine, {"tiny": {}}))]
     lays = parallelism.layouts(None, 8, "cuda")
     assert {x.kind for x in lays} == {"one server", "replicas", "engine DP", "DP attention", "TP"}
@@ -48,8 +53,14 @@ def test_sglang_example_is_valid_for_sglang_0_5_23(wheel_install):
     # thread 07's scheduler search around the suite's baseline: every setting spelled by 0.5.23
     ctx = context(engine, {"tiny": {}}, suite.load)
     tuning = [k for _, k in verify.candidates(ctx, Knobs(**suite.baseline), list(verify.SEARCH))]
-    assert len(tuning) == 9
-    knobs += tuning
+    assert len(tuning) == 11
+    # around graphs off, a decode-graph batch cap has nothing to cap: refused (the search shows it not expressible)
+    capped = [k for k in tuning if k.cuda_graph_max_bs is not None]
+    assert len(capped) == 2
+    for k in capped:
+        with pytest.raises(KnobError, match="cuda_graph_max_bs given while CUDA graphs are off"):
+            adapter.knob_flags(k, install)
+    knobs += [k for k in tuning if k.cuda_graph_max_bs is None]
     for k in knobs:
         plan = adapter.plan(install=install, model_path=suite.model["path"], served_name="m", host="127.0.0.1",
                             port=30000, knobs=k, extra_env={})  # checks every flag against 0.5.23's flag set
@@ -59,3 +70,29 @@ def test_sglang_example_is_valid_for_sglang_0_5_23(wheel_install):
     assert spelled["dp attention=8"] == ["--tp-size", "8", "--attn-dp-size", "8"]
     assert spelled["8 replicas, round-robin"] == []  # replicas are eight plain servers, one GPU each
     assert adapter.knob_flags(tuning[0], install)[-2:] == ["--max-running-requests", "128"]
+
+
+def test_sglang_h200_is_valid_for_sglang_0_5_17(wheel_install):
+    """The seed's case (data/suites/sglang-h200.yaml): its base arguments and every configuration its threads launch
+    are spelled by 0.5.17's own flags, and the seed's baseline is 0.5.17's spelling of --disable-cuda-graph."""
+    suite = load_suite(ROOT / "data" / "suites" / "sglang-h200.yaml")
+    engine = EngineSpec(**suite.engine)
+    install = wheel_install("sglang-0.5.17")
+    adapter = get_engine("sglang")
+    adapter.check_flags(list(engine.args), install)  # what every launch carries
+    assert adapter.knob_flags(Knobs(**suite.baseline), install) == [
+        "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+    ctx = context(engine, {"tiny": {}}, suite.load)
+    modes = graph_modes.modes(ctx, install)
+    assert list(modes["mode"]) == ["off", "decode_only", "full", "piecewise", "compiled_piecewise"]
+    assert modes["expressible"].all(), modes
+    knobs = [Knobs(cuda_graph=m) for m in modes["mode"]]
+    knobs += [a.knobs for a in torch_compile.arms(ctx)]
+    knobs += [Knobs(torch_compile=True, cuda_graph=m) for m in torch_compile.PIECEWISE_FORMS]
+    tuning = [k for _, k in verify.candidates(ctx, Knobs(cuda_graph="piecewise"), list(verify.SEARCH))]
+    knobs += tuning
+    assert {k.cuda_graph_max_bs for k in tuning} >= {16, 64}  # x0.5 and x2 of c=32
+    for k in knobs:
+        adapter.check_flags(adapter.knob_flags(k, install), install)
+        both = {f for f in adapter.knob_flags(k, install) if f.startswith("--")} & set(engine.args)
+        assert not both, f"{k.label()} sets {both}, which the suite's base arguments set too"
