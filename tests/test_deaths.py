@@ -120,3 +120,34 @@ def test_root_killed_while_serving_names_sigkill(tmp_path):
             srv.check_alive()
     d = ei.value.deaths[0]
     assert d.signal == "SIGKILL" and d.process == "server root process" and "out-of-memory" in d.meaning and d.oom
+
+
+def test_real_vllm_sigill_is_the_first_failure_and_the_executor_error_its_consequence():
+    """vLLM CPU on an AMX Xeon (tests/fixtures/vllm_cpu/worker_sigill): the worker's SIGILL came first; the engine
+    core's 'Executor failed.' and the API server's EngineDeadError follow from it, and the engine tore its own tree
+    down ('died unexpectedly ... shutting down executor')."""
+    import re
+
+    from servescope.deaths import cause_of, exceptions_in_log
+    from servescope.engines import get_engine
+
+    text = _real_vllm_log()
+    ad = get_engine("vllm")
+    cause = cause_of(text, explain(0, text), ad.package, [re.compile(x) for x in ad.teardown_patterns])
+    assert cause.first_death.process == "VllmWorker-0" and cause.first_death.signal == "SIGILL"
+    assert cause.exception.type == "RuntimeError" and cause.exception.process == "EngineCore"
+    assert cause.exception.frame == "vllm/v1/engine/core.py:1702 in _handle_client_request"
+    assert cause.teardown == "engine" and "shutting down executor" in cause.teardown_evidence
+    assert cause.headline().startswith("VllmWorker-0 died from SIGILL (illegal instruction); the engine then killed")
+    # a chained traceback counts once, as what propagated; the API server's follow-on error names its process
+    excs = exceptions_in_log(text, "vllm")
+    assert [e.type for e in excs][:2] == ["RuntimeError", "EngineDeadError"] and excs[1].process == "APIServer"
+
+
+def test_a_kill_from_outside_is_told_apart_from_the_engines_teardown():
+    from servescope.deaths import cause_of
+
+    root = make_death(-9, "server root process", "exit status -9")
+    cause = cause_of("INFO serving\nINFO still serving\n", [root])
+    assert cause.teardown == "outside" and "no engine teardown line" in cause.teardown_evidence
+    assert cause_of("INFO serving\n", [], killed_by_us="") is None

@@ -251,3 +251,11 @@ def test_0517_full_prefill_graphs_die_with_the_engines_own_exception(sglang_0517
     assert e.cause.teardown == "engine" and "Received sigquit" in e.cause.teardown_evidence
     head = str(e).splitlines()[0]
     assert "the Scheduler raised ValueError: Invalid forward mode" in head and "SIGKILL" not in head
+
+
+def test_0517_declares_continuous_decode_steps_and_never_reads_it(wheel_install):
+    """Said upstream to be a no-op: 0.5.17's source declares num_continuous_decode_steps and no other file reads it
+    (thread 07's search says so beside what its launch measured); the running-request cap is read."""
+    unread = get_engine("sglang").unread_knobs(wheel_install("sglang-0.5.17"))
+    assert set(unread) == {"num_continuous_decode_steps"}
+    assert "no other file of its source reads it" in unread["num_continuous_decode_steps"]
