@@ -319,30 +319,14 @@ def _kill(procs: list[psutil.Process]) -> None:
 
 
 def measured_host(store_dir: Path) -> str:
-    """Where a store's points were measured, from their manifests (host, platform, CPUs, the GPU NVML named): what
-    an offline render's front page names, since the machine rendering it measured nothing ('' for an empty store)."""
-    import collections
-    import json
-
-    seen: collections.Counter[tuple[str, str, str]] = collections.Counter()
-    for m in Path(store_dir).glob("*/manifest.json"):
-        with contextlib.suppress(OSError, ValueError):
-            d = json.loads(m.read_text())
-            if d.get("status") == "complete":
-                seen[(str(d.get("host", "?")), str(d.get("platform", "")).split("-with-")[0],
-                      str(d.get("cpu_count", "?")))] += 1
-    if not seen:
+    """Where a store's points were measured (Store.measured_where): what an offline render's front page names, since
+    the machine rendering it measured nothing ('' for an empty store)."""
+    where = Store(store_dir).measured_where()
+    if not where:
         return ""
-    (host, plat, cpus), n = seen.most_common(1)[0]
-    gpus = ""
-    for g in Path(store_dir).glob("*/telemetry_gpu_static.parquet"):
-        with contextlib.suppress(Exception):
-            import pandas as pd
-
-            names = pd.read_parquet(g)["name"].dropna().astype(str)
-            gpus = f", {len(names)} x {names.iloc[0]}" if len(names) else ""
-            break
-    return f"{host} ({plat}, {cpus} CPUs{gpus}), where {n} of the store's points were measured; rendered offline"
+    gpus = f", {where['gpus']} x {where['gpu']}" if where.get("gpu") else ""
+    return (f"{where['host']} ({where['platform']}, {where['cpus']} CPUs{gpus}), where {where['points']} of the "
+            "store's points were measured; rendered offline")
 
 
 def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_start: float,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -277,6 +278,23 @@ class Store:
         """Folders of earlier failed attempts at key (kept for their logs)."""
         d = self.root / "_failed"
         return sorted(d.glob(f"{key}-*")) if d.is_dir() else []
+
+    def measured_where(self) -> dict[str, Any]:
+        """The machine most of the complete points were measured on (host, platform, CPUs, the GPU NVML named and
+        how many), and how many points; {} for an empty store."""
+        seen: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        gpu: dict[str, Any] = {}
+        for pt in self.points():
+            m = pt.manifest
+            seen[(str(m.get("host", "?")), str(m.get("platform", "")).split("-with-")[0], str(m.get("cpu_count", "?")))] += 1
+            if not gpu:
+                static = pt.table("telemetry_gpu_static")
+                if len(static) and "name" in static:
+                    gpu = {"gpu": str(static["name"].iloc[0]), "gpus": len(static)}
+        if not seen:
+            return {}
+        (host, plat, cpus), n = seen.most_common(1)[0]
+        return {"host": host, "platform": plat, "cpus": cpus, "points": n, **gpu}
 
     def failed_manifests(self, engine: str | None = None, model: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """The manifests of every failed attempt kept in _failed/ (optionally of one engine identity and model),

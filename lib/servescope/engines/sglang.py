@@ -298,8 +298,6 @@ class SglangAdapter(EngineAdapter):
     def resolved_state(self, resolved: dict[str, Any] | None, log_text: str = "") -> ResolvedState:
         """From `/server_info` (its server args): per-phase backends on 0.5.2x, disable_cuda_graph and the piecewise
         switch before; backends 'auto' or unset are taken from the log lines that name them."""
-        from .logs import analyze_log
-
         r = resolved or {}
         st = ResolvedState("sglang", source="/server_info" if r else "")
         if r:
@@ -333,6 +331,20 @@ class SglangAdapter(EngineAdapter):
                     "disaggregation_mode", "enable_two_batch_overlap", "pp_size", "cuda_graph_max_bs",
                     "max_running_requests", "moe_runner_backend", "version", "enable_dp_attention")
             st.facts = {k: r[k] for k in keys if k in r}
+        self._from_log(st, log_text)
+        no_info = "no /server_info answer (0.4.x serves /get_server_info; servescope asks both)"
+        return st.complete_missing({
+            "eager": "SGLang has no eager switch: compile and CUDA graphs are set apart",
+            "moe_backend": "moe_runner_backend is 'auto' or absent and the log names none",
+            "attention_backend": "attention_backend unset (chosen at run time) and the log names none",
+            **{f: no_info if not r else "this version's server args do not carry it"
+               for f in ("compile", "graph_decode", "graph_prefill", "tp", "dp", "ep", "device", "dtype")}})
+
+    def _from_log(self, st: ResolvedState, log_text: str) -> None:
+        """What the log says beyond the server args: a piecewise prefill graph turned off at run time (0.5.9's
+        compile conflict, 0.5.17's capture skipped), backends the args left to 'auto'."""
+        from .logs import analyze_log
+
         lines = analyze_log(log_text, self.log_patterns()) if log_text else None
         if lines is not None and len(lines):
             # 0.5.9 checks compile against piecewise graphs at run time: its args still say piecewise, its log not
@@ -349,13 +361,6 @@ class SglangAdapter(EngineAdapter):
                 hit = lines[lines["kind"] == kind]
                 if getattr(st, fld) is None and len(hit) and "backend" in hit:
                     setattr(st, fld, str(hit["backend"].dropna().iloc[0]) if hit["backend"].notna().any() else None)
-        no_info = "no /server_info answer (0.4.x serves /get_server_info; servescope asks both)"
-        return st.complete_missing({
-            "eager": "SGLang has no eager switch: compile and CUDA graphs are set apart",
-            "moe_backend": "moe_runner_backend is 'auto' or absent and the log names none",
-            "attention_backend": "attention_backend unset (chosen at run time) and the log names none",
-            **{f: no_info if not r else "this version's server args do not carry it"
-               for f in ("compile", "graph_decode", "graph_prefill", "tp", "dp", "ep", "device", "dtype")}})
 
     def fact_rules(self, state: ResolvedState) -> list[FactRule]:
         """Attention backend, DeepEP mode, compile, PD disaggregation, two-batch overlap, pipeline parallelism."""

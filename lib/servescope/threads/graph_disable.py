@@ -285,28 +285,43 @@ def graph_twin(study: Study, apart: float = 1.3) -> Finding | None:
                    evidence={"resolved": state.to_dict(), "pair": rows, "inferred": side})
 
 
+def _turn_on(on: list[str], on_mode: str, own: list[dict[str, str]], rules: pd.DataFrame) -> str:
+    """'To turn them on: drop the launch's own flags, and launch with FLAGS (mode)', with the rules' remedies."""
+    remedies = [r for r in dict.fromkeys(rules["remedy"]) if r] if len(rules) and "remedy" in rules else []
+    names = [f"`{x['flag']}`" for x in own]
+    drop = f"drop {', '.join(names[:-1])} and {names[-1]}, and launch with " if len(names) > 1 else \
+        f"drop {names[0]}, and launch with " if names else ""
+    return f" To turn them on: {drop}`{' '.join(on)}` ({on_mode})" + (f", {'; '.join(remedies)}" if remedies else "") \
+        + "."
+
+
+def _not_started(study: Study, knobs: Knobs, first: pd.Series) -> Finding:
+    """The launch failed: a death before ready with the engine's own exception is the answer (a crash at capture);
+    anything else says what is known of it."""
+    err = str(first["error"])
+    dead = study.failure(ARM)
+    if dead is not None and dead.before_ready and dead.exception:
+        return Finding(thread=THREAD, title="The launch dies before it is ready", applies=True, confidence="high",
+                       reason=dead.words(), failures=[dead],
+                       claim=f"The server launched with {knobs.label()} {dead.words()}"
+                             + ("; the engine then tore its own process tree down" if dead.teardown == "engine" else "")
+                             + ". Its log is under the store's _failed/ folder.",
+                       evidence={"error": err[-2000:], "signal": first["signal"]})
+    said = (f"{first['death']}" if first["death"] else
+            f"last line of its log: {[ln for ln in err.splitlines() if ln.strip()][-1][:300]}")
+    return Finding(thread=THREAD, title="The server did not start", applies=False, confidence="none",
+                   claim=f"{first['summary']}. {said}", failures=study.failures(),
+                   reason="launch failed; its log is under data/runs/_failed/",
+                   evidence={"error": err[-2000:], "signal": first["signal"]})
+
+
 def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding]:
     """What thread 1 concludes: graphs as resolved, and why (rule, flag or crash), with the evidence."""
     state, knobs, errors = state_of(study), study.arm(ARM).knobs, study.results.errors
     crashed = log[log["name"].isin(["capture_failed"])] if len(log) else log
     rules = why[why["source"] == "audit"] if len(why) else why
     if len(errors) and state.graphs is None:
-        first = errors.iloc[0]
-        err = str(first["error"])
-        dead = study.failure(ARM)
-        if dead is not None and dead.before_ready and dead.exception:  # a crash at capture is the answer
-            return [Finding(thread=THREAD, title="The launch dies before it is ready", applies=True,
-                            confidence="high", reason=dead.words(), failures=[dead],
-                            claim=f"The server launched with {knobs.label()} {dead.words()}"
-                                  + ("; the engine then tore its own process tree down" if dead.teardown == "engine"
-                                     else "") + ". Its log is under the store's _failed/ folder.",
-                            evidence={"error": err[-2000:], "signal": first["signal"]})]
-        said = (f"{first['death']}" if first["death"] else
-                f"last line of its log: {[ln for ln in err.splitlines() if ln.strip()][-1][:300]}")
-        return [Finding(thread=THREAD, title="The server did not start", applies=False, confidence="none",
-                        claim=f"{first['summary']}. {said}", failures=study.failures(),
-                        reason="launch failed; its log is under data/runs/_failed/",
-                        evidence={"error": err[-2000:], "signal": first["signal"]})]
+        return [_not_started(study, knobs, errors.iloc[0])]
     if state.graphs is None:
         twin = graph_twin(study)
         if twin is not None:
@@ -337,12 +352,7 @@ def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding
         claim = f"CUDA graphs resolved to {state.graphs} ({mode})."
     _, failed = graph_modes_seen(study)
     if on and not len(crashed):
-        remedies = [r for r in dict.fromkeys(rules["remedy"]) if r] if len(rules) and "remedy" in rules else []
-        names = [f"`{x['flag']}`" for x in own]
-        drop = f"drop {', '.join(names[:-1])} and {names[-1]}, and launch with " if len(names) > 1 else \
-            f"drop {names[0]}, and launch with " if names else ""
-        claim += f" To turn them on: {drop}`{' '.join(on)}` ({on_mode})" + \
-            (f", {'; '.join(remedies)}" if remedies else "") + "."
+        claim += _turn_on(on, on_mode, own, rules)
     if failed:
         claim += " Not recommended, because they died here: " + "; ".join(
             f"{m} {f.words()}" for m, f in failed.items()) + "."
