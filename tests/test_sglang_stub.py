@@ -150,7 +150,9 @@ def test_thread02_on_sglang_059_expresses_its_modes_and_reads_its_graph_counters
     gs = t02.run(context(engine, {"path": "org/moe", "served_name": "moe"}, load, repetitions=1,
                          store_dir=str(tmp_path), progress=False, telemetry={"metrics_hz": 20}))
     modes = dict(zip(gs.modes["mode"], gs.modes["expressible"], strict=True))
-    assert modes == {"off": True, "decode_only": True, "full": False, "piecewise": True}
+    assert modes == {"off": True, "decode_only": True, "full": False, "piecewise": True, "compiled_piecewise": False}
+    assert "piecewise graphs are torch.compile's already" in gs.modes.set_index("mode").loc["compiled_piecewise",
+                                                                                             "reason"]
     assert "0.5.9" in gs.modes.set_index("mode").loc["full", "reason"]
     assert set(gs.study.verification()["status"]) == {"as requested"}
     counters = gs.study.graph_metrics()
