@@ -12,6 +12,7 @@ from servescope.engines.base import EngineAdapter, EngineInstall, LaunchPlan
 from servescope.engines.http import get_json
 from servescope.engines.sglang import SglangAdapter
 from servescope.engines.state import GRAPH_PHASES, ResolvedState
+from servescope.errors import KnobError
 from servescope.server import ReadyCheck
 from servescope.spec import Knobs
 
@@ -48,6 +49,8 @@ class StubAdapter(EngineAdapter):
         return EngineInstall(python=python, version="0.0-stub", distribution="stub", platform="cpu", env=dict(env or {}))
 
     def knob_flags(self, knobs: Knobs, install):
+        if knobs.cuda_graph == "compiled_piecewise":
+            raise KnobError("the stub has one piecewise form: ask for cuda_graph 'piecewise'")
         itl = 4.0 if knobs.torch_compile is False else 1.0
         itl *= GRAPH_SPEED.get(knobs.cuda_graph, 1.0) if knobs.cuda_graph else 1.0
         flags = ["--itl-ms", f"{itl:g}"]

@@ -337,7 +337,7 @@ def test_help_is_the_truth_and_disagreements_are_listed():
 def test_an_unread_version_asks_its_help(monkeypatch):
     calls = []
 
-    def fake_help(python, engine, version, argv):
+    def fake_help(python, engine, version, argv, env=()):
         calls.append(argv)
         return help_flags(HELP.replace("--new-flag", "--model-path MODEL_PATH --port PORT"), engine, version, "h")
 

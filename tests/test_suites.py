@@ -44,7 +44,8 @@ def test_sglang_example_is_valid_for_sglang_0_5_23(wheel_install):
     # is gone from 0.5.23's prefill backends, refused with that version's own list
     can = dict(zip(modes["mode"], modes["expressible"], strict=True))
     assert can == {"off": True, "decode_only": True, "full": True, "piecewise": True, "compiled_piecewise": False}
-    assert "no prefill backend 'tc_piecewise'" in modes.set_index("mode").loc["compiled_piecewise", "reason"]
+    assert "--cuda-graph-backend-prefill tc_piecewise is not accepted; it takes full, breakable, disabled" in \
+        modes.set_index("mode").loc["compiled_piecewise", "reason"]
     knobs = [Knobs(cuda_graph=m) for m in modes["mode"] if can[m]]
     knobs += [a.knobs for a in torch_compile.arms(context(engine, {"tiny": {}}))]
     lays = parallelism.layouts(None, 8, "cuda")
@@ -53,7 +54,7 @@ def test_sglang_example_is_valid_for_sglang_0_5_23(wheel_install):
     # thread 07's scheduler search around the suite's baseline: every setting spelled by 0.5.23
     ctx = context(engine, {"tiny": {}}, suite.load)
     tuning = [k for _, k in verify.candidates(ctx, Knobs(**suite.baseline), list(verify.SEARCH))]
-    assert len(tuning) == 11
+    assert len(tuning) == 11  # every knob the search knows, the decode-graph batch cap too
     # around graphs off, a decode-graph batch cap has nothing to cap: refused (the search shows it not expressible)
     capped = [k for k in tuning if k.cuda_graph_max_bs is not None]
     assert len(capped) == 2
@@ -89,7 +90,8 @@ def test_sglang_h200_is_valid_for_sglang_0_5_17(wheel_install):
     knobs = [Knobs(cuda_graph=m) for m in modes["mode"]]
     knobs += [a.knobs for a in torch_compile.arms(ctx)]
     knobs += [Knobs(torch_compile=True, cuda_graph=m) for m in torch_compile.PIECEWISE_FORMS]
-    tuning = [k for _, k in verify.candidates(ctx, Knobs(cuda_graph="piecewise"), list(verify.SEARCH))]
+    (entry,) = [n for n in suite.notebooks if n.id == "07_verified_changes"]
+    tuning = [k for _, k in verify.candidates(ctx, Knobs(cuda_graph="piecewise"), entry.parameters["search"])]
     knobs += tuning
     assert {k.cuda_graph_max_bs for k in tuning} >= {16, 64}  # x0.5 and x2 of c=32
     for k in knobs:

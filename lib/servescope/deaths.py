@@ -391,8 +391,15 @@ class DeathCause:
         return head
 
     def text(self) -> str:
-        """Headline and the evidence lines."""
+        """Headline and the evidence lines: the first death's own lines (log line, frame), the engine's exception
+        and where it was raised, who tore the tree down."""
         lines = [self.headline()]
+        if self.first_death is not None:
+            lines += self.first_death.text().splitlines()[1:]
+            if self.exception is not None:
+                lines.append(f"then: {self.exception.headline()}")
+        elif self.exception is not None and self.stage:
+            lines.append(f"when: {self.stage}")
         if self.teardown_evidence:
             lines.append(f"teardown: {self.teardown_evidence}")
         return "\n".join(x for x in lines if x)

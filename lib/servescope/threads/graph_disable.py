@@ -291,8 +291,8 @@ def _turn_on(on: list[str], on_mode: str, own: list[dict[str, str]], rules: pd.D
     names = [f"`{x['flag']}`" for x in own]
     drop = f"drop {', '.join(names[:-1])} and {names[-1]}, and launch with " if len(names) > 1 else \
         f"drop {names[0]}, and launch with " if names else ""
-    return f" To turn them on: {drop}`{' '.join(on)}` ({on_mode})" + (f", {'; '.join(remedies)}" if remedies else "") \
-        + "."
+    mode = f" ({on_mode})" if own else ""
+    return f" To turn them on: {drop}`{' '.join(on)}`{mode}" + (f", {'; '.join(remedies)}" if remedies else "") + "."
 
 
 def _not_started(study: Study, knobs: Knobs, first: pd.Series) -> Finding:

@@ -79,7 +79,7 @@ def piecewise_exclusion(study: Study) -> Exclusion:
         arms.append(Arm(name, Knobs(torch_compile=True, cuda_graph=mode), f"compile on, {mode} graphs asked"))
     if not arms:
         return Exclusion("not expressible", "this engine version cannot ask for piecewise graphs with compile: "
-                         + "; ".join(r["text"] for r in rows), _with_audit(study, rows))
+                         + rows[0]["text"], _with_audit(study, rows))
     ld = study.ctx.load
     level = min(ld.concurrency) if ld.mode == "closed" else 1
     probe_load = ld.model_copy(update={"concurrency": (level,), "num_requests": max(4, 2 * level), "duration_s": None})
