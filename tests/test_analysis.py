@@ -132,3 +132,21 @@ def test_graph_use_from_a_trace_alone():
     cpu = graph_use(pd.DataFrame({"name": ["aten::mm"], "device": [-1], "source": ["torch"],
                                   "graph_node": [float("nan")]}))
     assert cpu["graphs"] == "" and "CPU engine" in cpu["why"]
+
+
+def test_a_noisy_top_level_does_not_hide_the_resolved_levels():
+    """The case of issue 34 (a cold `make report` on the oversubscribed 2-core machine): compile against eager,
+    c=1 and c=4 resolved (+37%, +98%), c=16 per repetition +608%, +19%, -25%, -17%. The headline was 'at c=16' and
+    unresolved; the resolved levels now carry it, and the scope says which level was left out and why."""
+    rows = []
+    for rep, (a, b, c) in enumerate([(1.36, 1.95, 7.08), (1.38, 2.01, 1.19), (1.37, 1.97, 0.75), (1.35, 1.99, 0.83)]):
+        for conc, ratio in ((1, a), (4, b), (16, c)):
+            rows += [{"config": "eager", "rep": rep, "concurrency": conc, "output_tok_s": 100.0},
+                     {"config": "compiled", "rep": rep, "concurrency": conc, "output_tok_s": 100.0 * ratio}]
+    h = headline_effect(pd.DataFrame(rows), "output_tok_s", "eager", "compiled")
+    assert h.scope == "mean over c=1, 4 (c=16 not resolved)" and h.status == "better" and h.n == 4
+    assert 60 < h.effect_pct < 70 and h.ci_low_pct > 50
+    # resolved levels pointing both ways are a mixed answer, not noise: the top level stays the headline
+    flip = pd.DataFrame(rows)
+    flip.loc[(flip["config"] == "compiled") & (flip["concurrency"] == 4), "output_tok_s"] = 50.0
+    assert headline_effect(flip, "output_tok_s", "eager", "compiled").scope == "at c=16"

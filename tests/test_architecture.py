@@ -27,8 +27,9 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 # where a name becomes an adapter: the run context, the public launch call, the suite's check, the doctor, CLI verbs,
 # the release matrix of `make check-engines`, and the registry itself
+# report.check_baseline: a suite run's first step, before any notebook (it refuses a baseline the version cannot spell)
 ENTRY_POINTS = {"context.context", "launch.prepare", "suite.load_suite", "doctor.run_doctor", "engines.__init__",
-                "engines.matrix.check_engines"}
+                "engines.matrix.check_engines", "report.check_baseline"}
 LONG_ALLOWED = {("cli", "main"), ("analysis.regime", "decide")}
 POINT_FILES = ("server.stdout.log", "server.stderr.log", "resolved_config.json", "manifest.json", "replica-")
 

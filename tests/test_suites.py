@@ -98,3 +98,23 @@ def test_sglang_h200_is_valid_for_sglang_0_5_17(wheel_install):
         adapter.check_flags(adapter.knob_flags(k, install), install)
         both = {f for f in adapter.knob_flags(k, install) if f.startswith("--")} & set(engine.args)
         assert not both, f"{k.label()} sets {both}, which the suite's base arguments set too"
+
+
+def test_a_baseline_the_version_cannot_express_is_refused_before_anything_runs(tmp_path):
+    """The stub engine has one piecewise form: a suite whose baseline asks for the other is refused, naming the knob,
+    before any notebook runs or anything launches (no report folder is made)."""
+    import sys
+
+    import yaml
+
+    from servescope.errors import SpecError
+    from servescope.report import run_suite
+
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({"name": "s", "engine": {"name": "stub", "python": sys.executable},
+                                     "model": {"path": "stub"}, "baseline": {"cuda_graph": "compiled_piecewise"},
+                                     "notebooks": [{"id": "01_cuda_graph_disable_reason"}]}))
+    with pytest.raises(SpecError, match=r"baseline sets cuda_graph='compiled_piecewise', which stub 0.0-stub cannot "
+                                        r"express: the stub has one piecewise form.*nothing was launched"):
+        run_suite(suite, reports_dir=tmp_path / "r", store_dir=tmp_path / "st", run_id="x", progress=False)
+    assert not (tmp_path / "r" / "x").exists()

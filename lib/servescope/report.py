@@ -22,9 +22,12 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from nbconvert import HTMLExporter
 
 from . import summary
-from .errors import SpecError
+from .engines import get_engine
+from .errors import KnobError, SpecError
 from .findings import Finding, Outcome, read_findings, read_outcome
+from .launch import find_install
 from .paths import default_reports_dir, default_store_dir
+from .spec import EngineSpec, Knobs, parse
 from .store import Store
 from .suite import QUESTIONS, Suite, load_suite, notebook_file
 from .threads import verify
@@ -180,6 +183,26 @@ def _error_excerpt(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[-2500:]
 
 
+def check_baseline(suite: Suite) -> None:
+    """Refuse, before any notebook runs, a baseline (the deployment as it runs today) this engine version cannot
+    express, naming the knob and the version's reason. The engine's environment is created here where it is missing
+    (every launch needs it anyway); an engine servescope does not launch has no baseline to spell."""
+    if not suite.baseline:
+        return
+    engine = parse(EngineSpec, suite.engine, "engine")
+    adapter = get_engine(engine.name)
+    if not adapter.launches:
+        raise SpecError(f"baseline {suite.baseline}: an external server runs as it was started; leave baseline empty")
+    install = find_install(engine, adapter, create=True, say=lambda m: print(m, flush=True))
+    assert install is not None
+    for knob, value in suite.baseline.items():
+        try:
+            adapter.knob_flags(Knobs(**{knob: value}), install)
+        except (KnobError, SpecError) as e:
+            raise SpecError(f"the suite's baseline sets {knob}={value!r}, which {engine.name} {install.version} cannot "
+                            f"express: {e} (nothing was launched)") from None
+
+
 def run_suite(
     suite_path: str | Path, only: Sequence[str] = (), offline: bool = False, hide_code: bool = False,
     reports_dir: str | Path | None = None, store_dir: str | Path | None = None, run_id: str | None = None,
@@ -198,6 +221,8 @@ def run_suite(
     files = {e.id: notebook_file(suite_path, e) for e in entries}
     plans = {e.id: plan_parameters(suite, files[e.id], e.id, e.parameters, out_dir, store.resolve(), offline)
              for e in entries}
+    if not offline:
+        check_baseline(suite)
     out_dir.mkdir(parents=True, exist_ok=False)
 
     t_start = time.time()

@@ -451,10 +451,11 @@ class Comparison:
         return headline_effect(s, metric, self.baseline, self.treatment, self.study.equivalence_pct)
 
     def finding(self, title: str, subject: str, better: Knobs | None = None, worse: Knobs | None = None,
-                extra: str = "") -> Finding:
+                extra: str = "", deployed: Knobs | None = None) -> Finding:
         """The headline: subject's measured effect on throughput per level (verdict, CI, confidence), what each
         side resolved to, the caveats; recommended flags (spelled by the engine) for better if the treatment helps,
-        for worse if it hurts."""
+        for worse if it hurts. deployed: how the deployment runs today (the suite's baseline); where the better side
+        is the engine's default and the deployment's flags turn it off, the change is to drop them."""
         thread = self.study.thread
         errors = self.study.results.errors
         errs = [{k: v for k, v in x.items() if k != "traceback"} for x in errors.to_dict("records")] if len(errors) else []
@@ -485,15 +486,34 @@ class Comparison:
         claim += cautions
         rec_knobs = better if direction == "better" else worse if direction == "worse" else None
         flags, note, reason = self._recommend(rec_knobs, direction, conf)
+        drop = self._drop(rec_knobs, deployed) if rec_knobs is not None and not flags and conf != "none" else []
+        if drop:  # the engine's default is the better side, and the deployment's own flags keep it from it
+            side = self.treatment if direction == "better" else self.baseline
+            note = (f" The engine's defaults run as {side}; the deployment (the suite's baseline, "
+                    f"{deployed.label() if deployed else ''}) turns that off with `{' '.join(drop)}`: drop it.")
+            reason = ""
         ev = self._evidence(states, errs) | ev | {"noise_pct": {"baseline": _r(peak.baseline_spread_pct),
                                                                 "treatment": _r(peak.treatment_spread_pct)}}
-        if flags and rec_knobs is not None:  # what a later thread composes (thread 07 verifies the changes together)
+        if (flags or drop) and rec_knobs is not None:  # what a later thread composes (07 verifies them together)
             ev["knobs"] = rec_knobs.model_dump(mode="json", exclude_defaults=True)
         if fails:
             claim += " Failed: " + "; ".join(f"{x.config} {x.words()}" for x in fails) + "."
         return Finding(thread=thread, title=f"{subject}: {self.treatment} vs {self.baseline}", claim=claim + note,
                        effect=effect, recommended_flags=flags, confidence=conf, direction=direction, evidence=ev,
-                       reason=reason, failures=fails)
+                       reason=reason, failures=fails,
+                       recommendation=f"drop {' '.join(drop)} (the engine's default)" if drop else "")
+
+    def _drop(self, knobs: Knobs | None, deployed: Knobs | None) -> list[str]:
+        """The deployment's flags that keep it from knobs, where knobs need no flag (the engine's default): what to
+        drop; [] where the deployment is not known, or runs as knobs already."""
+        if knobs is None or deployed is None:
+            return []
+        mine = knobs.model_dump(exclude_defaults=True)
+        if all(deployed.model_dump().get(k) == v for k, v in mine.items()):
+            return []
+        theirs, why = self.study.spell(deployed)
+        ours, why2 = self.study.spell(knobs)
+        return [] if why or why2 else [f for f in theirs if f not in ours]
 
     def _dies(self, subject: str, dead: Failure, states: dict[str, ResolvedState], errs: list[dict[str, Any]],
               fails: list[Failure]) -> Finding:

@@ -147,6 +147,16 @@ def headline_effect(summary: pd.DataFrame, metric: str, baseline: str, treatment
         scope = "mean over c=" + ", ".join(str(int(c)) for c in by_level.index)
         if per_rep.empty:
             one_sign = False
+    if not one_sign and len(by_level) > 1:
+        # levels disagree: where some levels resolve one way and the rest resolve nothing, the resolved ones carry
+        # the headline (a noisy top level on an oversubscribed host must not hide levels that are measured)
+        agree = _resolved_levels(logr, level)
+        if agree:
+            per_rep = logr.unstack("concurrency")[agree].dropna().mean(axis=1)
+            rest = [c for c in by_level.index if c not in agree]
+            scope = ("mean over c=" if len(agree) > 1 else "at c=") + ", ".join(str(int(c)) for c in agree) + \
+                f" (c={', '.join(str(int(c)) for c in rest)} not resolved)"
+            one_sign = not per_rep.empty
     if not one_sign or len(by_level) == 1:
         top = by_level.index.max()
         per_rep = logr.xs(top, level="concurrency")
@@ -166,6 +176,25 @@ def headline_effect(summary: pd.DataFrame, metric: str, baseline: str, treatment
                     effect_pct=float((np.exp(x.mean()) - 1) * 100), ci_low_pct=lo, ci_high_pct=hi,
                     p_value=test.p_value, per_rep_pct=tuple(float((np.exp(v) - 1) * 100) for v in x),
                     same_sign=same_sign, status=status, equivalence_pct=equivalence_pct)
+
+
+def _resolved_levels(logr: pd.Series, level: float) -> list[float]:
+    """The levels whose own interval excludes no change, if they all point the same way and every other level is
+    unresolved (resolved levels pointing both ways give []: that is a mixed answer, not a noisy one)."""
+    ups, downs, unresolved = [], [], []
+    for c, x in logr.groupby(level="concurrency"):
+        t = _t(np.asarray(x, dtype=float), level) if len(x) > 1 else None
+        if t is None or not np.isfinite(t.ci_low_pct):
+            unresolved.append(c)
+        elif t.ci_low_pct > 0:
+            ups.append(c)
+        elif t.ci_high_pct < 0:
+            downs.append(c)
+        else:
+            unresolved.append(c)
+    if bool(ups) == bool(downs) or not unresolved:
+        return []
+    return ups or downs
 
 
 def _t(x: np.ndarray, level: float) -> PairedTest:

@@ -140,9 +140,10 @@ def _with_audit(study: Study, rows: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["source", "where", "text"])
 
 
-def findings(study: Study, exclusion: Exclusion | None = None) -> list[Finding]:
+def findings(study: Study, exclusion: Exclusion | None = None, baseline: dict[str, Any] | None = None) -> list[Finding]:
     """The thread's conclusion: compile's measured effect on throughput, what each side resolved to, the startup
-    cost, and what to set, in the engine's spelling; then whether compile excludes piecewise graphs here."""
+    cost, and what to set, in the engine's spelling (against the deployment's baseline where the suite gives one);
+    then whether compile excludes piecewise graphs here."""
     cmp = comparison(study)
     start = study.startup()
     st = dict(zip(start["config"], start["first_token_s"], strict=True)) if len(start) else {}
@@ -152,7 +153,8 @@ def findings(study: Study, exclusion: Exclusion | None = None) -> list[Finding]:
         extra = (f" Compile adds {cost:.0f} s to startup (median launch to first token)." if cost >= 0.5 else
                  f" Compile adds no startup time here ({cost:+.1f} s, median launch to first token).")
     f = cmp.finding("torch.compile", "torch.compile", better=Knobs(torch_compile=True),
-                    worse=Knobs(torch_compile=False), extra=extra)
+                    worse=Knobs(torch_compile=False), extra=extra,
+                    deployed=Knobs(**baseline) if baseline else None)
     if f.applies and TREATMENT in st and BASELINE in st:
         f.evidence["startup_cost_s"] = round(float(st[TREATMENT] - st[BASELINE]), 1)
     if exclusion is None:

@@ -60,11 +60,12 @@ class Change:
     claim: str
     excluded: str = ""
     alternative_to: str = ""  # the higher-ranked change that sets the same knob otherwise (an alternative, not a change)
+    recommendation: str = ""  # the change in words where it is no flag to add ('drop --enforce-eager ...')
 
     @property
     def label(self) -> str:
         """The change in the engine's spelling, or its knobs where it has no flag."""
-        return " ".join(self.flags) or Knobs(**self.knobs).label()
+        return " ".join(self.flags) or self.recommendation or Knobs(**self.knobs).label()
 
 
 def changes(by_thread: dict[str, list[Finding]]) -> list[Change]:
@@ -81,7 +82,7 @@ def changes(by_thread: dict[str, list[Finding]]) -> list[Change]:
             if t in TIERS and knobs:
                 out.append(Change(thread, f.title, t, dict(knobs), list(f.recommended_flags),
                                   f.effect.text() if f.effect else "", abs(f.effect.value_pct) if f.effect else 0.0,
-                                  f.confidence, f.claim))
+                                  f.confidence, f.claim, recommendation=f.recommendation))
     out.sort(key=lambda c: (TIERS.index(c.tier), -c.effect_pct))
     seen: set[str] = set()
     uniq = []
