@@ -1,21 +1,25 @@
-"""`make bench-report`: the default suite cold (empty store, as a new user's `make report`), timed, with the
-launch count beside what one launch per configuration allows.
+"""`make bench-report`: `make report` cold, as a new user's first one, timed: the engine's environment, the tiny model
+and the doctor's quick check in an empty per-user cache (and empty uv and vLLM compile caches), then the default suite
+from an empty store, with the launch count beside what one launch per configuration allows.
 
 launches: server launches the run made (one per stored point folder, plus failed attempts); configurations x
 repetitions: distinct launch identities (the command and environment the adapter built, port and paths left out,
 with the load, repetition and profile), over every point the threads asked for, aliases included. Equal when no
 configuration was launched twice. Goal (issue 20): wall_s <= 900 on the 2-core machine, launches equal to
-configurations x repetitions. Prints one line per notebook, then `bench-report: ...` last.
+configurations x repetitions, engine environment included. Prints one line per step and notebook, then
+`bench-report: ...` last. --warm-cache keeps the per-user caches (only the suite is timed then).
 
-Usage: python benchmarks/bench_report.py [--suite data/suites/default.yaml] [--keep DIR]
+Usage: python benchmarks/bench_report.py [--suite data/suites/default.yaml] [--keep DIR] [--warm-cache]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,19 +64,47 @@ def run_cold(suite: Path, work: Path, tag: str) -> tuple[SuiteRun, float, dict[s
     return done, wall, count_launches(store)
 
 
+def cold_caches(work: Path) -> None:
+    """Point the per-user caches a first `make report` fills (engine environment, model, uv's wheels, vLLM's compile
+    cache) at empty folders under work/, for this process and the ones it starts."""
+    for var, sub in (("SERVESCOPE_CACHE", "servescope-cache"), ("UV_CACHE_DIR", "uv-cache"),
+                     ("VLLM_CACHE_ROOT", "vllm-cache")):
+        os.environ[var] = str(work / sub)
+
+
+def setup_steps(suite: Path) -> list[tuple[str, float]]:
+    """What `make report` does before the suite (as its Makefile rule does), each timed: (step, seconds)."""
+    cli = [sys.executable, "-m", "servescope.cli"]
+    out = []
+    for name, args in (("engine environment", ["engine-env", "vllm"]), ("tiny model", ["make-model"]),
+                       ("doctor --quick", ["doctor", "--quick", "--suite", str(suite)])):
+        t0 = time.monotonic()
+        subprocess.run(cli + args, check=True, stdout=subprocess.DEVNULL)
+        out.append((name, time.monotonic() - t0))
+        print(f"{name}: {out[-1][1]:.0f} s", flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default=str(ROOT / "data" / "suites" / "default.yaml"))
     ap.add_argument("--keep", help="keep the store and reports in this folder (default: a temporary one, removed)")
+    ap.add_argument("--warm-cache", action="store_true", help="keep the per-user caches: time the suite alone")
     a = ap.parse_args()
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="servescope-bench-report-"))
     try:
+        if not a.warm_cache:
+            cold_caches(work)
+        setup = setup_steps(Path(a.suite))
         done, wall, n = run_cold(Path(a.suite), work, "cold")
         for r in done.runs:
             print(f"{r.id}: {r.status} in {r.duration_s:.0f} s")
         print(json.dumps(n))
         ok = sum(r.status == "ok" for r in done.runs)
-        print(f"bench-report: wall_s={wall:.0f} notebooks_ok={ok}/{len(done.runs)} launches={n['launches']} "
+        setup_s = sum(s for _, s in setup)
+        print(f"bench-report: wall_s={setup_s + wall:.0f} (setup_s={setup_s:.0f} "
+              f"{'cold caches' if not a.warm_cache else 'warm caches'}, suite_s={wall:.0f}) "
+              f"notebooks_ok={ok}/{len(done.runs)} launches={n['launches']} "
               f"configurations_x_repetitions={n['configuration_repetitions']} read_as_alias={n['read_as_alias']}")
     finally:
         if not a.keep:

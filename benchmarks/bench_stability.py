@@ -2,8 +2,9 @@
 run give each thread the same headline and tier?
 
 Each run starts from an empty store. Per thread (every notebook that wrote findings, 00 aside): its headline (the
-first finding's title and the change it recommends) and the summary tier of that finding. Prints each thread's pair,
-then `stability: threads=N same_headline=K same_tier=K` last. Goal (issue 20): K = N.
+first finding's title and the change it recommends) and the summary tier of that finding; and the front page's first
+line (verified or not, and the flags it names). Prints each thread's pair and both first lines, then
+`stability: threads=N same_headline=K same_tier=K same_first_line=yes|no` last. Goal (issues 20, 34): K = N, yes.
 
 Usage: python benchmarks/bench_stability.py [--suite data/suites/default.yaml] [--keep DIR]
 """
@@ -11,6 +12,8 @@ Usage: python benchmarks/bench_stability.py [--suite data/suites/default.yaml] [
 from __future__ import annotations
 
 import argparse
+import html
+import re
 import shutil
 import sys
 import tempfile
@@ -41,6 +44,13 @@ def headlines(out_dir: Path) -> dict[str, tuple[str, str, str]]:
     return out
 
 
+def first_line(out_dir: Path) -> tuple[str, tuple[str, ...], str]:
+    """The front page's first line: (Verified or Not verified, the flags it names, the whole line)."""
+    m = re.search(r'id="verified" class="verified"><b>(.*?)</b>', (out_dir / "index.html").read_text(), re.S)
+    line = html.unescape(re.sub(r"<[^>]+>", "", m.group(1))) if m else ""
+    return line.split(":")[0], tuple(sorted(set(re.findall(r"`([^`]+)`", line)))), line
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default=str(ROOT / "data" / "suites" / "default.yaml"))
@@ -48,12 +58,14 @@ def main() -> int:
     a = ap.parse_args()
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="servescope-bench-stability-"))
     try:
-        runs = []
+        runs, lines = [], []
         for tag in ("first", "second"):
             done, wall, n = run_cold(Path(a.suite), work, tag)
             print(f"run {tag}: wall_s={wall:.0f} launches={n['launches']} "
                   f"configurations_x_repetitions={n['configuration_repetitions']}", flush=True)
             runs.append(headlines(done.out_dir))
+            lines.append(first_line(done.out_dir))
+            print(f"run {tag}: first line: {lines[-1][2]}", flush=True)
         threads = sorted(set(runs[0]) | set(runs[1]))
         same_head = same_tier = 0
         for t in threads:
@@ -63,7 +75,9 @@ def main() -> int:
             same_head += h
             same_tier += ti
             print(f"{t}: {'same' if h and ti else 'DIFFERS'}: {a1} | {a2}")
-        print(f"stability: threads={len(threads)} same_headline={same_head} same_tier={same_tier}")
+        same_line = "yes" if lines[0][:2] == lines[1][:2] else "no"
+        print(f"stability: threads={len(threads)} same_headline={same_head} same_tier={same_tier} "
+              f"same_first_line={same_line}")
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)

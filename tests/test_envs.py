@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import json
 import sys
 
 import pytest
 
+from servescope.engines import envs
 from servescope.engines.envs import EngineEnvSpec, ensure_engine_env, run_step
 
 
@@ -28,13 +30,36 @@ def test_a_failing_step_returns_its_code():
 
 
 @pytest.mark.slow  # creates a virtual environment and asks the package index
-def test_environment_creation_prints_a_line_per_step(tmp_path, monkeypatch):
+@pytest.mark.parametrize("installer,steps", [("uv", 3), ("pip", 4)])
+def test_environment_creation_prints_a_line_per_step(tmp_path, monkeypatch, installer, steps):
     monkeypatch.setenv("SERVESCOPE_CACHE", str(tmp_path))
+    if installer == "pip":
+        monkeypatch.setattr(envs, "uv_binary", lambda: None)
     said: list[str] = []
     spec = EngineEnvSpec(key="tiny-env", requirements=("pip",), import_check="import pip")
     python = ensure_engine_env(spec, said.append)
     assert python.exists() and spec.is_ready()
     done = [s for s in said if ": done in " in s]
-    assert [s.split("]")[0].strip() for s in done] == ["[1/4", "[2/4", "[3/4", "[4/4"]
+    assert [s.split("]")[0].strip() for s in done] == [f"[{i}/{steps}" for i in range(1, steps + 1)]
     assert "create the virtual environment" in done[0] and "s in all)" in done[-1]
     assert said[-1].startswith("engine environment ready in ")
+    marker = json.loads((spec.folder() / envs.COMPLETE_MARKER).read_text())
+    assert marker["installer"] == installer
+    if installer == "uv":  # pip's own freeze leaves pip out; uv's lists it
+        assert any(line.lower().startswith("pip==") for line in marker["freeze"])
+
+
+def test_pip_sources_reach_uv(tmp_path, monkeypatch):
+    """uv reads none of pip's configuration: the index, extra indexes, wheel folders and constraints pip would use
+    are handed to it, from pip's config files and PIP_* variables alike."""
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[global]\nindex-url = http://mirror.example/simple\n"
+                    "extra-index-url = file:///a/simple file:///b/simple\nconstraint = /c/constraints.txt\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    monkeypatch.setenv("PIP_FIND_LINKS", "/wheels/here")
+    args = envs.pip_sources_as_uv_args()
+    pairs = list(zip(args[::2], args[1::2], strict=True))
+    assert ("--index-url", "http://mirror.example/simple") in pairs
+    assert {("--extra-index-url", "file:///a/simple"), ("--extra-index-url", "file:///b/simple"),
+            ("--find-links", "/wheels/here"), ("--constraint", "/c/constraints.txt")} <= set(pairs)
+    assert sum(1 for flag, _ in pairs if flag == "--index-url") == 1

@@ -501,7 +501,7 @@ class Comparison:
         return Finding(thread=thread, title=f"{subject}: {self.treatment} vs {self.baseline}", claim=claim + note,
                        effect=effect, recommended_flags=flags, confidence=conf, direction=direction, evidence=ev,
                        reason=reason, failures=fails,
-                       recommendation=f"drop {' '.join(drop)} (the engine's default)" if drop else "")
+                       recommendation=f"drop {' '.join(drop)}" if drop else "")
 
     def _drop(self, knobs: Knobs | None, deployed: Knobs | None) -> list[str]:
         """The deployment's flags that keep it from knobs, where knobs need no flag (the engine's default): what to

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -44,15 +45,54 @@ class EngineEnvSpec:
         return (self.folder() / COMPLETE_MARKER).is_file() and self.python().exists()
 
 
-# pip's lines worth repeating while a step runs: what it is fetching or doing now
-_PIP_ACTIVITY = ("Collecting", "Downloading", "Installing collected", "Building", "Successfully", "Uninstalling")
+# pip's and uv's lines worth repeating while a step runs: what it is fetching or doing now
+_PIP_ACTIVITY = ("Collecting", "Downloading", "Installing collected", "Building", "Successfully", "Uninstalling",
+                 "Resolved", "Prepared", "Installed", "Uninstalled")
+
+# pip settings that say where packages come from; uv reads none of pip's configuration, so they are handed over
+_PIP_SOURCES = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
+                "constraint": "--constraint"}
 
 
-def run_step(cmd: list[str], logf: TextIO, say: Callable[[str], None], heartbeat_s: float = 15.0) -> int:
+def uv_binary() -> str | None:
+    """The uv executable pinned with the suite, or None where it is not installed (pip is used then)."""
+    try:
+        import uv
+        return uv.find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        return None
+
+
+def pip_sources_as_uv_args() -> list[str]:
+    """This machine's pip index settings (config files and PIP_* variables) as uv arguments, so both installers
+    see the same packages (a local wheel folder, a mirror, a constraints file)."""
+    res = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    found: dict[str, list[str]] = {}
+    for line in res.stdout.splitlines():
+        name, _, value = line.partition("=")
+        key = name.rsplit(".", 1)[-1]
+        if key not in _PIP_SOURCES:
+            continue
+        for item in value.strip().strip("'\"").split():
+            if item not in found.setdefault(key, []):
+                found[key].append(item)
+    args: list[str] = []
+    for key, flag in _PIP_SOURCES.items():
+        values = found.get(key, [])
+        if key == "index-url":
+            values = values[-1:]  # pip lists its sources from the lowest precedence up: the last one wins
+        for v in values:
+            args += [flag, v]
+    return args
+
+
+def run_step(cmd: list[str], logf: TextIO, say: Callable[[str], None], heartbeat_s: float = 15.0,
+             env: dict[str, str] | None = None) -> int:
     """Run one install step with its output going to logf; every heartbeat_s, say how long it has run, how many
     packages pip has collected and what it is doing now. Returns the exit code."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            env=env)
     seen = {"collected": 0, "now": ""}
 
     def pump() -> None:
@@ -83,6 +123,56 @@ def run_step(cmd: list[str], logf: TextIO, say: Callable[[str], None], heartbeat
     return proc.returncode
 
 
+Step = tuple[str, list[str], dict[str, str] | None]
+
+
+def _uv_steps(spec: EngineEnvSpec, uv: str) -> list[Step]:
+    py, folder = str(spec.python()), str(spec.folder())
+    # the system's certificates, as pip uses them; pip's best-match across indexes rather than uv's first index
+    env = {**os.environ, "UV_NATIVE_TLS": "1"}
+    steps: list[Step] = [
+        ("create the virtual environment (uv)", [uv, "venv", "--quiet", "--python", sys.executable, folder], env),
+        (f"uv pip install {' '.join(spec.requirements)}",
+         [uv, "pip", "install", "--python", py, "--index-strategy", "unsafe-best-match", *pip_sources_as_uv_args(),
+          *spec.requirements], env),
+    ]
+    if spec.remove_after:
+        steps.append((f"remove {' '.join(spec.remove_after)} (they break the engine's torch)",
+                      [uv, "pip", "uninstall", "--python", py, *spec.remove_after], env))
+    if spec.import_check:
+        steps.append((f"check: {spec.import_check}", [py, "-c", spec.import_check], None))
+    return steps
+
+
+def _pip_steps(spec: EngineEnvSpec) -> list[Step]:
+    py = str(spec.python())
+    steps: list[Step] = [
+        ("create the virtual environment", [sys.executable, "-m", "venv", str(spec.folder())], None),
+        ("upgrade pip", [py, "-m", "pip", "install", "--upgrade", "pip"], None),
+        (f"pip install {' '.join(spec.requirements)}", [py, "-m", "pip", "install", *spec.requirements], None),
+    ]
+    if spec.remove_after:
+        steps.append((f"remove {' '.join(spec.remove_after)} (they break the engine's torch)",
+                      [py, "-m", "pip", "uninstall", "-y", *spec.remove_after], None))
+    if spec.import_check:
+        steps.append((f"check: {spec.import_check}", [py, "-c", spec.import_check], None))
+    return steps
+
+
+def _run_steps(steps: list[Step], logf: TextIO, log_path: Path, say: Callable[[str], None], t0: float) -> None:
+    for i, (label, cmd, env) in enumerate(steps, 1):
+        tag = f"[{i}/{len(steps)}] {label}"
+        logf.write(f"$ {' '.join(cmd)}\n")
+        logf.flush()
+        t_step = time.monotonic()
+        rc = run_step(cmd, logf, lambda m, tag=tag: say(f"  {tag}: {m}"), env=env)
+        if rc != 0:
+            logf.flush()
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
+            raise EngineEnvError(f"engine environment step failed ({rc}): {' '.join(cmd)}\n{tail}")
+        say(f"  {tag}: done in {time.monotonic() - t_step:.0f} s ({time.monotonic() - t0:.0f} s in all)")
+
+
 def ensure_engine_env(spec: EngineEnvSpec, say: Callable[[str], None] = print) -> Path:
     """Create the environment if missing (under a lock, idempotent); return its interpreter."""
     if spec.is_ready():
@@ -97,33 +187,26 @@ def ensure_engine_env(spec: EngineEnvSpec, say: Callable[[str], None] = print) -
         say(f"creating engine environment {folder} ({' '.join(spec.requirements)}); the first time takes a few minutes")
         t0 = time.monotonic()
         log_path = folder.parent / f"{spec.key}.install.log"
-        py = str(spec.python())
-        steps = [
-            ("create the virtual environment", [sys.executable, "-m", "venv", str(folder)]),
-            ("upgrade pip", [py, "-m", "pip", "install", "--upgrade", "pip"]),
-            (f"pip install {' '.join(spec.requirements)}", [py, "-m", "pip", "install", *spec.requirements]),
-        ]
-        if spec.remove_after:
-            steps.append((f"remove {' '.join(spec.remove_after)} (they break the engine's torch)",
-                          [py, "-m", "pip", "uninstall", "-y", *spec.remove_after]))
-        if spec.import_check:
-            steps.append((f"check: {spec.import_check}", [py, "-c", spec.import_check]))
+        uv = uv_binary()
+        installer = "pip"
         with open(log_path, "w") as logf:
-            for i, (label, cmd) in enumerate(steps, 1):
-                tag = f"[{i}/{len(steps)}] {label}"
-                logf.write(f"$ {' '.join(cmd)}\n")
-                logf.flush()
-                t_step = time.monotonic()
-                rc = run_step(cmd, logf, lambda m, tag=tag: say(f"  {tag}: {m}"))
-                if rc != 0:
-                    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
-                    raise EngineEnvError(f"engine environment step failed ({rc}): {' '.join(cmd)}\n{tail}")
-                say(f"  {tag}: done in {time.monotonic() - t_step:.0f} s ({time.monotonic() - t0:.0f} s in all)")
-        freeze = subprocess.run([str(spec.python()), "-m", "pip", "freeze"], capture_output=True, text=True).stdout
+            if uv:
+                try:
+                    _run_steps(_uv_steps(spec, uv), logf, log_path, say, t0)
+                    installer = "uv"
+                except EngineEnvError as e:
+                    # uv resolves differently from pip in corner cases; pip is slower but what the engines document
+                    say(f"  uv could not install it ({str(e).splitlines()[0]}); trying again with pip")
+                    shutil.rmtree(folder, ignore_errors=True)
+            if installer == "pip":
+                _run_steps(_pip_steps(spec), logf, log_path, say, t0)
+        freeze_cmd = [uv, "pip", "freeze", "--python", str(spec.python())] if installer == "uv" else \
+            [str(spec.python()), "-m", "pip", "freeze"]
+        freeze = subprocess.run(freeze_cmd, capture_output=True, text=True).stdout
         atomic_write_json(
             folder / COMPLETE_MARKER,
             {"requirements": spec.requirements, "removed": spec.remove_after, "freeze": freeze.splitlines(),
-             "install_s": round(time.monotonic() - t0, 1)},
+             "installer": installer, "install_s": round(time.monotonic() - t0, 1)},
         )
         say(f"engine environment ready in {time.monotonic() - t0:.0f} s")
     return spec.python()

@@ -356,7 +356,7 @@ def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding
     if failed:
         claim += " Not recommended, because they died here: " + "; ".join(
             f"{m} {f.words()}" for m, f in failed.items()) + "."
-    if state.graphs == "off" and state.eager:
+    if state.graphs == "off" and state.eager and not own:
         claim += " The server was started with the engine's eager switch, which turns graphs off: drop it."
     if state.dtype:
         claim += f" Weights served in {state.dtype_words()}."
@@ -370,6 +370,7 @@ def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding
     title = ("Why CUDA graphs are " + ("not as requested" if differs else state.graphs)) if not own else \
         f"CUDA graphs are {state.graphs or 'partly off'} because of the launch's own flag"
     return [Finding(thread=THREAD, title=title,
-                    claim=claim + (f" Requested: {asked}." if asked else " Requested: the engine's defaults."),
+                    claim=claim + (f" Requested: {knobs.label()}." if knobs != Knobs() else
+                                   " Requested: the engine's defaults."),
                     confidence="high" if len(rules) or len(crashed) or own else "medium", recommended_flags=on,
                     evidence=evidence, failures=list(failed.values()))]

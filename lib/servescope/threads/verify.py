@@ -40,8 +40,11 @@ SEARCH: dict[str, tuple[float, ...]] = {
 # what `search=None` searches (the decode-graph batch cap is asked for by name: a suite of a GPU engine lists it)
 DEFAULT_SEARCH = ("max_running_requests", "chunked_prefill_size", "num_continuous_decode_steps")
 # the resolved-state fields (what the engine says it ran as) each knob moves; the others must stay equal
-STATE = {"torch_compile": ("compile",), "cuda_graph": ("graph_decode", "graph_prefill"), "tp": ("tp",), "dp": ("dp",)}
-FIELDS = ("compile", "graph_decode", "graph_prefill", "tp", "dp")
+# ('eager' goes with compile: where an engine has an eager switch, vLLM's --enforce-eager, that is how it spells
+# compile off, and dropping it is the change)
+STATE = {"torch_compile": ("compile", "eager"), "cuda_graph": ("graph_decode", "graph_prefill"), "tp": ("tp",),
+         "dp": ("dp",)}
+FIELDS = ("compile", "eager", "graph_decode", "graph_prefill", "tp", "dp")
 
 
 @dataclass
@@ -194,8 +197,9 @@ class Verification:
         """Combined against the baseline: the fields the joined changes move are studied, the others controlled."""
         assert self.study is not None
         moved = {f for c in self.included for k in c.knobs for f in STATE.get(k, ())}
-        return self.study.compare(BASELINE, COMBINED, tuple(f for f in FIELDS if f in moved),
-                                  tuple(f for f in FIELDS if f not in moved))
+        fields = _fields(self.study, BASELINE, COMBINED)
+        return self.study.compare(BASELINE, COMBINED, tuple(f for f in fields if f in moved),
+                                  tuple(f for f in fields if f not in moved))
 
     @property
     def tune_base(self) -> str:
@@ -271,7 +275,7 @@ def run(ctx: RunContext, report_dir: str | Path, baseline: dict[str, Any] | None
     where leave_one_out and more than one joined), then search the scheduler knobs (search: which; default all this
     engine can express) within search_budget_s (0: no search) and verify the best."""
     base = Knobs(**(baseline or {}))
-    words = f"the baseline {base.label()}" if baseline else "the engine's defaults"
+    words = f"the baseline {base.label()}{_spelled(ctx, base)}" if baseline else "the engine's defaults"
     wanted = list(DEFAULT_SEARCH) if search is None else list(search)
     bad = sorted(set(wanted) - set(SEARCH))
     if bad:
@@ -297,6 +301,16 @@ def run(ctx: RunContext, report_dir: str | Path, baseline: dict[str, Any] | None
     if search_budget_s > 0 and wanted:
         _search(v, wanted, search_budget_s)
     return v
+
+
+def _spelled(ctx: RunContext, knobs: Knobs) -> str:
+    """' (`--enforce-eager`)': the baseline in the engine's spelling, where it can be spelled here; '' otherwise."""
+    try:
+        ex = expressible(ctx, [Arm(BASELINE, knobs)])
+    except Exception:  # noqa: BLE001 - the engine is not here to spell it (offline elsewhere): the knobs say it
+        return ""
+    flags = str(ex["flags"].iloc[0]) if len(ex) and bool(ex["expressible"].iloc[0]) else ""
+    return f" (`{flags}`)" if flags and not flags.startswith("(") else ""
 
 
 def _check(ctx: RunContext, arms: list[Arm], v: Verification) -> None:
@@ -344,9 +358,16 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
     cands = candidates(ctx, v.combined, wanted)
     arms = [Arm(f"tune {s}", k, s) for s, k in cands]
     ex = expressible(ctx, arms) if arms else pd.DataFrame(columns=["arm", "expressible", "flags", "reason"])
-    ref = run_study(THREAD, one, [Arm(f"tune {COMBINED}", v.combined, "the combined configuration")])
-    v.searched.append(ref)
-    ref_tok = _tok(ref, f"tune {COMBINED}")
+    # the reference: the combined configuration at that level, as the verification measured it (its launches at
+    # the suite's load reach that level too: one launch per configuration), or one launch of its own
+    ref_tok, ref_n = _at_level(v.study, COMBINED, level) if v.study is not None and level else (float("nan"), 0)
+    if ref_n:
+        ref, ref_note = v.study, (f"the combined configuration at c={level}: the median of the verification's "
+                                  f"{ref_n} repetitions (no launch of its own)")
+    else:
+        ref = run_study(THREAD, one, [Arm(f"tune {COMBINED}", v.combined, "the combined configuration")])
+        v.searched.append(ref)
+        ref_tok, ref_note = _tok(ref, f"tune {COMBINED}"), "one launch of the combined configuration"
     rows: list[dict[str, Any]] = [{"setting": f"({v.tune_base})", "flags": "", "output_tok_s": ref_tok,
                                    "vs_combined_pct": 0.0, "status": "measured" if ref_tok == ref_tok else "failed"}]
     # which settings the measuring run tried is kept: an offline render (or a rerun) reads the same ones, and says
@@ -372,7 +393,7 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
                             for s in found["setting"]]
     v.search = found
     v.search_note = (f"coarse grid, one knob at a time around the combined configuration, at c={level}, one launch "
-                     f"per setting, within search_budget_s={budget_s:.0f}")
+                     f"per setting, within search_budget_s={budget_s:.0f}; the reference: {ref_note}")
     _verify_best(v, cands)
 
 
@@ -427,6 +448,23 @@ def _verify_best(v: Verification, cands: list[tuple[str, Knobs]]) -> None:
                         headlines=[(base, v.tuned_setting)])
 
 
+def _fields(study: Study, a: str, b: str) -> tuple[str, ...]:
+    """The state fields two arms are checked in: an eager switch only on engines that have one (vLLM), since
+    elsewhere it is no control left unverified."""
+    has_eager = any(st is not None and st.value("eager") is not None for st in (study.states.get(a),
+                                                                                  study.states.get(b)))
+    return tuple(f for f in FIELDS if f != "eager" or has_eager)
+
+
+def _at_level(study: Study, arm: str, level: int) -> tuple[float, int]:
+    """An arm's output tokens/s at one concurrency level: the median over its repetitions, and how many."""
+    s = study.results.summary
+    if s.empty or "concurrency" not in s:
+        return float("nan"), 0
+    s = s[(s["config"] == arm) & (s["concurrency"] == level)]["output_tok_s"].dropna()
+    return (float(s.median()), len(s)) if len(s) else (float("nan"), 0)
+
+
 def _tok(study: Study, arm: str) -> float:
     s = study.results.summary
     s = s[s["config"] == arm] if len(s) else s
@@ -476,7 +514,9 @@ def _combined_finding(v: Verification) -> Finding:
     cmp = v.compare()
     f = cmp.finding("Recommended changes combined", "The combination", better=v.combined, worse=v.baseline)
     f.claim = f.claim.replace("the effect is The combination's", "the effect is the combination's")
-    flags = " ".join(f.recommended_flags) or "; ".join(c.label for c in v.included)
+    flags = " ".join(f.recommended_flags)
+    labels = "; ".join(c.label for c in v.included)
+    how = f"with {flags}" if flags else f"by the change{'s' if len(v.included) > 1 else ''} ({labels})"
     worse = _worse(v.study, BASELINE, COMBINED)
     shares = v.shares()
     extra = ""
@@ -494,7 +534,7 @@ def _combined_finding(v: Verification) -> Finding:
     f.evidence |= ev
     eff = f.effect
     if f.applies and eff is not None and f.direction == "better" and f.confidence in ("high", "medium"):
-        line = f"Verified: {eff.text()} with {flags}, against {v.baseline_words}"
+        line = f"Verified: {eff.text()} {how}, against {v.baseline_words}"
         f.title = f"Verified: the recommended changes together, {eff.value_pct:+.1f}% output tok/s"
     elif eff is not None and f.applies:
         line = f"Not verified: the recommended changes together measured {eff.text()} against {v.baseline_words}"
@@ -533,7 +573,7 @@ def _tuning_finding(v: Verification) -> Finding:
                              f"None led by more than the equivalence band ({v.search_floor_pct:.0f}%), so none was "
                              f"verified.{sk}", evidence=ev | {"front_line": line})
     base, setting = v.tune_base, v.tuned_setting
-    cmp = v.tuned.compare(base, setting, (), FIELDS)
+    cmp = v.tuned.compare(base, setting, (), _fields(v.tuned, base, setting))
     f = cmp.finding(f"Scheduler: {setting}", setting, better=v.tuned_knobs, worse=v.combined)
     f.claim += (f" Found by the search ({v.search_note}): {tried}; the lead of one launch is verified with "
                 f"repetitions before it counts, and {base}'s side reads any launch of the same configuration the "
