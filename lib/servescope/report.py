@@ -367,7 +367,12 @@ def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_st
     recs = summary.recommendations(ranked).to_dict("records")
     for rec in recs:  # a link only where the thread's HTML exists
         rec["href"] = rec["evidence"] if html_of.get(rec["thread"]) else ""
-    optimal = ranked[ranked["tier"] == "Already optimal"].to_dict("records")
+    optimal = ranked[ranked["tier"] == "Already optimal"]
+    # one entry per thread, its headline where that is among them: the headline already says what its comparisons found
+    heads = {t: fs[0].title for t, fs in by_thread.items() if fs}
+    is_head = [heads.get(t) == f for t, f in zip(optimal["thread"], optimal["finding"], strict=True)]
+    optimal = optimal.assign(_head=is_head).sort_values("_head", ascending=False, kind="stable") \
+        .drop_duplicates("thread").sort_index().drop(columns="_head").to_dict("records")
     checked = by_thread.get(verify.THREAD)
     verified = verify.front_line(checked) if checked else \
         f"Not verified: this run did not measure the recommended changes together ({verify.THREAD} did not run)"

@@ -578,7 +578,8 @@ class Comparison:
         starved = study.results.client_warnings("starved")
         if starved:
             out += (f" The host was oversubscribed at {len(starved)} of {len(study.results.client_health())} "
-                    "points, so latencies there include scheduling delay (evidence.client_starved).")
+                    "points, so latencies there include scheduling delay (evidence.client_starved)."
+                    + self._starved_intervals())
         checks = {side: study.graph_check(side) for side in (self.baseline, self.treatment)}
         seen = {side: c for side, c in checks.items() if c[1] and not c[1].startswith("no profiled window")}
         if seen:
@@ -587,6 +588,32 @@ class Comparison:
                     f" Graph use in the traces: {'; '.join(w for _, w in seen.values())}.")
         return out, {"short_outputs": short, "client_warnings": client, "client_starved": starved,
                      "graph_checks": {side: {"status": st, "words": w} for side, (st, w) in checks.items()}}
+
+    def _starved_intervals(self) -> str:
+        """What the oversubscribed host did to the intervals: per level, how many of the two sides' points were
+        starved and how wide that level's output tok/s interval is, beside the headline's ('' if nothing paired)."""
+        h = self.study.results.client_health()
+        h = h[h["config"].isin([self.baseline, self.treatment])]
+        e = self.effects()
+        e = e[(e["metric"] == "output_tok_s") & (e["n_pairs"] > 1)]
+        head = self.headline()
+        if h.empty or e.empty or head is None or not np.isfinite(head.ci_low_pct):
+            return ""
+        starved = h["client_starved"].fillna(False).astype(bool).groupby(h["point"]).agg(["sum", "size"])
+        parts, widths = [], []
+        for r in e.itertuples():
+            point = f"c={int(r.concurrency)}"
+            if point in starved.index:
+                n, of = (int(x) for x in starved.loc[point])
+                widths.append(r.ci_high_pct - r.ci_low_pct)
+                parts.append(f"{point}: {n} of {of} points, {widths[-1]:.0f} points wide")
+        if not parts:
+            return ""
+        width = head.ci_high_pct - head.ci_low_pct
+        why = (", narrower than any one level's: each repetition's mean over the levels averages out scheduling "
+               "delay that lands on one level" if head.scope.startswith("mean over") and width < min(widths) else "")
+        return (" Per level, the points oversubscribed and the width of that level's 90% interval on output tok/s: "
+                + "; ".join(parts) + f"; the headline's ({head.scope}) is {width:.0f} points wide{why}.")
 
     def _recommend(self, knobs: Knobs | None, direction: Direction, conf: Confidence) -> tuple[list[str], str, str]:
         """(flags for the better side in the engine's spelling, a sentence to add, the reason) of a comparison."""
