@@ -133,8 +133,10 @@ def _uv_steps(spec: EngineEnvSpec, uv: str) -> list[Step]:
     steps: list[Step] = [
         ("create the virtual environment (uv)", [uv, "venv", "--quiet", "--python", sys.executable, folder], env),
         (f"uv pip install {' '.join(spec.requirements)}",
-         [uv, "pip", "install", "--python", py, "--index-strategy", "unsafe-best-match", *pip_sources_as_uv_args(),
-          *spec.requirements], env),
+         # bytecode compiled now, as pip does: else the first launch compiles torch's and the engine's modules, and
+         # its launch-to-first-token (a measured figure) carries a minute of it
+         [uv, "pip", "install", "--python", py, "--index-strategy", "unsafe-best-match", "--compile-bytecode",
+          *pip_sources_as_uv_args(), *spec.requirements], env),
     ]
     if spec.remove_after:
         steps.append((f"remove {' '.join(spec.remove_after)} (they break the engine's torch)",
