@@ -2,8 +2,9 @@
 run give each thread the same headline and tier?
 
 Each run starts from an empty store. Per thread (every notebook that wrote findings, 00 aside): its headline (the
-first finding's title, its numbers masked, and the change it recommends) and the summary tier of that finding; and the front page's first
-line (verified or not, and the flags it names). Prints each thread's pair and both first lines, then
+first finding's title, its numbers masked, and the change it recommends) and the summary tier of that finding; and
+the front page's first line (verified or not, and the flags it names). Prints each thread's pair and both first
+lines, then
 `stability: threads=N same_headline=K same_tier=K same_first_line=yes|no` last. Goal (issues 20, 34): K = N, yes.
 
 Usage: python benchmarks/bench_stability.py [--suite data/suites/default.yaml] [--keep DIR]
