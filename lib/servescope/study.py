@@ -496,6 +496,8 @@ class Comparison:
                                                                 "treatment": _r(peak.treatment_spread_pct)}}
         if (flags or drop) and rec_knobs is not None:  # what a later thread composes (07 verifies them together)
             ev["knobs"] = rec_knobs.model_dump(mode="json", exclude_defaults=True)
+        if drop:  # as data: what 07's improvement document says to remove and, to roll back, to put back
+            ev["drop_flags"] = drop
         if fails:
             claim += " Failed: " + "; ".join(f"{x.config} {x.words()}" for x in fails) + "."
         return Finding(thread=thread, title=f"{subject}: {self.treatment} vs {self.baseline}", claim=claim + note,

@@ -138,12 +138,7 @@ def _uv_steps(spec: EngineEnvSpec, uv: str) -> list[Step]:
          [uv, "pip", "install", "--python", py, "--index-strategy", "unsafe-best-match", "--compile-bytecode",
           *pip_sources_as_uv_args(), *spec.requirements], env),
     ]
-    if spec.remove_after:
-        steps.append((f"remove {' '.join(spec.remove_after)} (they break the engine's torch)",
-                      [uv, "pip", "uninstall", "--python", py, *spec.remove_after], env))
-    if spec.import_check:
-        steps.append((f"check: {spec.import_check}", [py, "-c", spec.import_check], None))
-    return steps
+    return steps + _last_steps(spec, [uv, "pip", "uninstall", "--python", py], env)
 
 
 def _pip_steps(spec: EngineEnvSpec) -> list[Step]:
@@ -153,11 +148,17 @@ def _pip_steps(spec: EngineEnvSpec) -> list[Step]:
         ("upgrade pip", [py, "-m", "pip", "install", "--upgrade", "pip"], None),
         (f"pip install {' '.join(spec.requirements)}", [py, "-m", "pip", "install", *spec.requirements], None),
     ]
+    return steps + _last_steps(spec, [py, "-m", "pip", "uninstall", "-y"], None)
+
+
+def _last_steps(spec: EngineEnvSpec, uninstall: list[str], env: dict[str, str] | None) -> list[Step]:
+    """What follows either installer: remove what breaks the engine (with that installer), then the import check."""
+    steps: list[Step] = []
     if spec.remove_after:
         steps.append((f"remove {' '.join(spec.remove_after)} (they break the engine's torch)",
-                      [py, "-m", "pip", "uninstall", "-y", *spec.remove_after], None))
+                      [*uninstall, *spec.remove_after], env))
     if spec.import_check:
-        steps.append((f"check: {spec.import_check}", [py, "-c", spec.import_check], None))
+        steps.append((f"check: {spec.import_check}", [str(spec.python()), "-c", spec.import_check], None))
     return steps
 
 

@@ -64,6 +64,7 @@ class Change:
     excluded: str = ""
     alternative_to: str = ""  # the higher-ranked change that sets the same knob otherwise (an alternative, not a change)
     recommendation: str = ""  # the change in words where it is no flag to add ('drop --enforce-eager ...')
+    drop_flags: list[str] = field(default_factory=list)  # the deployment's flags the change removes, if that is it
 
     @property
     def label(self) -> str:
@@ -85,7 +86,8 @@ def changes(by_thread: dict[str, list[Finding]]) -> list[Change]:
             if t in TIERS and knobs:
                 out.append(Change(thread, f.title, t, dict(knobs), list(f.recommended_flags),
                                   f.effect.text() if f.effect else "", abs(f.effect.value_pct) if f.effect else 0.0,
-                                  f.confidence, f.claim, recommendation=f.recommendation))
+                                  f.confidence, f.claim, recommendation=f.recommendation,
+                                  drop_flags=list(f.evidence.get("drop_flags", []))))
     out.sort(key=lambda c: (TIERS.index(c.tier), -c.effect_pct))
     seen: set[str] = set()
     uniq = []
@@ -353,7 +355,7 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
     repetitions until resolved."""
     ctx = v.ctx
     ld = ctx.load
-    level = max(ld.concurrency) if ld.mode == "closed" else None
+    level = _search_level(v)
     one = ctx.with_(load=ld.model_copy(update={"concurrency": (level,)}) if level else ld,
                     plan=RepetitionPlan(1, 1), profile=ProfileSpec())
     cands = candidates(ctx, v.combined, wanted)
@@ -465,10 +467,7 @@ def _search_level(v: Verification) -> int | None:
 
 def _spread_at_level(study: Study, arm: str, level: int | None) -> tuple[float, int]:
     """How far an arm's launches at one level spread, highest over lowest in %, and how many (0, n<2: none)."""
-    s = study.results.summary
-    if level is None or s.empty or "concurrency" not in s:
-        return 0.0, 0
-    x = s[(s["config"] == arm) & (s["concurrency"] == level)]["output_tok_s"].dropna()
+    x = _level_values(study, arm, level)
     if len(x) < 2 or x.min() <= 0:
         return 0.0, len(x)
     return float(100 * (x.max() / x.min() - 1)), len(x)
@@ -484,11 +483,16 @@ def _fields(study: Study, a: str, b: str) -> tuple[str, ...]:
 
 def _at_level(study: Study, arm: str, level: int) -> tuple[float, int]:
     """An arm's output tokens/s at one concurrency level: the median over its repetitions, and how many."""
+    x = _level_values(study, arm, level)
+    return (float(x.median()), len(x)) if len(x) else (float("nan"), 0)
+
+
+def _level_values(study: Study, arm: str, level: int | None) -> pd.Series:
+    """An arm's output tokens/s at one concurrency level, one value per repetition (empty where none)."""
     s = study.results.summary
-    if s.empty or "concurrency" not in s:
-        return float("nan"), 0
-    s = s[(s["config"] == arm) & (s["concurrency"] == level)]["output_tok_s"].dropna()
-    return (float(s.median()), len(s)) if len(s) else (float("nan"), 0)
+    if level is None or s.empty or "concurrency" not in s:
+        return pd.Series(dtype=float)
+    return s[(s["config"] == arm) & (s["concurrency"] == level)]["output_tok_s"].dropna()
 
 
 def _tok(study: Study, arm: str) -> float:
@@ -673,7 +677,7 @@ def documents(v: Verification, fs: list[Finding]) -> dict[str, str]:
         risks += [f"Measured alternative, not taken: {x.label} ({x.effect} alone, {x.tier})" for x in alternatives]
         worse = _worse(v.study, BASELINE, COMBINED) if v.study is not None and not c.excluded else []
         risks += [f"With the combination: {w}" for w in worse]
-        dropped = c.recommendation[len("drop "):] if c.recommendation.startswith("drop ") else ""
+        dropped = " ".join(c.drop_flags)
         rollback = (f"Remove `{' '.join(c.flags)}` from the launch command" if c.flags
                     else f"Add `{dropped}` back to the launch command" if dropped
                     else f"Set {', '.join(c.knobs)} back to {v.baseline_words}") + \
