@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -19,3 +21,20 @@ def get_json(url: str, timeout_s: float = 10.0) -> Any:
     """GET a URL and decode JSON (raises on HTTP errors)."""
     with urllib.request.urlopen(url, timeout=timeout_s) as resp:
         return json.loads(resp.read())
+
+
+def get_json_patiently(url: str, timeouts_s: tuple[float, ...] = (10.0, 30.0, 60.0), pause_s: float = 1.0) -> Any:
+    """GET JSON, asking again with a longer timeout when the server was too slow to answer or dropped the
+    connection; an HTTP error answer is final (the server spoke: asking again changes nothing)."""
+    for i, timeout_s in enumerate(timeouts_s):
+        try:
+            return get_json(url, timeout_s)
+        except urllib.error.HTTPError:
+            raise
+        except OSError:
+            # a just-ready server on an oversubscribed host (replicas still starting beside it) can miss a 10 s
+            # timeout: that is a slow answer, not a missing endpoint
+            if i == len(timeouts_s) - 1:
+                raise
+            time.sleep(pause_s)
+    raise AssertionError("unreachable")

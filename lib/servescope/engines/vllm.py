@@ -16,7 +16,7 @@ from ..spec import Knobs
 from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
-from .http import get_json, post
+from .http import get_json_patiently, post
 from .state import FactRule, ResolvedState
 
 EMBEDDED_VERSION = "0.32.0"
@@ -356,6 +356,7 @@ class VllmAdapter(EngineAdapter):
     def resolved_config(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
         """`/server_info?config_format=json` (needs VLLM_SERVER_DEV_MODE=1, which plan() sets)."""
         try:
-            return get_json(f"{base_url}/server_info?config_format=json", timeout_s)
+            return get_json_patiently(f"{base_url}/server_info?config_format=json", (timeout_s, 3 * timeout_s,
+                                                                                     6 * timeout_s))
         except OSError:
             return None
