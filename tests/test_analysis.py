@@ -150,3 +150,38 @@ def test_a_noisy_top_level_does_not_hide_the_resolved_levels():
     flip = pd.DataFrame(rows)
     flip.loc[(flip["config"] == "compiled") & (flip["concurrency"] == 4), "output_tok_s"] = 50.0
     assert headline_effect(flip, "output_tok_s", "eager", "compiled").scope == "at c=16"
+
+
+def _starved_words(head_width: float, level_widths: dict[int, float], scope: str = "mean over c=1, 4") -> str:
+    """Comparison._starved_intervals over a hand-built study: every point starved, the given interval widths."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from servescope.study import Comparison
+
+    health = pd.DataFrame([{"config": cfg, "point": f"c={c}", "client_starved": True}
+                           for c in level_widths for cfg in ("eager", "compiled") for _ in range(3)])
+    effects = pd.DataFrame([{"metric": "output_tok_s", "concurrency": c, "n_pairs": 3, "ci_low_pct": 10.0,
+                             "ci_high_pct": 10.0 + w} for c, w in level_widths.items()])
+    study = SimpleNamespace(results=SimpleNamespace(client_health=lambda: health))
+    head = SimpleNamespace(ci_low_pct=20.0, ci_high_pct=20.0 + head_width, scope=scope)
+
+    class Fixed(Comparison):
+        def headline(self, metric: str = "output_tok_s"):  # noqa: ANN201 - the stand-in's shape
+            return head
+
+    cmp = Fixed(study, "eager", "compiled", ("compile",))  # type: ignore[arg-type]
+    cmp._effects = effects
+    return cmp._starved_intervals()
+
+
+def test_the_starved_note_says_the_headline_is_narrower_only_when_it_is():
+    narrower = _starved_words(40.0, {1: 75.0, 4: 148.0})
+    assert "c=1: 6 of 6 points, 75 points wide; c=4: 6 of 6 points, 148 points wide" in narrower
+    assert "is 40 points wide, narrower than any one level's: each repetition's mean" in narrower
+    wider = _starved_words(97.0, {1: 75.0, 4: 148.0})
+    assert "is 97 points wide." in wider and "narrower" not in wider
+    # a headline carried by one level is that level's own interval: nothing averaged, nothing to explain
+    one = _starved_words(40.0, {1: 75.0, 4: 148.0}, scope="at c=1 (c=4 not resolved)")
+    assert "narrower" not in one
