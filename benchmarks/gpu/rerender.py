@@ -69,8 +69,11 @@ def main() -> None:
         for f in done.out_dir.iterdir():
             if f.suffix in {".html", ".json"}:
                 shutil.copy(f, report / f.name)
-        if (done.out_dir / "changes").is_dir():  # thread 07's improvement documents, one per recommended change
-            shutil.copytree(done.out_dir / "changes", report / "changes", dirs_exist_ok=True)
+        # thread 07's improvement documents, one per recommended change: the render's own set replaces the old one
+        # (a change no longer recommended must not keep its document)
+        shutil.rmtree(report / "changes", ignore_errors=True)
+        if (done.out_dir / "changes").is_dir():
+            shutil.copytree(done.out_dir / "changes", report / "changes")
         print(json.dumps({r.id: r.status for r in [kept, *done.runs]}, indent=1))
 
 

@@ -307,7 +307,11 @@ class EngineException:
         """'the Scheduler raised ValueError: Invalid forward mode ... (sglang/srt/x.py:12 in replay)'."""
         who = f"the {self.process}" if self.process else "a server process"
         where = f" ({self.frame or self.innermost})" if self.frame or self.innermost else ""
-        return f"{who} raised {self.type}: {self.message[:300]}{where}"
+        return f"{who} raised {self.said()[:300]}{where}"
+
+    def said(self) -> str:
+        """'ValueError: Invalid forward mode ...', or 'AssertionError (no message)' for a bare assert."""
+        return f"{self.type}: {self.message}" if self.message.strip() else f"{self.type} (no message)"
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict for manifests and error tables."""

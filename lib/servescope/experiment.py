@@ -419,7 +419,7 @@ def error_row(config: str, rep: int, key: str, e: BaseException) -> dict[str, An
             "summary": f"{type(e).__name__}: {first_line}"[:600], "signal": deaths[0].signal if deaths else "",
             "death": (cause.text() if cause is not None and cause.headline() else "")
             or (deaths[0].text() if deaths else ""),
-            "exception": f"{exc.type}: {exc.message}"[:400] if exc is not None else "",
+            "exception": exc.said()[:400] if exc is not None else "",
             "frame": (exc.frame or exc.innermost) if exc is not None else "",
             "teardown": cause.teardown if cause is not None else "",
             "stage": cause.stage if cause is not None else "",

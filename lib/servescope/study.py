@@ -21,7 +21,7 @@ import pandas as pd
 from . import plots
 from .analysis import kernels as ak
 from .analysis import telemetry as at
-from .analysis.ab import Headline, headline_effect, higher_is_better, paired_effects, verdict
+from .analysis.ab import MIN_PAIRS, Headline, headline_effect, higher_is_better, paired_effects, verdict
 from .analysis.regime import Regime, point_regimes, regime_table
 from .context import RepetitionPlan, RunContext
 from .engines.base import EngineAdapter, EngineInstall
@@ -654,6 +654,9 @@ def _headline_words(h: Headline, direction: str, words: str) -> tuple[str, str]:
     if h.status == "no change":
         return "no change", (f"makes no difference: its 90% interval ({h.ci_low_pct:+.1f}..{h.ci_high_pct:+.1f}%, "
                              f"n={h.n}) lies inside +-{h.equivalence_pct:g}%")
+    if h.n < MIN_PAIRS:
+        return "unresolved", (f"is not resolved: {h.words()}; {h.n} paired repetition{'s' if h.n > 1 else ''} "
+                              f"resolve nothing, however one-sided (at least {MIN_PAIRS} are needed)")
     if h.same_sign:
         way = "up" if h.effect_pct > 0 else "down"
         return "unresolved", (f"moved throughput {way} in every repetition at every level ({h.words()}), but the "
@@ -728,7 +731,7 @@ def stored_failures(ctx: RunContext) -> list[Failure]:
         flags = (man.get("target") or {}).get("flags") or []
         out[name] = Failure(config=name, knobs=parts.get("knobs") or {}, flags=list(flags),
                             summary=str(man.get("error", "")).splitlines()[0][:400] if man.get("error") else "",
-                            exception=f"{exc.type}: {exc.message}"[:400] if exc is not None else "",
+                            exception=exc.said()[:400] if exc is not None else "",
                             frame=(exc.frame or exc.innermost) if exc is not None else "",
                             stage=cause.stage if cause is not None else "",
                             teardown=cause.teardown if cause is not None else "",
@@ -774,7 +777,7 @@ def expressible(ctx: RunContext, arms: Sequence[Arm], install: EngineInstall | N
     except ServescopeError as ex:
         if not ctx.offline:
             raise
-        return pd.DataFrame([_stored_row(ctx, a, str(ex)) for a in arms])
+        return pd.DataFrame([stored_row(ctx, a, str(ex)) for a in arms])
     rows = []
     for a in arms:
         try:
@@ -788,7 +791,9 @@ def expressible(ctx: RunContext, arms: Sequence[Arm], install: EngineInstall | N
     return pd.DataFrame(rows)
 
 
-def _stored_row(ctx: RunContext, a: Arm, why: str) -> dict[str, Any]:
+def stored_row(ctx: RunContext, a: Arm, why: str) -> dict[str, Any]:
+    """An arm's expressible row where the engine cannot be asked (why): expressible if the store holds its first
+    repetition, or saw it die before it was ready."""
     store = ctx.store
     key = store.key(point_parts(ctx, a.knobs, 0))
     # a launch the store saw die before it was ready was expressible: its death is what the store holds of it

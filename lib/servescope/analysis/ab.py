@@ -83,6 +83,9 @@ def _spread_pct(x: pd.Series) -> float:
     return float((x.max() - x.min()) / med * 100) if med else float("nan")
 
 
+# fewer paired repetitions than this resolve nothing and are never more than low confidence: two pairs that agree
+# still give an interval a second run does not reproduce (the suites' minimum is 3 for the same reason)
+MIN_PAIRS = 3
 EQUIVALENCE_PCT = 5.0  # an effect whose whole 90% interval lies inside +-5% is "no change"
 METHOD = ("paired t on per-repetition log ratios (df = n-1, 90% interval), the log ratio of each repetition averaged "
           "over the load levels when every level's median ratio has one sign, else taken at the highest level")
@@ -166,7 +169,9 @@ def headline_effect(summary: pd.DataFrame, metric: str, baseline: str, treatment
     same_sign = bool((logr > 0).all() or (logr < 0).all())
     hib = higher_is_better(metric)
     lo, hi = test.ci_low_pct, test.ci_high_pct
-    if np.isfinite(lo) and (lo > 0 or hi < 0):
+    if x.size < MIN_PAIRS:
+        status = "unresolved"  # two pairs give an interval, but not one that a second run reproduces
+    elif np.isfinite(lo) and (lo > 0 or hi < 0):
         status = "better" if (lo > 0) == hib else "worse"
     elif np.isfinite(lo) and -equivalence_pct < lo and hi < equivalence_pct and not same_sign:
         status = "no change"  # never for an effect that pointed one way in every repetition at every level
@@ -183,7 +188,7 @@ def _resolved_levels(logr: pd.Series, level: float) -> list[float]:
     unresolved (resolved levels pointing both ways give []: that is a mixed answer, not a noisy one)."""
     ups, downs, unresolved = [], [], []
     for c, x in logr.groupby(level="concurrency"):
-        t = _t(np.asarray(x, dtype=float), level) if len(x) > 1 else None
+        t = _t(np.asarray(x, dtype=float), level) if len(x) >= MIN_PAIRS else None
         if t is None or not np.isfinite(t.ci_low_pct):
             unresolved.append(c)
         elif t.ci_low_pct > 0:
@@ -205,11 +210,11 @@ def interval_confidence(ci_low_pct: float, ci_high_pct: float, n_pairs: int,
                         band_pct: float = EQUIVALENCE_PCT) -> Confidence:
     """How sure an effect is, from its 90% interval, so that it does not flip between runs on a p-value boundary:
     high: the whole interval lies beyond the equivalence band on one side (it surely matters); medium: it excludes
-    no change but reaches into the band; low: it includes no change, or there is one pair (no interval); none:
+    no change but reaches into the band; low: it includes no change, or there are fewer than MIN_PAIRS pairs; none:
     nothing paired."""
     if n_pairs == 0:
         return "none"
-    if n_pairs == 1 or not np.isfinite(ci_low_pct) or not np.isfinite(ci_high_pct):
+    if n_pairs < MIN_PAIRS or not np.isfinite(ci_low_pct) or not np.isfinite(ci_high_pct):
         return "low"
     if ci_low_pct > band_pct or ci_high_pct < -band_pct:
         return "high"
@@ -221,11 +226,11 @@ def interval_confidence(ci_low_pct: float, ci_high_pct: float, n_pairs: int,
 def confidence(p_value: float, n_pairs: int) -> Confidence:
     """How sure it is that the effect is not run-to-run noise, from the paired t-test on log ratios.
 
-    none: nothing paired; low: one pair (no test possible) or p >= 0.05; medium: p < 0.05; high: p < 0.01.
+    none: nothing paired; low: fewer than MIN_PAIRS pairs or p >= 0.05; medium: p < 0.05; high: p < 0.01.
     With 3 pairs, 'high' needs the pairs to agree closely: agreeing in sign alone happens by chance 1 time in 4."""
     if n_pairs == 0:
         return "none"
-    if n_pairs == 1 or np.isnan(p_value) or p_value >= 0.05:
+    if n_pairs < MIN_PAIRS or np.isnan(p_value) or p_value >= 0.05:
         return "low"
     return "high" if p_value < 0.01 else "medium"
 

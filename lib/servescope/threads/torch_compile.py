@@ -13,9 +13,10 @@ import pandas as pd
 
 from ..context import RepetitionPlan, RunContext
 from ..engines.audit import find_rules
+from ..errors import KnobError, ServescopeError
 from ..findings import Failure, Finding
 from ..spec import Knobs, ProfileSpec
-from ..study import Arm, Comparison, Study, run_study
+from ..study import Arm, Comparison, Study, run_study, stored_row
 
 THREAD = "05_torch_compile"
 BASELINE, TREATMENT = "eager", "compiled"
@@ -68,22 +69,35 @@ def piecewise_exclusion(study: Study) -> Exclusion:
     if install is None:
         return Exclusion("not verified", "nothing was measured, so the engine version is unknown",
                          _with_audit(study, rows))
-    arms = []
-    for mode, name in PIECEWISE_FORMS.items():
-        try:
-            flags = study.adapter.knob_flags(Knobs(torch_compile=True, cuda_graph=mode), install)
-        except Exception as e:  # noqa: BLE001 - KnobError: the version cannot ask for both
-            rows.append({"source": "knobs", "where": mode, "text": str(e)})
-            continue
-        rows.append({"source": "knobs", "where": mode, "text": " ".join(flags)})
-        arms.append(Arm(name, Knobs(torch_compile=True, cuda_graph=mode), f"compile on, {mode} graphs asked"))
-    if not arms:
-        return Exclusion("not expressible", "this engine version cannot ask for piecewise graphs with compile: "
-                         + rows[0]["text"], _with_audit(study, rows))
     ld = study.ctx.load
     level = min(ld.concurrency) if ld.mode == "closed" else 1
     probe_load = ld.model_copy(update={"concurrency": (level,), "num_requests": max(4, 2 * level), "duration_s": None})
     one = study.ctx.with_(load=probe_load, plan=RepetitionPlan(1, 1), progress=False, profile=ProfileSpec())
+    arms = []
+    for mode, name in PIECEWISE_FORMS.items():
+        arm = Arm(name, Knobs(torch_compile=True, cuda_graph=mode), f"compile on, {mode} graphs asked")
+        try:
+            flags = study.adapter.knob_flags(arm.knobs, install)
+        except KnobError as e:  # the version cannot ask for both
+            rows.append({"source": "knobs", "where": mode, "text": str(e)})
+            continue
+        except (ServescopeError, OSError) as e:
+            # the engine is not here to ask (an offline render of another machine's run): what the measuring run
+            # launched, or saw die, is in the store
+            stored = stored_row(one, arm, str(e))
+            if not stored["expressible"]:
+                rows.append({"source": "knobs", "where": mode, "text": stored["reason"]})
+                continue
+            flags = [stored["flags"]]
+        rows.append({"source": "knobs", "where": mode, "text": " ".join(flags)})
+        arms.append(arm)
+    if not arms and all("not in the store" in r["text"] for r in rows):
+        return Exclusion("not verified", "neither form is in the store, and the engine is not here to ask: "
+                         + rows[0]["text"], _with_audit(study, rows))
+    if not arms:
+        return Exclusion("not expressible", "this engine version cannot ask for piecewise graphs with compile: "
+                         + next(r["text"] for r in rows if "not in the store" not in r["text"]),
+                         _with_audit(study, rows))
     probe = run_study(THREAD, one, arms)
     verdicts = [_probe_verdict(probe, a, rows) for a in arms]
     said = "; ".join(f"{a.knobs.cuda_graph}: {w}" for a, (_, w) in zip(arms, verdicts, strict=True))

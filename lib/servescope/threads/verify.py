@@ -360,7 +360,9 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
                     plan=RepetitionPlan(1, 1), profile=ProfileSpec())
     cands = candidates(ctx, v.combined, wanted)
     arms = [Arm(f"tune {s}", k, s) for s, k in cands]
-    ex = expressible(ctx, arms) if arms else pd.DataFrame(columns=["arm", "expressible", "flags", "reason"])
+    # asked at the search's own load: offline without the engine, the store is asked for the point the search
+    # launched (one level), not one at the suite's load
+    ex = expressible(one, arms) if arms else pd.DataFrame(columns=["arm", "expressible", "flags", "reason"])
     # the reference: the combined configuration at that level, as the verification measured it (its launches at
     # the suite's load reach that level too: one launch per configuration), or one launch of its own
     ref_tok, ref_n = _at_level(v.study, COMBINED, level) if v.study is not None and level else (float("nan"), 0)
@@ -411,6 +413,9 @@ def _try(v: Verification, one: RunContext, arms: list[Arm], ex: pd.DataFrame, re
     for a in arms:
         flags = str(ex.loc[ex["arm"] == a.name, "flags"].iloc[0]) if a.name in ok else ""
         nan = {"output_tok_s": float("nan"), "vs_combined_pct": float("nan")}
+        if kept is not None and a.note in kept["skipped"]:  # what the measuring run said of it (a spent budget)
+            rows.append({"setting": a.note, "flags": flags, **nan, "status": kept["skipped"][a.note]})
+            continue
         if not ok.get(a.name, False):
             reason = why.get(a.name, "")
             # offline without the engine, a setting the store lacks cannot be asked about: not measured, not refused
@@ -619,12 +624,18 @@ def _tuning_finding(v: Verification) -> Finding:
     if worse:
         f.claim += " Worse with it: " + "; ".join(worse) + "."
     eff = f.effect
-    if eff is not None and f.direction == "better" and f.confidence in ("high", "medium"):
+    # a search picks the fastest of several one-launch settings, so its lead is biased upward: it counts only when
+    # its verified interval clears the equivalence band ('high'), not merely zero (a stub's +4.5% at one level did)
+    if eff is not None and f.direction == "better" and f.confidence == "high":
         f.title = f"Verified scheduler setting: {setting}, {eff.value_pct:+.1f}% over {against}"
         f.evidence["front_line"] = f"Verified: {eff.text()} with {' '.join(f.recommended_flags)}, against {against}"
     elif eff is not None and f.applies:
-        held = "hurts" if f.direction == "worse" and f.confidence in ("high", "medium") else "not resolved" \
-            if f.direction in ("unresolved", "mixed", "") else f.direction
+        if f.direction == "worse" and f.confidence in ("high", "medium"):
+            held = "hurts"
+        elif f.direction == "better" and f.confidence == "medium":
+            held = f"{eff.value_pct:+.1f}%, inside the {v.ctx.equivalence_pct:.0f}% equivalence band"
+        else:
+            held = "not resolved" if f.direction in ("unresolved", "mixed", "") else f.direction
         f.title = f"Scheduler tuning: the search's lead {setting} did not hold up ({held} when verified)"
         f.evidence["front_line"] = (f"the scheduler search's lead, {setting}, did not hold up when verified: "
                                     f"{eff.text()} against {against}")
