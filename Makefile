@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+UV_PIN := uv==0.13.9
 SUITE ?= data/suites/default.yaml
 ARGS ?=
 LAB_ARGS ?=
@@ -30,10 +31,14 @@ help:
 	@echo "make clean      remove reports, results and caches of this clone (keeps the shared engine/model cache)"
 	@echo "make distclean  clean, plus .venv and the per-user cache ($(CACHE))"
 
+# uv (pinned with the suite) installs from pip's own sources (lib/servescope/pipsources.py, standard library only) in
+# a fraction of pip's time; pip does it where uv cannot
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q $(UV_PIN)
+	UV_NATIVE_TLS=1 $(VENV)/bin/uv pip install -q --python $(PY) --index-strategy unsafe-best-match \
+	  --compile-bytecode $$($(PY) lib/servescope/pipsources.py) -e '.[dev]' || \
+	  { $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e '.[dev]'; }
 	@touch $@
 
 venv: $(STAMP)

@@ -30,3 +30,11 @@ def test_environment_yml_agrees_with_pyproject():
     py = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     assert requires == ">=" + py.split("=")[1]
+
+
+def test_the_makefiles_uv_is_the_pinned_one():
+    """`make venv` installs uv before the suite (to install the suite): the same uv the suite pins."""
+    import re
+
+    (pin,) = re.findall(r"^UV_PIN := uv==(\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert _pyproject_pins()["uv"] == pin

@@ -16,6 +16,7 @@ from typing import TextIO
 
 from ..errors import EngineEnvError
 from ..paths import cache_root
+from ..pipsources import pip_sources_as_uv_args
 from ..util import atomic_write_json, file_lock
 
 log = logging.getLogger(__name__)
@@ -49,11 +50,6 @@ class EngineEnvSpec:
 _PIP_ACTIVITY = ("Collecting", "Downloading", "Installing collected", "Building", "Successfully", "Uninstalling",
                  "Resolved", "Prepared", "Installed", "Uninstalled")
 
-# pip settings that say where packages come from; uv reads none of pip's configuration, so they are handed over
-_PIP_SOURCES = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
-                "constraint": "--constraint"}
-
-
 def uv_binary() -> str | None:
     """The uv executable pinned with the suite, or None where it is not installed (pip is used then)."""
     try:
@@ -61,29 +57,6 @@ def uv_binary() -> str | None:
         return uv.find_uv_bin()
     except (ImportError, FileNotFoundError):
         return None
-
-
-def pip_sources_as_uv_args() -> list[str]:
-    """This machine's pip index settings (config files and PIP_* variables) as uv arguments, so both installers
-    see the same packages (a local wheel folder, a mirror, a constraints file)."""
-    res = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
-    found: dict[str, list[str]] = {}
-    for line in res.stdout.splitlines():
-        name, _, value = line.partition("=")
-        key = name.rsplit(".", 1)[-1]
-        if key not in _PIP_SOURCES:
-            continue
-        for item in value.strip().strip("'\"").split():
-            if item not in found.setdefault(key, []):
-                found[key].append(item)
-    args: list[str] = []
-    for key, flag in _PIP_SOURCES.items():
-        values = found.get(key, [])
-        if key == "index-url":
-            values = values[-1:]  # pip lists its sources from the lowest precedence up: the last one wins
-        for v in values:
-            args += [flag, v]
-    return args
 
 
 def run_step(cmd: list[str], logf: TextIO, say: Callable[[str], None], heartbeat_s: float = 15.0,
