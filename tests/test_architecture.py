@@ -14,8 +14,8 @@ LIB = Path(__file__).resolve().parents[1] / "lib" / "servescope"
 
 # lowest first; a module may import its own layer or any below it
 LAYERS: list[tuple[str, ...]] = [
-    ("servescope", "errors", "util", "paths", "hostcpu", "deaths", "spec", "plots", "_reaper", "_build_tiny_model",
-     "engine_site"),
+    ("servescope", "errors", "util", "paths", "hostcpu", "pipsources", "deaths", "spec", "plots", "_reaper",
+     "_build_tiny_model", "engine_site"),
     ("server", "findings", "models", "store", "telemetry", "load", "probes", "mps"),
     ("analysis",),
     ("engines",),
