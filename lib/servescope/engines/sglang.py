@@ -284,7 +284,7 @@ class SglangAdapter(EngineAdapter):
         """`/server_info` (0.4.x: `/get_server_info`): resolved server args, version, internal states."""
         for path in ("/server_info", "/get_server_info"):
             try:
-                return get_json_patiently(base_url.rstrip("/") + path, (timeout_s, 3 * timeout_s, 6 * timeout_s))
+                return get_json_patiently(base_url.rstrip("/") + path, timeout_s)
             except urllib.error.HTTPError as e:
                 if e.code != 404:
                     return None

@@ -356,7 +356,6 @@ class VllmAdapter(EngineAdapter):
     def resolved_config(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
         """`/server_info?config_format=json` (needs VLLM_SERVER_DEV_MODE=1, which plan() sets)."""
         try:
-            return get_json_patiently(f"{base_url}/server_info?config_format=json", (timeout_s, 3 * timeout_s,
-                                                                                     6 * timeout_s))
+            return get_json_patiently(f"{base_url}/server_info?config_format=json", timeout_s)
         except OSError:
             return None
