@@ -474,3 +474,18 @@ def test_h200_profiled_graph_modes_render_kernel_rates_offline(tmp_path):
     assert full["evidence"]["graph_checks"]["full"]["status"] == "as requested"
     assert full["evidence"]["graph_checks"]["off"]["status"] == "as requested"
     assert "ran their measured load under Nsight Systems tracing of the whole run" in full["claim"]
+
+
+def test_the_first_error_is_the_exception_line_however_long_the_traceback():
+    """A long traceback once left the middle of a source line (`ared, mps_active_thread_pct, share_modes)`) as the
+    notebook's first error, on the progress line and the index."""
+    import papermill as pm
+
+    from servescope.report import NotebookRun, _error_excerpt
+
+    tb = [f"File x.py:{i}, in f\n    call(" + "a" * 600 + f", shared, mps_active_thread_pct, share_modes)"
+          for i in range(6)]
+    e = pm.PapermillExecutionError(3, 3, "src", "NotMeasuredError", "the layouts were never checked", tb)
+    run = NotebookRun(id="04_data_parallelism", status="failed", error=_error_excerpt(e))
+    assert run.first_error == "NotMeasuredError: the layouts were never checked"
+    assert "share_modes)" in run.error  # the traceback's tail is still kept for the notebook's page

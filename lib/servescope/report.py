@@ -174,13 +174,16 @@ def render_html(ipynb: Path, html_path: Path, hide_code: bool = False) -> None:
 
 
 def _error_excerpt(e: BaseException) -> str:
+    """The exception's own line first (the progress line and the index show it), then the traceback's tail: cut from
+    the front, a long traceback would otherwise leave the middle of a source line as the "first error"."""
     if isinstance(e, pm.PapermillExecutionError):
         tb = "\n".join(e.traceback[-6:]) if e.traceback else ""
         import re
 
         tb = re.sub(r"\x1b\[[0-9;]*m", "", tb)  # ANSI colours from IPython tracebacks
-        return f"{e.ename}: {e.evalue}\n{tb}"[-2500:]
-    return f"{type(e).__name__}: {e}"[-2500:]
+        head = f"{e.ename}: {e.evalue}".replace("\n", " ")[:500]
+        return f"{head}\n{tb[-2000:]}"
+    return f"{type(e).__name__}: {e}".replace("\n", " ")[:2500]
 
 
 def check_baseline(suite: Suite) -> None:
