@@ -483,7 +483,7 @@ def test_the_first_error_is_the_exception_line_however_long_the_traceback():
 
     from servescope.report import NotebookRun, _error_excerpt
 
-    tb = [f"File x.py:{i}, in f\n    call(" + "a" * 600 + f", shared, mps_active_thread_pct, share_modes)"
+    tb = [f"File x.py:{i}, in f\n    call(" + "a" * 600 + ", shared, mps_active_thread_pct, share_modes)"
           for i in range(6)]
     e = pm.PapermillExecutionError(3, 3, "src", "NotMeasuredError", "the layouts were never checked", tb)
     run = NotebookRun(id="04_data_parallelism", status="failed", error=_error_excerpt(e))

@@ -61,10 +61,10 @@ def test_interrupted_attempts_are_not_failures():
 
 @pytest.fixture(scope="module")
 def offline_run(tmp_path_factory):
-    """Threads 01, 02, 05, 06, 07 and 99 of the suite rendered offline from a copy of the H200 store."""
+    """Threads 01, 02, 04, 05, 06, 07 and 99 of the suite rendered offline from a copy of the H200 store."""
     tmp = tmp_path_factory.mktemp("sglang-h200")
     shutil.copytree(REF / "store", tmp / "store")
-    done = run_suite(SUITE, only=["01", "02", "05", "06", "07", "99"], offline=True, reports_dir=tmp / "r",
+    done = run_suite(SUITE, only=["01", "02", "04", "05", "06", "07", "99"], offline=True, reports_dir=tmp / "r",
                      store_dir=tmp / "store", run_id="t", progress=False)
     return done.out_dir
 
@@ -170,3 +170,22 @@ def test_thread07_search_with_sglangs_scheduler_knobs_verifies_nothing_it_could_
     assert rows["max_running_requests=32"]["status"] == "not tried: search budget spent"  # as the H200 run said
     assert "no other file of its source reads it" in rows["num_continuous_decode_steps=2"]["source_says"]
     assert "highest over lowest (38%), so none was verified" in tune.claim
+
+
+def test_thread04_on_one_h200_mps_beats_time_slicing_but_no_layout_beats_one_server(offline_run):
+    """Calls 6-9 (2026-12-03): 1 server against 2 replicas sharing the GPU, time-sliced and through MPS (each with
+    --mem-fraction-static 0.45 and 7 host cores of its own), 3 launches each in alternating order. The one server's
+    c=32 spread (its launches gave 5.8k to 8.9k tok/s) leaves both replica layouts unresolved against it, while MPS
+    against time-slicing is resolved at c=32; the layouts that need two GPUs are refused, naming the count."""
+    fs = {f.title: f for f in read_findings(offline_run / "04_data_parallelism.findings.json")}
+    head = fs["No layout shown to beat 1 server"]
+    assert head.confidence == "low" and not head.recommended_flags
+    for name in ("2 replicas on 1 GPU, least-outstanding", "2 replicas on 1 GPU with MPS, least-outstanding"):
+        f = fs[f"{name} vs 1 server"]
+        assert f.effect.n == 3 and f.effect.ci_low_pct < 0 < f.effect.ci_high_pct, f.claim  # unresolved
+        assert "ran as compile off, CUDA graphs piecewise (decode=full prefill=breakable)" in f.claim
+    mps = fs["MPS vs time-slicing: 2 replicas on 1 GPU with MPS, least-outstanding"]
+    assert mps.confidence == "high" and mps.effect.ci_low_pct > 0  # +9.1% (90% CI +6.3..+12.0%) at c=32
+    assert "this says how to share a GPU, not to share one" in mps.claim
+    for name in ("tp=2", "dp=2", "dp attention=2", "2 replicas, least-outstanding"):
+        assert "needs 2 GPUs; 1 visible here" in fs[f"{name}: not available here"].claim

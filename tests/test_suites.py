@@ -118,3 +118,19 @@ def test_a_baseline_the_version_cannot_express_is_refused_before_anything_runs(t
                                         r"express: the stub has one piecewise form.*nothing was launched"):
         run_suite(suite, reports_dir=tmp_path / "r", store_dir=tmp_path / "st", run_id="x", progress=False)
     assert not (tmp_path / "r" / "x").exists()
+
+
+def test_the_second_sglang_recording_repeats_the_first_but_for_the_search():
+    """A second recording shows a headline holds only if it measures the same thing: engine, model, load, baseline
+    and the parameters of 02 and 07's verification are the first recording's."""
+    first = load_suite(ROOT / "data" / "suites" / "sglang-h200.yaml")
+    second = load_suite(ROOT / "data" / "suites" / "sglang-h200-second.yaml")
+    assert second.name != first.name  # a store of its own: on_gpu.py continues data/reference/<name>/store
+    for part in ("engine", "model", "load", "telemetry", "baseline"):
+        assert getattr(second, part) == getattr(first, part), part
+    params = {n.id: n.parameters for n in first.notebooks}
+    again = {n.id: n.parameters for n in second.notebooks}
+    assert again["02_piecewise_cuda_graphs"] == params["02_piecewise_cuda_graphs"]
+    verify_first = {k: v for k, v in params["07_verified_changes"].items() if not k.startswith("search")}
+    assert {k: v for k, v in again["07_verified_changes"].items() if not k.startswith("search")} == verify_first
+    assert again["07_verified_changes"]["search_budget_s"] == 0

@@ -5,6 +5,7 @@ search and its verification, the front page's first line and one improvement doc
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,28 @@ def test_a_search_lead_that_does_not_hold_up_is_said_so(tmp_path, stub_engine):
     assert fs[1].effect is not None and fs[1].effect.n == 3 and abs(fs[1].effect.value_pct) < 10
     assert "the scheduler search's lead, chunked_prefill_size=512, did not hold up when verified: " in \
         t07.front_line(fs)
+
+
+def test_a_search_stopped_by_its_budget_goes_on_where_it_stopped(tmp_path, stub_engine):
+    """The H200's search tried 4 of 11 settings in its 300 s; run again online with the same budget, it must go on with
+    those it had no time for (the ones it launched come back from the store at no cost), not read the first run's
+    answer back. A budget shorter than one stub launch: each run has time for one new launch."""
+    ctx = context(stub_engine, {"path": "stub"}, LOAD, repetitions=1, max_repetitions=1,
+                  store_dir=str(tmp_path / "s"), progress=False)
+
+    def points() -> int:  # the search's launches: its one level, c=8
+        return sum(json.loads(m.read_text())["parts"]["load"]["concurrency"] == [8]
+                   for m in (tmp_path / "s").glob("[0-9a-f]*/manifest.json"))
+
+    runs, counts = [], []
+    for i in range(3):
+        runs.append(t07.run(ctx, _report(tmp_path) if i == 0 else tmp_path / "report", search=["max_running_requests"],
+                            search_budget_s=1.0))
+        counts.append(points())
+    measured = [int((r.search["status"] == "measured").sum()) for r in runs]  # the reference's row included
+    assert measured == [2, 3, 4], [r.search["status"].tolist() for r in runs]
+    assert counts == [2, 3, 4]  # one new launch each time: nothing launched twice
+    assert (runs[0].search["status"] == t07.BUDGET_SPENT).sum() == 2
+    # offline, the finished search is what renders
+    off = t07.run(ctx.with_(offline=True), tmp_path / "report", search=["max_running_requests"], search_budget_s=1.0)
+    assert off.search["status"].tolist() == runs[-1].search["status"].tolist()

@@ -79,14 +79,17 @@ class RunContext:
 
     def memo(self, kind: str, parts: dict[str, Any], compute: Callable[[], Any],
              keep: Callable[[Any], bool] = lambda _: True, reuse_online: bool = True,
-             compute_offline: bool = False) -> tuple[Any, bool]:
+             compute_offline: bool = False, unfinished: Callable[[Any], bool] = lambda _: False) -> tuple[Any, bool]:
         """A kept answer (a probe's rows, a layout decision) keyed like points, the one way threads reuse what an
         earlier run found: offline, or online when reuse_online and not forced, the kept answer; else (and offline
         with none kept, where compute_offline: from what is already here) compute() and keep it where keep(answer)
-        says it is worth keeping. None offline when none was kept and none computed. Returns (answer, whether it
-        came from the store)."""
+        says it is worth keeping; online, a kept answer that unfinished(answer) says stopped short (a budget spent) is
+        computed again. None offline when none was kept and none computed. Returns (answer, whether it came from the
+        store)."""
         reuse = self.offline or (reuse_online and not self.force)
         saved = self.store.note(kind, parts) if reuse else None
+        if saved is not None and not self.offline and unfinished(saved):
+            saved = None
         if saved is not None or (self.offline and not compute_offline):
             return saved, saved is not None
         answer = compute()

@@ -130,7 +130,7 @@ class PointWriter:
     def put_table(self, name: str, df: pd.DataFrame) -> None:
         """Write a table as parquet (atomically, so even a failed point keeps what it had)."""
         tmp = self.dir / f".{name}.parquet.tmp"
-        df.to_parquet(tmp, index=False)
+        df.to_parquet(tmp, index=False, compression="zstd")
         os.replace(tmp, self.dir / f"{name}.parquet")
 
 
@@ -241,7 +241,7 @@ class Store:
         tmp.mkdir()
         for t, df in tables.items():
             if df is not None and not df.empty:
-                df.to_parquet(tmp / f"{t}.parquet", index=False)
+                df.to_parquet(tmp / f"{t}.parquet", index=False, compression="zstd")
         atomic_write_json(tmp / "level.json", {**meta, "label": label, "order": order, "written_unix": time.time()})
         final = d / name
         if final.exists():

@@ -28,6 +28,7 @@ from ..spec import Knobs, ProfileSpec
 from ..study import Arm, Comparison, Study, expressible, run_study
 
 THREAD = "07_verified_changes"
+BUDGET_SPENT = "not tried: search budget spent"  # a search setting's state when the budget ran out before it
 BASELINE, COMBINED = "baseline", "combined"
 TIERS = ("High", "Medium")  # the recommended changes: a measured effect of high or medium confidence
 # the scheduler knobs searched, as multiples of the load's highest concurrency (running requests) or absolute values
@@ -389,7 +390,10 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
                 "skipped": {r["setting"]: r["status"] for r in tried["rows"] if r["status"].startswith("not tried")},
                 "unread": unread}
 
-    kept, _ = ctx.memo("verify_search", parts, measure, keep=lambda _: not ctx.offline, compute_offline=True)
+    # a search that ran out of budget goes on where it stopped when run again online: the settings it launched come
+    # back from the store at no cost, the budget then goes to those it had no time for
+    kept, _ = ctx.memo("verify_search", parts, measure, keep=lambda _: not ctx.offline, compute_offline=True,
+                       unfinished=lambda k: BUDGET_SPENT in (k.get("skipped") or {}).values())
     found = pd.DataFrame(rows + (tried["rows"] if "rows" in tried else _try(v, one, arms, ex, ref_tok, budget_s,
                                                                              kept)))
     # a knob the version accepts but never reads: said beside what its launches measured
@@ -424,7 +428,7 @@ def _try(v: Verification, one: RunContext, arms: list[Arm], ex: pd.DataFrame, re
             continue
         skip = (kept["skipped"].get(a.note, "not tried by the measuring run") if a.note not in kept["tried"]
                 else "") if kept is not None else \
-            "not tried: search budget spent" if time.monotonic() - t0 + took > budget_s else ""
+            BUDGET_SPENT if time.monotonic() - t0 + took > budget_s else ""
         if skip:
             rows.append({"setting": a.note, "flags": flags, **nan, "status": skip})
             continue
