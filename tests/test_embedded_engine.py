@@ -77,7 +77,7 @@ def test_report_end_to_end_on_vllm(tmp_path):
     noise, so 05 resolves it and 07 verifies dropping `--enforce-eager` against the eager baseline, with its
     interval, and writes the improvement document; the front page opens with it."""
     suite = yaml.safe_load((ROOT / "data" / "suites" / "default.yaml").read_text())
-    suite["load"] |= {"concurrency": [1, 4], "num_requests": 12, "input_len": 32, "output_len": 32, "duration_s": None}
+    suite["load"] |= {"concurrency": [1, 4], "num_requests": 12, "input_len": 32, "output_len": 32}
     suite["telemetry"] = {"host_hz": 20, "metrics_hz": 10}
     for nb in suite["notebooks"]:
         if nb["id"] == "04_data_parallelism":
