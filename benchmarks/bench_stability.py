@@ -7,7 +7,7 @@ the front page's first line (verified or not, and the flags it names). Prints ea
 lines, then
 `stability: threads=N same_headline=K same_tier=K same_first_line=yes|no` last. Goal (issues 20, 34): K = N, yes.
 
-Usage: python benchmarks/bench_stability.py [--suite data/suites/default.yaml] [--keep DIR]
+Usage: python benchmarks/bench_stability.py [--suite data/suites/default.yaml] [--keep DIR] [--first REPORT_DIR]
 """
 
 from __future__ import annotations
@@ -57,11 +57,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default=str(ROOT / "data" / "suites" / "default.yaml"))
     ap.add_argument("--keep", help="keep both stores and reports in this folder")
+    ap.add_argument("--first", help="the rendered report of an earlier cold run of the same suite (make bench-report "
+                    "ARGS='--keep DIR' leaves it in DIR/reports-cold/cold): it stands as the first run, one more runs")
     a = ap.parse_args()
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="servescope-bench-stability-"))
     try:
         runs, lines = [], []
-        for tag in ("first", "second"):
+        if a.first:
+            runs.append(headlines(Path(a.first)))
+            lines.append(first_line(Path(a.first)))
+            print(f"run first: {a.first}\nrun first: first line: {lines[-1][2]}", flush=True)
+        for tag in ("first", "second")[len(runs):]:
             done, wall, n = run_cold(Path(a.suite), work, tag)
             print(f"run {tag}: wall_s={wall:.0f} launches={n['launches']} "
                   f"configurations_x_repetitions={n['configuration_repetitions']}", flush=True)

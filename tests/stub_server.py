@@ -160,6 +160,7 @@ def main() -> None:
     p.add_argument("--ttft-ms", type=float, default=0.0)
     p.add_argument("--itl-ms", type=float, default=0.0)
     p.add_argument("--chunk-tokens", type=int, default=1, help="/generate: tokens per streamed chunk after the first")
+    p.add_argument("--keepalive-s", type=float, default=75.0, help="close a connection idle this long (uvicorn: 5)")
     p.add_argument("--pid-file", default="")
     p.add_argument("--mem-fraction", type=float, default=None, help="accepted and ignored (the stub-gpu memory knob)")
     p.add_argument("--max-running", type=int, default=0, help="serve at most this many requests at once (0: no cap)")
@@ -201,7 +202,8 @@ def main() -> None:
         with open(a.pid_file, "w") as fh:
             fh.write(" ".join(str(x) for x in [os.getpid(), *[k.pid for k in kids]]))
     print(f"stub: serving on {a.host}:{a.port}", flush=True)
-    web.run_app(build_app(a, worker), host=a.host, port=a.port, print=None, handle_signals=not a.ignore_term)
+    web.run_app(build_app(a, worker), host=a.host, port=a.port, print=None, handle_signals=not a.ignore_term,
+                keepalive_timeout=a.keepalive_s)
 
 
 def _join_mps() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from conftest import stub_command
 from servescope.errors import SpecError
 from servescope.load import jsonl_prompts, random_prompts, run_level, run_sweep, sharegpt_prompts, summarize
+from servescope.load.client import build_body
 from servescope.load.health import judge_health
 from servescope.load.runner import _health
 from servescope.server import ManagedServer, ReadyCheck, free_port
@@ -282,3 +284,35 @@ def test_a_thousand_requests_per_second_open_loop_without_client_errors(tmp_path
     assert len(df) == 3000 and (df["status"] == "ok").all(), df["error"].value_counts().head()
     assert sorted(df["request_id"]) == list(range(3000))  # none lost, none counted twice
     assert h["requested_rate"] == 1000.0 and h["achieved_rate"] > 0
+
+
+@pytest.mark.parametrize("stub", [("--keepalive-s", "0.3")], indirect=True)
+def test_a_keepalive_connection_the_server_closed_while_the_client_stalled_is_sent_again(stub):
+    """Seen in a cold run here: the client's loop starved for 5.4 s at c=16, vLLM's server (uvicorn, 5 s keep-alive)
+    closed the idle pooled connections, and the requests then written on them failed with "Server disconnected"
+    (4 of 32: the level failed). Nothing of them was served, so each is sent once more and says so."""
+    import aiohttp
+
+    from servescope.load.client import RequestRecord, send_request
+
+    body = build_body("completions", "stub", random_prompts(None, 1, 8, 8, seed=0)[0], True)
+
+    async def go() -> list[RequestRecord]:
+        async with aiohttp.ClientSession() as session:
+            first = await send_request(session, stub.base_url + "/v1/completions", "completions", body,
+                                       RequestRecord(0, "measure"), {})
+            time.sleep(0.8)  # the loop starved: the server's close of the pooled connection is not seen yet
+            second = await send_request(session, stub.base_url + "/v1/completions", "completions", body,
+                                        RequestRecord(1, "measure"), {})
+            return [first, second]
+
+    first, second = asyncio.run(go())
+    assert first.status == "ok" and first.retried == 0
+    assert second.status == "ok", second.error
+    assert second.retried == 1 and second.output_tokens == 8
+
+
+def test_a_request_sent_again_marks_the_point_starved():
+    h = judge_health({"client_cpu_pct": 3.0, "loop_lag_ms_p99": 1.0, "requests_retried": 4})
+    assert h["client_starved"] and "4 request(s) sent again" in h["client_warning"]
+    assert not judge_health({"client_cpu_pct": 3.0, "loop_lag_ms_p99": 1.0, "requests_retried": 0})["client_starved"]

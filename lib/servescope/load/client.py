@@ -44,6 +44,7 @@ class RequestRecord:
     status: str = "ok"
     error: str = ""
     replica: int = 0  # which endpoint served it, when the load is spread over replicas
+    retried: int = 0  # sent again once: its first connection was closed by the server before any answer
 
     def as_row(self) -> dict[str, Any]:
         """Flat dict for a DataFrame row."""
@@ -153,8 +154,22 @@ async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, 
                        headers: dict[str, str], progress: list[float] | None = None) -> RequestRecord:
     """Stream one request and fill rec: TTFT, every inter-token gap, E2E, token counts from usage. progress[0] is
     set to the time of every read from the server (the hang watchdog's clock)."""
-    chat, generate = endpoint == "chat", endpoint == "generate"
     rec.start_unix = time.time()
+    try:
+        return await _stream(session, url, endpoint, body, rec, headers, progress)
+    except aiohttp.ServerDisconnectedError:  # raised by _stream only before anything of the answer arrived
+        pass
+    # the server closed a pooled keep-alive connection that sat idle past its timeout (uvicorn's is 5 s) while this
+    # client's loop was starved, and the request went out on it: nothing of it was served, so it is sent once more
+    rec.retried = 1
+    rec.start_unix = time.time()
+    return await _stream(session, url, endpoint, body, rec, headers, progress)
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, endpoint: str, body: bytes, rec: RequestRecord,
+                  headers: dict[str, str], progress: list[float] | None) -> RequestRecord:
+    """One attempt of send_request; a disconnect before any token is raised, every other failure recorded."""
+    chat, generate = endpoint == "chat", endpoint == "generate"
     clock = _Clock()
     try:
         async with session.post(url, data=body, headers=headers) as resp:
@@ -177,6 +192,12 @@ async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, 
             rec.error = "stream ended without any generated token"
         elif rec.output_tokens is None:
             rec.output_tokens = rec.chunks  # the server sent no usage: count token events
+    except aiohttp.ServerDisconnectedError as e:
+        if not rec.chunks and not rec.retried:
+            raise
+        rec.status = "error"
+        rec.error = f"{type(e).__name__}: {e}"[:500]
+        rec.e2e_ms = (time.perf_counter() - clock.t0) * 1e3
     except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError, ValueError, KeyError) as e:
         rec.status = "error"
         rec.error = f"{type(e).__name__}: {e}"[:500]

@@ -83,5 +83,8 @@ def judge_health(h: dict[str, Any]) -> dict[str, Any]:
             f"client event loop woke {lag:.0f} ms late (p99, max {h.get('loop_lag_ms_max', float('nan')):.0f} ms)"
             + ("" if cpu >= CLIENT_CPU_LIMIT_PCT else f" while using {cpu:.0f}% of a core: the host was "
                "oversubscribed, so latencies include scheduling delay"))
+    if h.get("requests_retried", 0) > 0:  # the stall's other trace: the server closed connections it left idle
+        starved.append(f"{h['requests_retried']} request(s) sent again: the server had closed their idle keep-alive "
+                       "connection while the client's loop was held up")
     return {"client_limited": bool(limited), "client_starved": bool(starved),
             "client_warning": "; ".join(limited + starved)}

@@ -266,7 +266,8 @@ async def _point(
     wall_s = time.perf_counter() - t_start
     cpu1 = proc.cpu_times()
     cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
-    health = _health(point, load, wall_s, cpu_s, lag.lags_ms, send_lags_ms, sent_times)
+    health = _health(point, load, wall_s, cpu_s, lag.lags_ms, send_lags_ms, sent_times,
+                     sum(r.retried for r in records))
     health["max_silence_s"] = state.silence_s
     return PointResult(records, health)
 
@@ -319,7 +320,7 @@ async def _drive(point: LoadPoint, load: LoadSpec, total: float, deadline: float
 
 
 def _health(point: LoadPoint, load: LoadSpec, wall_s: float, cpu_s: float, lags_ms: list[float],
-            send_lags_ms: list[float], sent_times: list[float]) -> dict[str, Any]:
+            send_lags_ms: list[float], sent_times: list[float], retried: int = 0) -> dict[str, Any]:
     lag = np.asarray(lags_ms, dtype=float)
     pct = (lambda q: float(np.percentile(lag, q))) if lag.size else (lambda q: float("nan"))
     span = (max(sent_times) - min(sent_times)) if len(sent_times) > 1 else float("nan")
@@ -331,6 +332,7 @@ def _health(point: LoadPoint, load: LoadSpec, wall_s: float, cpu_s: float, lags_
         "requested_rate": point.request_rate if point.request_rate is not None else float("nan"),
         "achieved_rate": achieved,
         "send_lag_ms_p99": float(np.percentile(send_lags_ms, 99)) if send_lags_ms else float("nan"),
+        "requests_retried": retried,
     }
     h["capped"] = bool(point.concurrency) if point.mode == "open" else True
     return h | judge_health(h)
