@@ -64,3 +64,21 @@ def test_the_committed_manifest_names_every_part_once():
     m = json.loads((ROOT / "benchmarks" / "gpu" / "parts.json").read_text())
     assert {f["part"] for f in m["files"]} == set(range(1, m["parts"] + 1))
     assert len({f["name"] for f in m["files"]}) == len(m["files"])
+
+
+def test_compact_store_rounds_gaps_and_keeps_everything_else(tmp_path):
+    """The recorded stores travel in every device call: their request tables are rewritten with gaps at 0.1 us and
+    zstd, and nothing else in them changes."""
+    import pandas as pd
+
+    compact = _load("compact_store")
+    point = tmp_path / "abc"
+    point.mkdir()
+    df = pd.DataFrame({"request_id": [0, 1], "ttft_ms": [12.3456789, 7.0], "itl_ms": [[0.123456789, 1.0], []]})
+    df.to_parquet(point / "requests.parquet", index=False)
+    (point / "manifest.json").write_text("{}")
+    compact.compact(tmp_path)
+    back = pd.read_parquet(point / "requests.parquet")
+    assert list(back["itl_ms"][0]) == [0.1235, 1.0] and list(back["itl_ms"][1]) == []
+    assert back["ttft_ms"].tolist() == [12.3456789, 7.0]  # only the gaps are rounded
+    assert (point / "manifest.json").read_text() == "{}"
