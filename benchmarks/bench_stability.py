@@ -50,7 +50,11 @@ def first_line(out_dir: Path) -> tuple[str, tuple[str, ...], str]:
     """The front page's first line: (Verified or Not verified, the flags it names, the whole line)."""
     m = re.search(r'id="verified" class="verified"><b>(.*?)</b>', (out_dir / "index.html").read_text(), re.S)
     line = html.unescape(re.sub(r"<[^>]+>", "", m.group(1))) if m else ""
-    return line.split(":")[0], tuple(sorted(set(re.findall(r"`([^`]+)`", line)))), line
+    # the changes it names, in prose too (replicas have no flag: "by the changes (run 2 vllm servers ...; drop
+    # --enforce-eager)"), numbers masked: a second run naming another change set is not the same line
+    named = re.search(r"by the changes? \((.*)\), against", line)
+    changes = re.sub(r"[+-]?\d[\d,.]*%?", "#", named.group(1)) if named else ""
+    return line.split(":")[0], tuple(sorted(set(re.findall(r"`([^`]+)`", line)))) + (changes,), line
 
 
 def main() -> int:

@@ -127,3 +127,20 @@ def test_layouts_take_the_routes_asked_for():
     assert names == ["2 replicas, round-robin"]
     both = [x.arm.knobs.route for x in t04.layouts(None, 2, "cpu") if x.kind == "replicas"]
     assert both == ["round_robin", "least_outstanding"]
+
+
+def test_replicas_that_win_are_a_deployment_to_make_never_the_engines_defaults():
+    """A cold run here had 2 replicas beat 1 server (+115%, high) and said "The engine's defaults already run as
+    2 replicas (no flag to add)", tiered already optimal: vLLM spells replicas with no engine flag, but its defaults
+    are one server. The rule for a flagless better side, as an engine that spells no flag for either side sees it."""
+    from types import SimpleNamespace
+
+    from servescope.study import Comparison
+
+    flagless = SimpleNamespace(study=SimpleNamespace(spell=lambda knobs: ([], "")), baseline="1 server",
+                               treatment="2 replicas, round-robin")
+    flags, words, reason = Comparison._recommend(flagless, Knobs(replicas=2, route="round_robin"), "better", "high")
+    assert (flags, words, reason) == ([], "", "")
+    # one server's own knobs with no flag: that is what the defaults run
+    _, words, reason = Comparison._recommend(flagless, Knobs(), "better", "high")
+    assert "already run as 2 replicas, round-robin" in words and reason.startswith("already optimal")

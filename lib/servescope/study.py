@@ -622,8 +622,9 @@ class Comparison:
         flags, why = self.study.spell(knobs) if knobs is not None else ([], "")
         if why:
             return flags, f" ({why})", ""
-        if knobs is not None and not flags and conf != "none":
-            # the better side needs no flag: the engine's defaults already run that way
+        if knobs is not None and not flags and conf != "none" and knobs.replicas == 1:
+            # the better side needs no flag: the engine's defaults already run that way (replicas need no flag
+            # either, but they are a deployment the defaults do not make: their recipe says how)
             side = self.treatment if direction == "better" else self.baseline
             return flags, f" The engine's defaults already run as {side} (no flag to add).", \
                 "already optimal: the engine's defaults are the better side"
