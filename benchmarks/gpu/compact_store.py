@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from servescope.load.client import ITL_DECIMALS
+
 
 def compact(store: Path) -> tuple[int, int]:
     """Rewrite every requests.parquet under store; (bytes before, bytes after)."""
@@ -21,7 +23,7 @@ def compact(store: Path) -> tuple[int, int]:
         before += f.stat().st_size
         df = pd.read_parquet(f)
         if "itl_ms" in df:
-            df["itl_ms"] = [None if v is None else [round(float(x), 4) for x in v] for v in df["itl_ms"]]
+            df["itl_ms"] = [None if v is None else [round(float(x), ITL_DECIMALS) for x in v] for v in df["itl_ms"]]
         tmp = f.with_name(".requests.parquet.tmp")
         df.to_parquet(tmp, index=False, compression="zstd")
         os.replace(tmp, f)

@@ -25,6 +25,10 @@ _HAS_ERROR = re.compile(rb'"error"\s*:')
 _HAS_ROLE = re.compile(rb'"role"\s*:')
 
 
+# inter-token gaps in ms to 0.1 us: the digits below are the event loop's jitter, and they tripled the stored tables
+ITL_DECIMALS = 4
+
+
 @dataclass(slots=True)
 class RequestRecord:
     """What happened to one request; durations in ms from its own start, absolute times in unix seconds."""
@@ -109,8 +113,7 @@ class _Clock:
             rec.ttft_ms = (now - self.t0) * 1e3
             self.first = False
         else:
-            # 0.1 us: the digits below are the event loop's jitter, and they tripled the stored request tables
-            rec.itl_ms.append(round((now - self.last) * 1e3, 4))
+            rec.itl_ms.append(round((now - self.last) * 1e3, ITL_DECIMALS))
         self.last = now
 
     def generate(self, rec: RequestRecord, data: bytes, now: float) -> None:
@@ -129,7 +132,7 @@ class _Clock:
             new -= 1
         if new > 0:
             gap = (now - self.last) * 1e3 / new  # spread a multi-token chunk evenly, as SGLang's client does
-            rec.itl_ms.extend([round(gap, 4)] * new)
+            rec.itl_ms.extend([round(gap, ITL_DECIMALS)] * new)
         self.last = now
 
 

@@ -387,7 +387,7 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
         tried["rows"] = _try(v, one, arms, ex, ref_tok, budget_s, None)
         unread = ctx.adapter.unread_knobs(ref.install) if ref.install is not None else {}
         return {"tried": [r["setting"] for r in tried["rows"] if r["status"].startswith(("measured", "failed"))],
-                "skipped": {r["setting"]: r["status"] for r in tried["rows"] if r["status"].startswith("not tried")},
+                "skipped": {r["setting"]: r["status"] for r in tried["rows"] if r["status"] == BUDGET_SPENT},
                 "unread": unread}
 
     # a search that ran out of budget goes on where it stopped when run again online: the settings it launched come
@@ -426,8 +426,7 @@ def _try(v: Verification, one: RunContext, arms: list[Arm], ex: pd.DataFrame, re
             word = "not measured" if reason.startswith("not in the store") else "not expressible"
             rows.append({"setting": a.note, "flags": "", **nan, "status": f"{word}: {reason}"})
             continue
-        skip = (kept["skipped"].get(a.note, "not tried by the measuring run") if a.note not in kept["tried"]
-                else "") if kept is not None else \
+        skip = ("not tried by the measuring run" if a.note not in kept["tried"] else "") if kept is not None else \
             BUDGET_SPENT if time.monotonic() - t0 + took > budget_s else ""
         if skip:
             rows.append({"setting": a.note, "flags": flags, **nan, "status": skip})
