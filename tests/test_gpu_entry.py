@@ -82,3 +82,20 @@ def test_compact_store_rounds_gaps_and_keeps_everything_else(tmp_path):
     assert list(back["itl_ms"][0]) == [0.1235, 1.0] and list(back["itl_ms"][1]) == []
     assert back["ttft_ms"].tolist() == [12.3456789, 7.0]  # only the gaps are rounded
     assert (point / "manifest.json").read_text() == "{}"
+
+
+def test_each_suite_continues_its_own_store(tmp_path, monkeypatch):
+    """A second suite recorded on the same warm machine (the cold second recording after the first's search) starts
+    from its own store, never from the store the first left there."""
+    gpu = _load("on_gpu")
+    monkeypatch.setattr(gpu, "WORK", tmp_path / "work")
+    monkeypatch.setattr(gpu, "ROOT", tmp_path / "repo")
+    ref = tmp_path / "repo" / "data" / "reference" / "first" / "store" / "p1"
+    ref.mkdir(parents=True)
+    (ref / "manifest.json").write_text("{}")
+    first = gpu.suite_store("first")
+    assert (first / "p1" / "manifest.json").is_file()
+    (first / "p2").mkdir()  # a point the first suite measured on this machine
+    second = gpu.suite_store("second")
+    assert second != first and list(second.iterdir()) == []
+    assert (gpu.suite_store("first") / "p2").is_dir()  # the first continues where it was

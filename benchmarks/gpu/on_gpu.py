@@ -10,7 +10,7 @@ part and sha256), one part per call, carried as .device/parts/NN. Each call:
 2. stores the part it carries (sha256 checked) under /tmp/ssgpu/files;
 3. when every part is here, installs once (the suite's wheels into /tmp/site, an engine's wheels into the site folder
    its suite names in engine.env PYTHONPATH, Nsight Systems' library), then runs the suite under BUDGET_S seconds,
-   continuing /tmp/ssgpu/store (started from the suite's committed reference store, data/reference/<name>/store,
+   continuing /tmp/ssgpu/stores/<name> (started from the suite's committed reference store, data/reference/<name>/store,
    when there is one, so a recording continues across sessions), saving the store into $OUT every 15 s;
 4. leaves no server, engine process or MPS daemon behind (checked, and killed if found), and says what it found.
 $OUT gets store.tgz, reports.tgz, run.log, gpu.txt.
@@ -135,7 +135,8 @@ def save(src: Path, name: str, exclude_logs_over: int = 8 * 2**20) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     tmp = OUT / f".{name}.part"
     with tarfile.open(tmp, "w:gz") as tf:
-        tf.add(src, arcname=src.name, filter=lambda ti: None if ti.isfile() and ti.size > exclude_logs_over and
+        tf.add(src, arcname=name.split(".")[0],  # store/, reports/: the same names whatever the suite
+                filter=lambda ti: None if ti.isfile() and ti.size > exclude_logs_over and
                ti.name.endswith(".log") else ti)
     os.replace(tmp, OUT / name)
 
@@ -147,9 +148,10 @@ def leftovers() -> list[str]:
     return [ln.strip() for ln in out if any(k in ln for k in LEFTOVERS) and not ln.strip().startswith(me)]
 
 
-def run_suite(suite_path: str, name: str, env: dict[str, str], budget_s: float, only: list[str]) -> int:
-    """The suite through servescope run, under the budget, the store saved every 15 s."""
-    store, reports = WORK / "store", WORK / "reports"
+def suite_store(name: str) -> Path:
+    """The store a suite continues on this machine, one per suite name (two suites recorded on one warm machine never
+    continue each other's): the committed reference store where there is one, else empty (a cold recording)."""
+    store = WORK / "stores" / name
     if not store.is_dir():
         ref = ROOT / "data" / "reference" / name / "store"
         if ref.is_dir():
@@ -157,6 +159,13 @@ def run_suite(suite_path: str, name: str, env: dict[str, str], budget_s: float, 
             say(f"store continues {ref.relative_to(ROOT)} ({sum(1 for _ in store.iterdir())} entries)")
         else:
             store.mkdir(parents=True)
+            say(f"store starts empty: data/reference/{name}/store is not in the repository (a cold recording)")
+    return store
+
+
+def run_suite(suite_path: str, name: str, env: dict[str, str], budget_s: float, only: list[str]) -> int:
+    """The suite through servescope run, under the budget, the store saved every 15 s."""
+    store, reports = suite_store(name), WORK / "reports" / name
     cmd = [sys.executable, "-m", "servescope.cli", "run", suite_path, "--store-dir", str(store), "--reports-dir",
            str(reports), "--run-id", f"gpu-{time.strftime('%H%M%S')}", *only]
     say("running: " + " ".join(cmd))
