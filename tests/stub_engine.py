@@ -78,6 +78,8 @@ class StubAdapter(EngineAdapter):
             flags += ["--slow-on-core", extra_env["STUB_SLOW_CORE"]]
         if extra_env.get("STUB_MAX_RUNNING") and knobs.max_running_requests is None:  # a default cap to tune away
             flags += ["--max-running", extra_env["STUB_MAX_RUNNING"]]
+        if extra_env.get("STUB_READY_AFTER"):  # seconds before it answers /health: a launch of known length
+            flags += ["--ready-after", extra_env["STUB_READY_AFTER"]]
         if extra_env.get("STUB_FAIL_EVERY"):
             flags += ["--fail-every", extra_env["STUB_FAIL_EVERY"]]
         mode = extra_env.get("STUB_STATE", "")

@@ -168,8 +168,10 @@ def test_a_search_lead_that_does_not_hold_up_is_said_so(tmp_path, stub_engine):
 def test_a_search_stopped_by_its_budget_goes_on_where_it_stopped(tmp_path, stub_engine):
     """The H200's search tried 4 of 11 settings in its 300 s; run again online with the same budget, it must go on with
     those it had no time for (the ones it launched come back from the store at no cost), not read the first run's
-    answer back. A budget shorter than one stub launch: each run has time for one new launch."""
-    ctx = context(stub_engine, {"path": "stub"}, LOAD, repetitions=1, max_repetitions=1,
+    answer back. A budget shorter than one stub launch (each is made to take 1.5 s, so that neither this host's speed
+    nor the store's reads decide it): each run has time for one new launch."""
+    eng = {**stub_engine, "env": {"STUB_READY_AFTER": "1.5"}}
+    ctx = context(eng, {"path": "stub"}, LOAD, repetitions=1, max_repetitions=1,
                   store_dir=str(tmp_path / "s"), progress=False)
 
     def points() -> int:  # the search's launches: its one level, c=8

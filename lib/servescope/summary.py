@@ -33,18 +33,22 @@ def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer")
                          "effect_pct": abs(f.effect.value_pct) if f.effect is not None else float("nan"),
                          "confidence": f.confidence, "change": change,
                          "why": _why(f, t, failed), "evidence": link.format(thread=thread), "order": i,
+                         "alternative": bool(f.evidence.get("alternative_to")),
                          "knob_keys": ",".join(sorted((f.evidence.get("knobs") or {}).keys()))})
     cols = ["tier", "thread", "finding", "effect", "confidence", "change", "why", "evidence", "optimal", "knob_keys"]
     if not rows:
         return pd.DataFrame(columns=cols)
     df = pd.DataFrame(rows)
     df["_t"] = df["tier"].map(TIERS.index)
-    df = df.sort_values(["_t", "effect_pct", "thread", "order"], ascending=[True, False, True, True],
-                        na_position="last", ignore_index=True)
+    # within a tier, a setting its thread did not pick (verify.changes says why) ranks after the picks
+    df = df.sort_values(["_t", "alternative", "effect_pct", "thread", "order"],
+                        ascending=[True, True, False, True, True], na_position="last", ignore_index=True)
     return df[cols]
 
 
 def _why(f: Finding, t: str, failed: list) -> str:
+    if f.evidence.get("alternative_to") and t in TIERS[:3]:
+        return f"its thread picked {f.evidence['alternative_to']} instead: {f.headline}"[:300]
     if t == "Excluded: failed here":
         x = failed_change(f, failed)
         return f"its configuration {x.config} {x.words()}"[:400] if x is not None else ""

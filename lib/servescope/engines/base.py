@@ -312,6 +312,12 @@ class EngineAdapter(ABC):
                f"as measured ({'; '.join(placements)}), behind {self.balancer} spreading requests {route}")
         return out + (mps_recipe(knobs.mps_active_thread_pct) if knobs.gpu_share == "mps" else "")
 
+    def default_graph_mode(self, install: EngineInstall) -> str | None:
+        """The CUDA-graph mode (Knobs.cuda_graph) this version runs when no flag asks for one (None: unknown or none);
+        of graph modes a measurement cannot tell apart, the one a user gets by dropping the flag that turned graphs
+        off, and the one the engine's developers test most."""
+        return None
+
     def grouped_moe_advice(self) -> str:
         """How to make this engine run the experts as a grouped product, in words (thread 6's recommendation)."""
         return "Choose a fused or grouped MoE backend of the engine."

@@ -23,7 +23,7 @@ from ..errors import KnobError
 from ..models import config_dtype, short_dtype
 from ..server import ReadyCheck
 from ..spec import Knobs
-from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version, mps_recipe
+from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version, mps_recipe, version_tuple
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
 from .http import get_json_patiently, post
@@ -178,6 +178,11 @@ class SglangAdapter(EngineAdapter):
                                 f"{', '.join(can)}); piecewise prefill graphs arrived in "
                                 "0.5.3.post2 (--enable-piecewise-cuda-graph)")
             # else: piecewise is this version's default (auto-disable rules may still turn it off: thread 1)
+
+    def default_graph_mode(self, install: EngineInstall) -> str | None:
+        """Decode graphs always; prefill graphs (breakable) by default from 0.5.10 (knob catalogue, "Prefill graphs";
+        0.5.17's defaults resolved decode=full prefill=breakable on the H200, data/reference/sglang-h200)."""
+        return "piecewise" if version_tuple(install.version) >= (0, 5, 10) else "decode_only"
 
     def knob_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
         """Translate intent into this SGLang version's flags; KnobError names the version and the alternative."""

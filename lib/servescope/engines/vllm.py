@@ -13,7 +13,7 @@ from ..errors import KnobError, ServescopeError
 from ..models import config_dtype, is_moe, short_dtype
 from ..server import ReadyCheck
 from ..spec import Knobs
-from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version
+from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version, version_tuple
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
 from .http import get_json_patiently, post
@@ -98,6 +98,13 @@ class VllmAdapter(EngineAdapter):
                             "core dies at startup (the CPU communicator has no all_gatherv for the DP/EP MoE "
                             "dispatch); use replicas (one server per core set) instead")
         return flags
+
+    def default_graph_mode(self, install: EngineInstall) -> str | None:
+        """FULL_AND_PIECEWISE ('piecewise') on CUDA from 0.11 (vLLM PR #25444; before it PIECEWISE for every batch,
+        which no Knobs mode names); the CPU build has none."""
+        if install.platform != "cuda":
+            return None
+        return "piecewise" if version_tuple(install.version) >= (0, 11) else None
 
     def knob_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
         """Translate intent into vLLM flags; anything vLLM has no equivalent for raises KnobError."""

@@ -66,6 +66,7 @@ class Change:
     alternative_to: str = ""  # the higher-ranked change that sets the same knob otherwise (an alternative, not a change)
     recommendation: str = ""  # the change in words where it is no flag to add ('drop --enforce-eager ...')
     drop_flags: list[str] = field(default_factory=list)  # the deployment's flags the change removes, if that is it
+    alternative_of: str = ""  # the setting its own thread picked instead of this one (graph modes: thread 02's pick)
 
     @property
     def label(self) -> str:
@@ -88,8 +89,11 @@ def changes(by_thread: dict[str, list[Finding]]) -> list[Change]:
                 out.append(Change(thread, f.title, t, dict(knobs), list(f.recommended_flags),
                                   f.effect.text() if f.effect else "", abs(f.effect.value_pct) if f.effect else 0.0,
                                   f.confidence, f.claim, recommendation=f.recommendation,
-                                  drop_flags=list(f.evidence.get("drop_flags", []))))
-    out.sort(key=lambda c: (TIERS.index(c.tier), -c.effect_pct))
+                                  drop_flags=list(f.evidence.get("drop_flags", [])),
+                                  alternative_of=str(f.evidence.get("alternative_to", ""))))
+    # a setting its thread measured but did not pick (a graph mode not told apart from the one it chose) ranks after
+    # the pick, so that the pick, not the larger point estimate, takes the knob
+    out.sort(key=lambda c: (TIERS.index(c.tier), bool(c.alternative_of), -c.effect_pct))
     seen: set[str] = set()
     uniq = []
     for c in out:  # a headline and its per-mode finding may name the same change: the best-ranked one stands
