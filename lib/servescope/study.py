@@ -30,8 +30,13 @@ from .errors import KnobError, ServescopeError, SpecError
 from .experiment import Config, Results, point_parts, read_store, run_configs
 from .findings import Confidence, Direction, Effect, Failure, Finding, Outcome, capped
 from .launch import find_install
+from .load.health import LOOP_LAG_LIMIT_MS
 from .plots import Figure
 from .spec import EngineSpec, Knobs
+
+# a load client held up this long (event-loop lag p99) lost ten times the host's scheduling slack: its figures carry
+# the stall; where one side of a comparison ran so and the other did not, the difference is partly the client's
+SEVERE_LAG_MS = 10 * LOOP_LAG_LIMIT_MS
 
 METRICS = ("output_tok_s", "ttft_ms_p50", "tpot_ms_p50")
 
@@ -480,6 +485,9 @@ class Comparison:
                            claim=f"The arms did not resolve to what was asked, so this is not a measurement of "
                                  f"{subject}: {'; '.join(says)}. {sides}.", reason="; ".join(says), effect=effect,
                            direction=direction, evidence=self._evidence(states, errs))
+        stalled, direction, words = self._client_stall(h, direction, words)
+        if stalled:
+            cap, says = "low", [*says, stalled]
         conf = capped(h.confidence, cap)
         claim = self._claim(subject, words, h, tok, sides, says) + extra
         cautions, ev = self._cautions()
@@ -551,7 +559,10 @@ class Comparison:
 
     def _claim(self, subject: str, words: str, h: Headline, tok: pd.DataFrame, sides: str, says: list[str]) -> str:
         """The finding's sentences: the effect, per repetition and per level, what each side ran as, the checks."""
-        levels = "; ".join(f"c={int(r.concurrency)}: {r.effect_pct:+.0f}% ({_ci(r)}, {r.confidence})"
+        lopsided = self.lopsided_levels().index
+        levels = "; ".join(f"c={int(r.concurrency)}: {r.effect_pct:+.0f}% ({_ci(r)}, "
+                           + (f"{r.confidence}" if float(r.concurrency) not in lopsided else
+                              f"{capped(r.confidence, 'low')}: the client stalled on one side") + ")"
                            for r in tok.itertuples())
         per_rep = ", ".join(f"{v:+.0f}%" for v in h.per_rep_pct)
         stopped = self.study.results.stopped
@@ -590,6 +601,52 @@ class Comparison:
                     f" Graph use in the traces: {'; '.join(w for _, w in seen.values())}.")
         return out, {"short_outputs": short, "client_warnings": client, "client_starved": starved,
                      "graph_checks": {side: {"status": st, "words": w} for side, (st, w) in checks.items()}}
+
+    def _client_stall(self, h: Headline, direction: str, words: str) -> tuple[str, str, str]:
+        """Where the headline's levels include one at which the load client stalled on one side only: the sentence
+        saying so, and the direction and words that claim no direction from it; ('', direction, words) elsewhere."""
+        lopsided = self.lopsided_levels()
+        hit = [c for c in h.levels if c in lopsided.index]
+        if not hit:
+            return "", direction, words
+        said = ("the load client stalled on one side only at " + "; ".join(
+            f"c={int(c)} ({self.baseline}: {int(x.baseline_severe)} of {int(x.baseline_n)} points over "
+            f"{SEVERE_LAG_MS:.0f} ms, median {x.baseline_lag_ms:.0f} ms; {self.treatment}: "
+            f"{int(x.treatment_severe)} of {int(x.treatment_n)}, median {x.treatment_lag_ms:.0f} ms)"
+            for c, x in lopsided.loc[hit].iterrows())
+            + ", so the difference there is partly the client's share of the host, not the servers' (at most low "
+            "confidence)")
+        if direction in ("better", "worse"):  # the client's stall is part of the difference: no direction from it
+            direction, words = "unresolved", (
+                f"moved throughput {'up' if h.effect_pct > 0 else 'down'} ({h.words()}), but the load client "
+                f"stalled on one side only at c={', '.join(str(int(c)) for c in hit)}, so that cannot be told "
+                "from the client's own share of the host")
+        return said, direction, words
+
+    def lopsided_levels(self) -> pd.DataFrame:
+        """The levels where the load client stalled badly (event-loop lag p99 over SEVERE_LAG_MS) at most of one
+        side's points and at few of the other's (the share differs by half or more), indexed by concurrency, with
+        each side's count and median lag. On a 2-core host one vLLM server takes both cores from the client (lag
+        p99 100-2,600 ms) while two pinned replicas leave it alone (4-19 ms): thread 04's second cold run there
+        read that as +141% for replicas, high, and its first as -42%, high."""
+        h = self.study.results.client_health()
+        h = h[h["config"].isin([self.baseline, self.treatment]) & h["loop_lag_ms_p99"].notna()]
+        cols = [f"{side}_{x}" for side in ("baseline", "treatment") for x in ("severe", "n", "lag_ms")]
+        if h.empty:
+            return pd.DataFrame(columns=cols)
+        c = h["point"].str.removeprefix("c=").astype(float)
+        rows = {}
+        for level, g in h.groupby(c):
+            sides = {n: g[g["config"] == cfg]["loop_lag_ms_p99"] for n, cfg in (("baseline", self.baseline),
+                                                                                  ("treatment", self.treatment))}
+            if any(x.empty for x in sides.values()):
+                continue
+            share = {n: float((x >= SEVERE_LAG_MS).mean()) for n, x in sides.items()}
+            if abs(share["baseline"] - share["treatment"]) >= 0.5:
+                rows[level] = {f"{n}_{k}": v for n, x in sides.items()
+                               for k, v in (("severe", int((x >= SEVERE_LAG_MS).sum())), ("n", int(x.size)),
+                                            ("lag_ms", float(x.median())))}
+        return pd.DataFrame.from_dict(rows, orient="index", columns=cols)
 
     def _starved_intervals(self) -> str:
         """What the oversubscribed host did to the intervals: per level, how many of the two sides' points were

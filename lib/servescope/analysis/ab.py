@@ -112,6 +112,7 @@ class Headline:
     status: str  # 'better' | 'worse' | 'no change' | 'unresolved'
     equivalence_pct: float = EQUIVALENCE_PCT
     method: str = METHOD
+    levels: tuple[float, ...] = ()  # the concurrency levels the per-repetition values are taken over
 
     @property
     def resolved(self) -> bool:
@@ -148,6 +149,7 @@ def headline_effect(summary: pd.DataFrame, metric: str, baseline: str, treatment
     if one_sign and len(by_level) > 1:
         per_rep = logr.unstack("concurrency").dropna().mean(axis=1)  # repetitions that measured every level
         scope = "mean over c=" + ", ".join(str(int(c)) for c in by_level.index)
+        used = tuple(float(c) for c in by_level.index)
         if per_rep.empty:
             one_sign = False
     if not one_sign and len(by_level) > 1:
@@ -156,6 +158,7 @@ def headline_effect(summary: pd.DataFrame, metric: str, baseline: str, treatment
         agree = _resolved_levels(logr, level)
         if agree:
             per_rep = logr.unstack("concurrency")[agree].dropna().mean(axis=1)
+            used = tuple(float(c) for c in agree)
             rest = [c for c in by_level.index if c not in agree]
             scope = ("mean over c=" if len(agree) > 1 else "at c=") + ", ".join(str(int(c)) for c in agree) + \
                 f" (c={', '.join(str(int(c)) for c in rest)} not resolved)"
@@ -164,6 +167,7 @@ def headline_effect(summary: pd.DataFrame, metric: str, baseline: str, treatment
         top = by_level.index.max()
         per_rep = logr.xs(top, level="concurrency")
         scope = f"at c={int(top)}"
+        used = (float(top),)
     x = np.asarray(per_rep, dtype=float)
     test = _t(x, level)
     same_sign = bool((logr > 0).all() or (logr < 0).all())
@@ -180,7 +184,7 @@ def headline_effect(summary: pd.DataFrame, metric: str, baseline: str, treatment
     return Headline(metric=metric, baseline=baseline, treatment=treatment, n=int(x.size), scope=scope,
                     effect_pct=float((np.exp(x.mean()) - 1) * 100), ci_low_pct=lo, ci_high_pct=hi,
                     p_value=test.p_value, per_rep_pct=tuple(float((np.exp(v) - 1) * 100) for v in x),
-                    same_sign=same_sign, status=status, equivalence_pct=equivalence_pct)
+                    same_sign=same_sign, status=status, equivalence_pct=equivalence_pct, levels=used)
 
 
 def _resolved_levels(logr: pd.Series, level: float) -> list[float]:

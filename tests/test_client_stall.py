@@ -1,0 +1,46 @@
+"""A comparison whose load client stalled on one side only claims no direction (issue 34's thread 04).
+
+Known answer from real runs on the 2-core development machine (vLLM 0.32.0 CPU, the default suite): one vLLM
+server leaves the load client no core (its event loop woke 100-2,600 ms late, p99) while two pinned replicas leave it
+alone (4-19 ms). Two cold runs of `make bench-stability` read that as "No layout shown to beat 1 server" (c=1 -42%,
+high) and "Use 2 replicas, round-robin" (+141% at c=16, high). tests/fixtures/cpu_04_second_run/store holds the
+second run's six thread-04 points (no logs, request tables or per-thread telemetry); data/reference/store holds the
+first kind."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from servescope.findings import read_findings
+from servescope.report import run_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "data" / "suites" / "default.yaml"
+
+
+def _thread04(store: Path, tmp: Path) -> list:
+    shutil.copytree(store, tmp / "store")
+    done = run_suite(SUITE, only=["04"], offline=True, reports_dir=tmp / "r", store_dir=tmp / "store", run_id="t",
+                     progress=False)
+    return read_findings(done.out_dir / "04_data_parallelism.findings.json")
+
+
+def test_the_run_that_said_use_replicas_now_says_the_client_stalled(tmp_path):
+    head, cmp, *_ = _thread04(ROOT / "tests" / "fixtures" / "cpu_04_second_run" / "store", tmp_path)
+    assert head.title == "No layout shown to beat 1 server" and head.confidence == "low"
+    assert cmp.direction == "unresolved" and cmp.confidence == "low" and not cmp.recommended_flags
+    assert cmp.effect.value_pct == pytest.approx(115.3, abs=0.05) and cmp.effect.status == "better"  # the numbers stay
+    assert "but the load client stalled on one side only at c=16" in cmp.claim
+    assert ("c=16 (1 server: 3 of 3 points over 100 ms, median 820 ms; 2 replicas, round-robin: 0 of 3, median 5 ms)"
+            in cmp.claim)
+    assert "c=16: +141% (+50..+209%, low: the client stalled on one side)" in cmp.claim
+
+
+def test_the_recorded_run_says_the_same_first_line(tmp_path):
+    """The reference store's 04 (c=1 -42%, high, before) stalls on one side at every level: the same answer."""
+    head, cmp, *_ = _thread04(ROOT / "data" / "reference" / "store", tmp_path)
+    assert head.title == "No layout shown to beat 1 server" and head.confidence == "low"
+    assert "the load client stalled on one side only at c=1 (1 server: 3 of 3 points over 100 ms" in cmp.claim
