@@ -148,7 +148,8 @@ def test_report_end_to_end_on_vllm(tmp_path):
     assert summ["evidence"]["ranked"] and 'id="summary"' in index
     cpu_head, *_ = json.loads((out / "03_clocks_power.findings.json").read_text())
     # the CPU server's own regime per level (its cores are the device), not "No GPU here"
-    assert cpu_head["title"].startswith("CPU server (engine defaults): c=1 ") and ", c=4 " in cpu_head["title"]
+    assert cpu_head["title"].startswith("CPU server (engine defaults) at c=4: ")  # the operating point
+    assert "per level (engine defaults, the verdict most repetitions reached) c=1 " in cpu_head["claim"]
     assert "The telemetry read no GPU" in cpu_head["claim"] and set(cpu_head["evidence"]["cpu_regimes"]) == \
         {"c=1", "c=4"}
     assert "Regime under load:</b> CPU server (engine defaults)" in index
