@@ -99,3 +99,21 @@ def test_each_suite_continues_its_own_store(tmp_path, monkeypatch):
     second = gpu.suite_store("second")
     assert second != first and list(second.iterdir()) == []
     assert (gpu.suite_store("first") / "p2").is_dir()  # the first continues where it was
+
+
+def test_rerender_keeps_00s_html_and_json_but_never_its_executed_notebook(tmp_path):
+    """The GPU machine's reports.tgz holds 00's executed notebook beside its HTML and findings: a reference report
+    commits no notebook with outputs."""
+    import tarfile
+
+    rerender = _load("rerender")
+    run = tmp_path / "reports" / "gpu-1"
+    run.mkdir(parents=True)
+    for name in ("00_environment.findings.json", "00_environment.html", "00_environment.ipynb"):
+        (run / name).write_text("{}")
+    with tarfile.open(tmp_path / "reports.tgz", "w:gz") as tf:
+        tf.add(tmp_path / "reports", arcname="reports")
+    report = tmp_path / "report"
+    report.mkdir()
+    rerender.take_kept(tmp_path / "reports.tgz", report)
+    assert sorted(p.name for p in report.iterdir()) == ["00_environment.findings.json", "00_environment.html"]

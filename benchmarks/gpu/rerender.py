@@ -28,8 +28,11 @@ KEPT = "00_environment"  # the GPU machine's own environment notebook, as that r
 REFERENCES = {"transformers-gpu": "h200"}
 
 
+KEEP_SUFFIXES = {".html", ".json"}  # what a reference report holds: never an executed notebook (outputs stay out)
+
+
 def take_kept(gpu_reports: Path, report: Path) -> None:
-    """00's files from the newest run in a reports.tgz of the GPU machine that holds them."""
+    """00's HTML and JSON files from the newest run in a reports.tgz of the GPU machine that holds them."""
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(gpu_reports) as tf:
             tf.extractall(tmp, filter="data")
@@ -37,7 +40,8 @@ def take_kept(gpu_reports: Path, report: Path) -> None:
         if not runs:
             raise SystemExit(f"{gpu_reports} holds no {KEPT} findings")
         for f in runs[-1].parent.glob(f"{KEPT}.*"):
-            shutil.copy(f, report / f.name)
+            if f.suffix in KEEP_SUFFIXES:
+                shutil.copy(f, report / f.name)
 
 
 def main() -> None:
@@ -67,7 +71,7 @@ def main() -> None:
                            question=QUESTIONS.get(KEPT, ""), outcome=outcome)
         write_index(done.out_dir, suite, a.suite, suite.name, t0, [kept, *done.runs], host=measured_host(store))
         for f in done.out_dir.iterdir():
-            if f.suffix in {".html", ".json"}:
+            if f.suffix in KEEP_SUFFIXES:
                 shutil.copy(f, report / f.name)
         # thread 07's improvement documents, one per recommended change: the render's own set replaces the old one
         # (a change no longer recommended must not keep its document)
