@@ -488,11 +488,12 @@ class Comparison:
                            claim=f"The arms did not resolve to what was asked, so this is not a measurement of "
                                  f"{subject}: {'; '.join(says)}. {sides}.", reason="; ".join(says), effect=effect,
                            direction=direction, evidence=self._evidence(states, errs))
-        stalled, direction, words = self._client_stall(h, direction, words)
+        lopsided = self.lopsided_levels()  # read once: the headline's words and the per-level words both use it
+        stalled, direction, words = self._client_stall(h, direction, words, lopsided)
         if stalled:
             cap, says = "low", [*says, stalled]
         conf = capped(h.confidence, cap)
-        claim = self._claim(subject, words, h, tok, sides, says) + extra
+        claim = self._claim(subject, words, h, tok, sides, says, lopsided.index) + extra
         cautions, ev = self._cautions()
         claim += cautions
         rec_knobs = better if direction == "better" else worse if direction == "worse" else None
@@ -560,9 +561,9 @@ class Comparison:
                       per_rep_pct=[round(v, 1) for v in h.per_rep_pct], status=h.status,
                       stopped=self.study.results.stopped, method=h.method)
 
-    def _claim(self, subject: str, words: str, h: Headline, tok: pd.DataFrame, sides: str, says: list[str]) -> str:
+    def _claim(self, subject: str, words: str, h: Headline, tok: pd.DataFrame, sides: str, says: list[str],
+               lopsided: pd.Index) -> str:
         """The finding's sentences: the effect, per repetition and per level, what each side ran as, the checks."""
-        lopsided = self.lopsided_levels().index
         levels = "; ".join(f"c={int(r.concurrency)}: {r.effect_pct:+.0f}% ({_ci(r)}, "
                            + (f"{r.confidence}" if float(r.concurrency) not in lopsided else
                               f"{capped(r.confidence, 'low')}: the client stalled on one side") + ")"
@@ -605,10 +606,10 @@ class Comparison:
         return out, {"short_outputs": short, "client_warnings": client, "client_starved": starved,
                      "graph_checks": {side: {"status": st, "words": w} for side, (st, w) in checks.items()}}
 
-    def _client_stall(self, h: Headline, direction: str, words: str) -> tuple[str, str, str]:
+    def _client_stall(self, h: Headline, direction: str, words: str,
+                      lopsided: pd.DataFrame) -> tuple[str, str, str]:
         """Where the headline's levels include one at which the load client stalled on one side only: the sentence
         saying so, and the direction and words that claim no direction from it; ('', direction, words) elsewhere."""
-        lopsided = self.lopsided_levels()
         hit = [c for c in h.levels if c in lopsided.index]
         if not hit:
             return "", direction, words
@@ -644,11 +645,10 @@ class Comparison:
                                                                                   ("treatment", self.treatment))}
             if any(x.empty for x in sides.values()):
                 continue
-            share = {n: float((x >= SEVERE_LAG_MS).mean()) for n, x in sides.items()}
-            if abs(share["baseline"] - share["treatment"]) >= 0.5:
+            severe = {n: int((x >= SEVERE_LAG_MS).sum()) for n, x in sides.items()}
+            if abs(severe["baseline"] / sides["baseline"].size - severe["treatment"] / sides["treatment"].size) >= 0.5:
                 rows[level] = {f"{n}_{k}": v for n, x in sides.items()
-                               for k, v in (("severe", int((x >= SEVERE_LAG_MS).sum())), ("n", int(x.size)),
-                                            ("lag_ms", float(x.median())))}
+                               for k, v in (("severe", severe[n]), ("n", int(x.size)), ("lag_ms", float(x.median())))}
         return pd.DataFrame.from_dict(rows, orient="index", columns=cols)
 
     def _starved_intervals(self) -> str:

@@ -282,9 +282,9 @@ def _pick(gs: GraphStudy, per_mode: list[Finding], top: Finding) -> Pick:
         return Pick(best, top, tied, "largest gain", "the largest gain", h2h)
     install = gs.study.install
     default = gs.study.adapter.default_graph_mode(install) if install is not None else None
-    if default in tied:
+    if install is not None and default in tied:
         return Pick(default, by_mode[default], tied, "engine default",
-                    f"the engine's own default on {install.version if install else 'this version'} (the smallest "
+                    f"the engine's own default on {install.version} (the smallest "
                     "change to a launch that turned graphs off: drop that flag), the mode its developers test most",
                     h2h)
     mode = min(tied, key=lambda m: PREFERENCE.index(m) if m in PREFERENCE else len(PREFERENCE))
