@@ -188,3 +188,21 @@ def test_the_starved_note_says_the_headline_is_narrower_only_when_it_is():
     # a headline carried by one level is that level's own interval: nothing averaged, nothing to explain
     one = _starved_words(40.0, {1: 75.0, 4: 148.0}, scope="at c=1 (c=4 not resolved)")
     assert "narrower" not in one
+
+
+def test_a_medium_effect_asks_for_another_repetition():
+    """Resolved in sign but reaching into the band (the first cold run's compile, +44.4%, 90% CI +2.5..+103.5%) asks
+    for one more repetition; wholly beyond the band (the second's, +30.2..+105.6%) or 'no change' does not."""
+    from servescope.analysis.ab import Headline
+    from servescope.study import needs_repetition
+
+    def h(status: str, lo: float, hi: float, n: int = 3) -> Headline:
+        return Headline(metric="output_tok_s", baseline="eager", treatment="compiled", n=n, scope="mean over c=1",
+                        effect_pct=(lo + hi) / 2, ci_low_pct=lo, ci_high_pct=hi, p_value=0.04, per_rep_pct=(1.0,) * n,
+                        same_sign=True, status=status)
+
+    assert needs_repetition(h("better", 2.5, 103.5)) and h("better", 2.5, 103.5).confidence == "medium"
+    assert not needs_repetition(h("better", 30.2, 105.6))
+    assert needs_repetition(h("unresolved", -10.0, 50.0))
+    assert not needs_repetition(h("no change", -2.0, 3.0))
+    assert needs_repetition(h("worse", -60.0, -1.0))

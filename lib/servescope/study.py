@@ -68,15 +68,19 @@ def run_study(thread: str, ctx: RunContext, arms: Sequence[Arm],
         need: set[str] = set()
         for b, t in pairs:
             h = headline_effect(res.summary, "output_tok_s", b, t, ctx.equivalence_pct) if len(res.summary) else None
-            # an effect whose interval reaches into the equivalence band (medium) is resolved in sign but not in
-            # size: two cold runs here tiered compile +44% (90% CI +2.5..+104%) medium and +64% (+30..+106%) high,
-            # so another repetition runs while the plan allows
-            if h is not None and (not h.resolved or h.status in ("better", "worse") and h.confidence == "medium"):
+            if h is not None and needs_repetition(h):
                 need |= {b, t}
         return need
 
     res = run_configs(ctx, [Config(a.name, a.knobs) for a in arms], until=until)
     return Study(thread, ctx, list(arms), res)
+
+
+def needs_repetition(h: Headline) -> bool:
+    """Whether a headline asks for another repetition: unresolved, or resolved in sign only (medium: its interval
+    reaches into the equivalence band). Two cold runs here tiered compile +44% (90% CI +2.5..+104%) medium and
+    +64% (+30..+106%) high: a medium effect is settled in sign, not in size."""
+    return not h.resolved or h.status in ("better", "worse") and h.confidence == "medium"
 
 
 @dataclass
