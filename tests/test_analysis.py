@@ -33,6 +33,17 @@ def test_unpaired_repetition_is_not_counted():
     assert row["n_pairs"] == 1 and row["confidence"] == "low"
 
 
+def test_point_estimate_comes_from_the_pairs_when_one_side_lacks_a_repetition():
+    # the H200's 3-replica MPS arm lost its third launch to the device budget: time-sliced had 3 repetitions, MPS 2, and
+    # the median over all three put -6% beside a paired interval of +3..+5%
+    s = _summary({("ts", 1): [100, 104, 130], ("mps", 1): [103, 109]})
+    (row,) = paired_effects(s, "output_tok_s", "ts", "mps").to_dict("records")
+    assert row["n_pairs"] == 2
+    assert row["ci_low_pct"] <= row["effect_pct"] <= row["ci_high_pct"]
+    assert row["effect_pct"] == pytest.approx(106 / 102 * 100 - 100)  # medians of the pairs: 102 and 106
+    assert row["baseline_spread_pct"] == pytest.approx(30 / 104 * 100)  # the spread still sees every repetition
+
+
 @pytest.mark.parametrize("p,n,want", [
     (0.001, 3, "high"), (0.03, 3, "medium"), (0.2, 5, "low"), (float("nan"), 1, "low"), (float("nan"), 0, "none"),
 ])

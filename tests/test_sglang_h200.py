@@ -189,3 +189,24 @@ def test_thread04_on_one_h200_mps_beats_time_slicing_but_no_layout_beats_one_ser
     assert "this says how to share a GPU, not to share one" in mps.claim
     for name in ("tp=2", "dp=2", "dp attention=2", "2 replicas, least-outstanding"):
         assert "needs 2 GPUs; 1 visible here" in fs[f"{name}: not available here"].claim
+
+
+def test_thread04_three_replicas_fit_one_h200_and_lose_at_c8(offline_run):
+    """Calls 10-12 (2026-12-03, 5 launches of 188-250 s: replicas start one after another with 4 cores each): 3 replicas
+    at --mem-fraction-static 0.3 each. Time-sliced, 3 launches: no better than 1 server anywhere and resolved worse at
+    c=8 (-29%, 90% CI -40..-16%), with TPOT higher. MPS has 2 launches (the session's device time ran out before the
+    third), and the report says 2 paired repetitions resolve nothing rather than calling it."""
+    fs = {f.title: f for f in read_findings(offline_run / "04_data_parallelism.findings.json")}
+    ts = fs["3 replicas on 1 GPU, least-outstanding vs 1 server"]
+    assert ts.effect.n == 3 and ts.effect.ci_high_pct < 50, ts.claim
+    assert "c=8: -29% (-40..-16%, high)" in ts.claim and "TPOT +35.9%" in ts.claim
+    mps = fs["3 replicas on 1 GPU with MPS, least-outstanding vs 1 server"]
+    assert mps.effect.n == 2 and mps.confidence == "low"
+    assert "2 paired repetitions resolve nothing" in mps.claim
+    # every per-level point estimate lies inside its own interval, the MPS-against-time-slicing one with a missing
+    # launch on one side too
+    per_level = re.findall(r"c=\d+: ([+-]\d+)% \(([+-]\d+)\.\.([+-]\d+)%", fs[
+        "MPS vs time-slicing: 3 replicas on 1 GPU with MPS, least-outstanding"].claim)
+    assert per_level and all(int(lo) <= int(pt) <= int(hi) for pt, lo, hi in per_level), per_level
+    head = fs["No layout shown to beat 1 server"]
+    assert "3 replicas on 1 GPU, least-outstanding is not resolved" in head.claim

@@ -22,7 +22,8 @@ def higher_is_better(metric: str) -> bool:
 def paired_effects(summary: pd.DataFrame, metric: str, baseline: str, treatment: str) -> pd.DataFrame:
     """Per concurrency: medians of each config over repetitions, the ratio of medians, and the range of per-rep ratios.
 
-    Repetition r of the treatment is paired with repetition r of the baseline (they ran back to back)."""
+    Repetition r of the treatment is paired with repetition r of the baseline (they ran back to back); the medians are
+    over the paired repetitions, the spreads over every repetition of each side."""
     cols = ["concurrency", "rep", "config", metric]
     s = summary[summary["config"].isin([baseline, treatment])][cols]
     rows = []
@@ -33,7 +34,10 @@ def paired_effects(summary: pd.DataFrame, metric: str, baseline: str, treatment:
         both = wide.dropna(subset=[x for x in (baseline, treatment) if x in wide])
         ratios = (both[treatment] / both[baseline] - 1.0) * 100 if {baseline, treatment} <= set(both) else pd.Series(dtype=float)
         test = paired_test(both[treatment] / both[baseline]) if len(ratios) else PairedTest()
-        bm, tm = (float(np.median(b)) if len(b) else np.nan), (float(np.median(t)) if len(t) else np.nan)
+        # the medians come from the paired repetitions where there are pairs: a repetition one side lacks (a launch
+        # interrupted mid-recording) would otherwise move the point estimate outside the paired interval
+        mb, mt = (both[baseline], both[treatment]) if len(ratios) else (b, t)
+        bm, tm = (float(np.median(mb)) if len(mb) else np.nan), (float(np.median(mt)) if len(mt) else np.nan)
         rows.append({
             "concurrency": c, "metric": metric, "baseline": baseline, "treatment": treatment,
             "baseline_median": bm, "treatment_median": tm,
