@@ -47,14 +47,21 @@ def headlines(out_dir: Path) -> dict[str, tuple[str, str, str]]:
 
 
 def first_line(out_dir: Path) -> tuple[str, tuple[str, ...], str]:
-    """The front page's first line: (Verified or Not verified, the flags it names, the whole line)."""
+    """The front page's first line: (Verified or Not verified, the flags it names and the scheduler setting verified
+    on top, the whole line)."""
     m = re.search(r'id="verified" class="verified"><b>(.*?)</b>', (out_dir / "index.html").read_text(), re.S)
     line = html.unescape(re.sub(r"<[^>]+>", "", m.group(1))) if m else ""
     # the changes it names, in prose too (replicas have no flag: "by the changes (run 2 vllm servers ...; drop
     # --enforce-eager)"), numbers masked: a second run naming another change set is not the same line
     named = re.search(r"by the changes? \((.*)\), against", line)
     changes = re.sub(r"[+-]?\d[\d,.]*%?", "#", named.group(1)) if named else ""
-    return line.split(":")[0], tuple(sorted(set(re.findall(r"`([^`]+)`", line)))) + (changes,), line
+    # the scheduler half: the setting verified ("... with --max-num-batched-tokens 512, against ..."), else none
+    # (or the whole line's, where only the scheduler setting was verified: "Verified: ... with X, against ... (not
+    # verified: ...)"); a verified change is spelled "with" too, so the words before it decide
+    tuned = re.search(r"scheduler tuning on top: .*? with (--.*?), against", line) or \
+        (re.match(r"Verified: .*? with (--.*?), against .* \(not verified", line) if " (not verified" in line else None)
+    return line.split(":")[0], tuple(sorted(set(re.findall(r"`([^`]+)`", line)))) + (
+        changes, f"scheduler: {tuned.group(1) if tuned else 'none'}"), line
 
 
 def main() -> int:

@@ -83,9 +83,9 @@ def test_index_lists_each_notebook_with_status_and_finding(offline_run):
     # search's one-launch leads measured against the noise the combination's own launches showed at c=16
     assert ('id="verified" class="verified"><b>Verified: +127.0% output_tok_s (90% CI +83.7..+180.5%, n=3, mean over '
             "c=1, 4, 16) by the change (drop --enforce-eager), against the baseline torch_compile=False "
-            "(`--enforce-eager`); no scheduler setting tried led the recommended changes combined by more than the "
-            "combination&#39;s own launches spread at the highest load level (204%; 2 tried), so none could be told "
-            "from noise</b>") in index
+            "(`--enforce-eager`); no scheduler setting was verified: none of the 2 tried at c=16 led the recommended "
+            "changes combined by more than the combination&#39;s own launches spread there (204%), so none could be "
+            "told from noise</b>") in index
     # 04 is not among the already optimal: its one server stalled the load client where the replicas did not
     # (tests/test_client_stall.py), so it claims no layout
     assert re.search(r"Already optimal:</b> MoE already grouped: cpu_experts \(06_grouped_gemm\)\.", index)

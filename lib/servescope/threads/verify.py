@@ -29,6 +29,7 @@ from ..study import Arm, Comparison, Study, expressible, run_study
 
 THREAD = "07_verified_changes"
 BUDGET_SPENT = "not tried: search budget spent"  # a search setting's state when the budget ran out before it
+COUNT_REACHED = "not tried: search_settings reached"  # ... when the search had launched as many settings as asked
 BASELINE, COMBINED = "baseline", "combined"
 TIERS = ("High", "Medium")  # the recommended changes: a measured effect of high or medium confidence
 # the scheduler knobs searched, as multiples of the load's highest concurrency (running requests) or absolute values
@@ -278,10 +279,11 @@ class Verification:
 
 
 def run(ctx: RunContext, report_dir: str | Path, baseline: dict[str, Any] | None = None, leave_one_out: bool = True,
-        search: list[str] | None = None, search_budget_s: float = 0.0) -> Verification:
+        search: list[str] | None = None, search_budget_s: float = 0.0, search_settings: int = 0) -> Verification:
     """Compose the run's recommended changes, measure them together against the baseline (and each one left out,
     where leave_one_out and more than one joined), then search the scheduler knobs (search: which; default all this
-    engine can express) within search_budget_s (0: no search) and verify the best."""
+    engine can express) within search_budget_s (0: no search), launching at most search_settings of them (0: as many
+    as the budget allows), and verify the best."""
     base = Knobs(**(baseline or {}))
     words = f"the baseline {base.label()}{_spelled(ctx, base)}" if baseline else "the engine's defaults"
     wanted = list(DEFAULT_SEARCH) if search is None else list(search)
@@ -290,6 +292,9 @@ def run(ctx: RunContext, report_dir: str | Path, baseline: dict[str, Any] | None
         raise SpecError(f"search: knobs to search are {', '.join(SEARCH)} (got {bad})")
     if search_budget_s < 0:
         raise SpecError("search_budget_s: seconds of searching, 0 for none")
+    if search_settings < 0:
+        raise SpecError("search_settings: how many settings the search launches at most, 0 for as many as "
+                        "search_budget_s allows")
     by_thread = collect(report_dir)
     found = changes(by_thread)
     combined, found = compose(base, found, exclusion_rules(by_thread))
@@ -307,7 +312,7 @@ def run(ctx: RunContext, report_dir: str | Path, baseline: dict[str, Any] | None
         if len(arms) > 1:
             v.study = run_study(THREAD, ctx, arms, headlines=[(BASELINE, COMBINED)])
     if search_budget_s > 0 and wanted:
-        _search(v, wanted, search_budget_s)
+        _search(v, wanted, search_budget_s, search_settings)
     return v
 
 
@@ -354,10 +359,10 @@ def candidates(ctx: RunContext, combined: Knobs, wanted: list[str]) -> list[tupl
     return out
 
 
-def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
+def _search(v: Verification, wanted: list[str], budget_s: float, count: int = 0) -> None:
     """Coarse grid at the load's highest level, one launch per setting (and one of the combined configuration, the
-    reference), within budget_s; then the best setting against the combined configuration at the suite's load, with
-    repetitions until resolved."""
+    reference), within budget_s and at most count settings (0: no limit); then the best setting against the combined
+    configuration at the suite's load, with repetitions until resolved."""
     ctx = v.ctx
     ld = ctx.load
     level = _search_level(v)
@@ -385,13 +390,16 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
     parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "load": one.load.model_dump(mode="json"),
              "around": v.combined.model_dump(mode="json", exclude_defaults=True), "search": wanted,
              "budget_s": budget_s}
+    if count:  # only where asked: the recorded searches of earlier runs keep their keys
+        parts["settings"] = count
     tried: dict[str, list[dict[str, Any]]] = {}
 
     def measure() -> dict[str, Any]:
-        tried["rows"] = _try(v, one, arms, ex, ref_tok, budget_s, None)
+        tried["rows"] = _try(v, one, arms, ex, ref_tok, budget_s, None, count)
         unread = ctx.adapter.unread_knobs(ref.install) if ref.install is not None else {}
         return {"tried": [r["setting"] for r in tried["rows"] if r["status"].startswith(("measured", "failed"))],
-                "skipped": {r["setting"]: r["status"] for r in tried["rows"] if r["status"] == BUDGET_SPENT},
+                "skipped": {r["setting"]: r["status"] for r in tried["rows"]
+                            if r["status"] in (BUDGET_SPENT, COUNT_REACHED)},
                 "unread": unread}
 
     # a search that ran out of budget goes on where it stopped when run again online: the settings it launched come
@@ -399,21 +407,22 @@ def _search(v: Verification, wanted: list[str], budget_s: float) -> None:
     kept, _ = ctx.memo("verify_search", parts, measure, keep=lambda _: not ctx.offline, compute_offline=True,
                        unfinished=lambda k: BUDGET_SPENT in (k.get("skipped") or {}).values())
     found = pd.DataFrame(rows + (tried["rows"] if "rows" in tried else _try(v, one, arms, ex, ref_tok, budget_s,
-                                                                             kept)))
+                                                                             kept, count)))
     # a knob the version accepts but never reads: said beside what its launches measured
     unread = (kept or {}).get("unread") or {}
     found["source_says"] = [next((w for k, w in unread.items() if str(s).startswith(f"{k}=")), "")
                             for s in found["setting"]]
     v.search = found
+    at_most = f"at most {count} settings, " if count else ""
     v.search_note = (f"coarse grid, one knob at a time around the combined configuration, at c={level}, one launch "
-                     f"per setting, within search_budget_s={budget_s:.0f}; the reference: {ref_note}")
+                     f"per setting, {at_most}within search_budget_s={budget_s:.0f}; the reference: {ref_note}")
     _verify_best(v, cands)
 
 
 def _try(v: Verification, one: RunContext, arms: list[Arm], ex: pd.DataFrame, ref_tok: float, budget_s: float,
-         kept: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """One launch per expressible setting while the budget lasts (or, kept, the settings the measuring run tried,
-    the others with what it said of them)."""
+         kept: dict[str, Any] | None, count: int = 0) -> list[dict[str, Any]]:
+    """One launch per expressible setting while the budget lasts and fewer than count (0: any number) have launched
+    (or, kept, the settings the measuring run tried, the others with what it said of them)."""
     ok = dict(zip(ex["arm"], ex["expressible"], strict=True))
     why = dict(zip(ex["arm"], ex["reason"], strict=True))
     rows: list[dict[str, Any]] = []
@@ -430,7 +439,10 @@ def _try(v: Verification, one: RunContext, arms: list[Arm], ex: pd.DataFrame, re
             word = "not measured" if reason.startswith("not in the store") else "not expressible"
             rows.append({"setting": a.note, "flags": "", **nan, "status": f"{word}: {reason}"})
             continue
+        launched = sum(r["status"].startswith(("measured", "failed")) for r in rows)
+        # a count makes the settings tried the same from run to run; a clock alone depends on how fast launches were
         skip = ("not tried by the measuring run" if a.note not in kept["tried"] else "") if kept is not None else \
+            COUNT_REACHED if count and launched >= count else \
             BUDGET_SPENT if time.monotonic() - t0 + took > budget_s else ""
         if skip:
             rows.append({"setting": a.note, "flags": flags, **nan, "status": skip})
@@ -609,11 +621,7 @@ def _tuning_finding(v: Verification) -> Finding:
         if len(skipped) else ""
     against = "the recommended changes combined" if v.study is not None else v.baseline_words
     if v.tuned is None:
-        n = len(measured) - 1
-        line = (f"no scheduler setting tried beat {against} by more than {v.search_floor_pct:.0f}% "
-                f"({n} tried at the highest load level)") if v.search_floor_why in ("", "the equivalence band") else \
-            (f"no scheduler setting tried led {against} by more than the combination's own launches spread at the "
-             f"highest load level ({v.search_floor_pct:.0f}%; {n} tried), so none could be told from noise")
+        line = _none_verified(v, len(measured) - 1, against)
         return Finding(thread=THREAD, title=f"Scheduler tuning: no setting beat {against}",
                        applies=True, confidence="low",
                        claim=f"One launch per setting ({v.search_note}); output tok/s against {against}: {tried}. "
@@ -644,9 +652,24 @@ def _tuning_finding(v: Verification) -> Finding:
         else:
             held = "not resolved" if f.direction in ("unresolved", "mixed", "") else f.direction
         f.title = f"Scheduler tuning: the search's lead {setting} did not hold up ({held} when verified)"
-        f.evidence["front_line"] = (f"the scheduler search's lead, {setting}, did not hold up when verified: "
-                                    f"{eff.text()} against {against}")
+        f.evidence["front_line"] = (f"{NONE_VERIFIED}the search's lead, {setting}, did not hold up when verified "
+                                    f"({eff.text()} against {against})")
     return f
+
+
+# every way of verifying nothing opens the same: a second run whose one-launch lead happened to clear the floor, then
+# failed its repetitions, says what the first run said
+NONE_VERIFIED = "no scheduler setting was verified: "
+
+
+def _none_verified(v: Verification, n: int, against: str) -> str:
+    """The front line's scheduler half when no setting led by more than the floor."""
+    level = _search_level(v)
+    at = f" at c={level}" if level else ""
+    return NONE_VERIFIED + (f"none of the {n} tried{at} beat {against} by more than {v.search_floor_pct:.0f}%"
+                            if v.search_floor_why in ("", "the equivalence band") else
+                            f"none of the {n} tried{at} led {against} by more than the combination's own launches "
+                            f"spread there ({v.search_floor_pct:.0f}%), so none could be told from noise")
 
 
 def front_line(fs: list[Finding]) -> str:
