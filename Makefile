@@ -69,7 +69,7 @@ browser:
 	  $$APT apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$APT apt-get install -y -qq chromium >/dev/null; }
 
 test: model lint browser
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest --durations=25 $(ARGS)
 
 test-fast: venv lint browser
 	$(PY) -m pytest -m "not slow" $(ARGS)
