@@ -30,6 +30,10 @@ from ..study import Arm, Comparison, Study, expressible, run_study
 THREAD = "07_verified_changes"
 BUDGET_SPENT = "not tried: search budget spent"  # a search setting's state when the budget ran out before it
 COUNT_REACHED = "not tried: search_settings reached"  # ... when the search had launched as many settings as asked
+LAUNCHED = ("measured", "failed")  # how a search row's status opens when its setting was launched
+# every way of verifying nothing opens the front line's scheduler half the same: a second run whose one-launch lead
+# happened to clear the floor, then failed its repetitions, says what the first run said
+NONE_VERIFIED = "no scheduler setting was verified: "
 BASELINE, COMBINED = "baseline", "combined"
 TIERS = ("High", "Medium")  # the recommended changes: a measured effect of high or medium confidence
 # the scheduler knobs searched, as multiples of the load's highest concurrency (running requests) or absolute values
@@ -397,7 +401,7 @@ def _search(v: Verification, wanted: list[str], budget_s: float, count: int = 0)
     def measure() -> dict[str, Any]:
         tried["rows"] = _try(v, one, arms, ex, ref_tok, budget_s, None, count)
         unread = ctx.adapter.unread_knobs(ref.install) if ref.install is not None else {}
-        return {"tried": [r["setting"] for r in tried["rows"] if r["status"].startswith(("measured", "failed"))],
+        return {"tried": [r["setting"] for r in tried["rows"] if r["status"].startswith(LAUNCHED)],
                 "skipped": {r["setting"]: r["status"] for r in tried["rows"]
                             if r["status"] in (BUDGET_SPENT, COUNT_REACHED)},
                 "unread": unread}
@@ -439,7 +443,7 @@ def _try(v: Verification, one: RunContext, arms: list[Arm], ex: pd.DataFrame, re
             word = "not measured" if reason.startswith("not in the store") else "not expressible"
             rows.append({"setting": a.note, "flags": "", **nan, "status": f"{word}: {reason}"})
             continue
-        launched = sum(r["status"].startswith(("measured", "failed")) for r in rows)
+        launched = sum(r["status"].startswith(LAUNCHED) for r in rows)
         # a count makes the settings tried the same from run to run; a clock alone depends on how fast launches were
         skip = ("not tried by the measuring run" if a.note not in kept["tried"] else "") if kept is not None else \
             COUNT_REACHED if count and launched >= count else \
@@ -655,11 +659,6 @@ def _tuning_finding(v: Verification) -> Finding:
         f.evidence["front_line"] = (f"{NONE_VERIFIED}the search's lead, {setting}, did not hold up when verified "
                                     f"({eff.text()} against {against})")
     return f
-
-
-# every way of verifying nothing opens the same: a second run whose one-launch lead happened to clear the floor, then
-# failed its repetitions, says what the first run said
-NONE_VERIFIED = "no scheduler setting was verified: "
 
 
 def _none_verified(v: Verification, n: int, against: str) -> str:
