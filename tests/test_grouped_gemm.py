@@ -67,3 +67,16 @@ def test_not_moe_and_model_facts(tmp_path):
     assert (s.experts, s.top_k, s.layers, s.moe_layers, s.inter) == (8, 2, 6, 4, 32) and s.is_moe
     tiny = t06.shape_of(ModelSpec(tiny={}))
     assert (tiny.experts, tiny.top_k, tiny.moe_layers, tiny.dtype) == (16, 4, 4, "bfloat16")
+
+
+def test_the_profiled_point_loads_only_the_windows_level():
+    """06 reads the profiled window alone: its point runs the window's level (the load's highest, or the profile's
+    own), not the lower levels threads 01-05 measured; an open-loop load is left as it is."""
+    from servescope.spec import LoadSpec, ProfileSpec
+
+    load = LoadSpec(concurrency=(1, 4, 16), num_requests=32)
+    assert t06.profiled_load(ProfileSpec(kind="torch"), load).concurrency == (16,)
+    assert t06.profiled_load(ProfileSpec(kind="torch", concurrency=4), load).concurrency == (4,)
+    assert t06.profiled_load(ProfileSpec(kind="torch"), load).num_requests == 32
+    open_loop = LoadSpec(mode="open", request_rate=(2.0, 8.0), max_concurrency=8)
+    assert t06.profiled_load(ProfileSpec(kind="nsys"), open_loop) == open_loop

@@ -25,7 +25,8 @@ from ..experiment import Results
 from ..findings import Finding
 from ..launch import find_install
 from ..models import EXPERT_KEYS, TOP_K_KEYS, model_config
-from ..spec import Knobs, ModelSpec, ProfileSpec
+from ..profile.window import window_load
+from ..spec import Knobs, LoadSpec, ModelSpec, ProfileSpec
 from ..study import Arm, Study, drop_empty, kept_probe, read_or_run
 
 THREAD = "06_grouped_gemm"
@@ -208,13 +209,22 @@ def run(ctx: RunContext, probe: bool = True) -> MoeStudy:
     shapes for the sweep's token counts (kept in the store for offline renders)."""
     def measuring(c: RunContext) -> RunContext:  # the suite asked for no profile: this thread needs one
         prof = c.profile if c.profile.kind != "none" else ProfileSpec(kind=default_profile(c))
-        return c.with_(plan=RepetitionPlan(1, 1), profile=prof)
+        return c.with_(plan=RepetitionPlan(1, 1), profile=prof, load=profiled_load(prof, c.load))
     study, _ = read_or_run(THREAD, ctx, [Arm(DEFAULTS, Knobs(), "the engine's defaults, profiled")],
                            reuse=_profiled, measuring=measuring)
     ms = MoeStudy(study, shape_of(ctx.model), output_len=ctx.load.output_len)
     if probe and ms.shape is not None and ms.shape.is_moe:
         _probe(ms, ctx)
     return ms
+
+
+def profiled_load(prof: ProfileSpec, load: LoadSpec) -> LoadSpec:
+    """The profiled point's own load: a closed loop only at the window's level. This thread reads the window alone;
+    the point's level there warms every batch shape the window reaches, and the lower levels (the longest part of
+    a point on a CPU) would only repeat what threads 01-05 measured without a profiler armed."""
+    if load.mode != "closed":
+        return load
+    return load.model_copy(update={"concurrency": window_load(prof, load).concurrency})
 
 
 def _profiled(res: Results) -> tuple[Results, list[Arm]] | None:
