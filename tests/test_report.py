@@ -75,9 +75,9 @@ def test_index_lists_each_notebook_with_status_and_finding(offline_run):
     index = (offline_run / "index.html").read_text()
     assert 'class="failed">failed' in index and 'class="ok">ok' in index
     assert "RuntimeError: boom from the fixture" in index  # the failing notebook's error excerpt
-    # the headline: one value per repetition averaged over the levels, resolved after the first three
+    # the headline: one value per repetition averaged over the levels, three repetitions (the suite asks no more)
     assert "torch.compile helps: +48.9% (90% CI +14.8..+93.1%, n=3, mean over c=1, 4, 16)" in index
-    assert "Per repetition (mean over c=1, 4, 16): +65%, +25%, +60%; resolved after 3 repetitions" in index
+    assert "Per repetition (mean over c=1, 4, 16): +65%, +25%, +60%; 3 repetitions, as asked" in index
     assert "c=16: +56% (-36..+178%, low)" in index  # a level it cannot resolve alone, shown as such
     # the first line: the change verified on the real engine against the eager baseline, with its interval; the
     # search's one-launch leads measured against the noise the combination's own launches showed at c=16
