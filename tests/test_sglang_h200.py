@@ -158,7 +158,7 @@ def test_thread06_names_the_triton_fused_moe_path_from_the_real_servers_nsys_cap
 
 def test_thread07_search_with_sglangs_scheduler_knobs_verifies_nothing_it_could_not_tell_from_noise(offline_run):
     """One launch per setting at c=32 against the median of the verification's three launches; the spread of those
-    launches (38%) is the floor no one-launch lead beat. 10 of the grid's 11 settings ran (calls 5, 9, 14 and 15; the
+    launches (38%) is the floor no one-launch lead beat. 10 of the grid's 11 settings ran (calls 5, 14 and 15; the
     last call's first launch took 129 s on a fresh machine, so the 300 s search budget left the 11th untried, and the
     report says so). --num-continuous-decode-steps is declared by 0.5.17 and read nowhere else in its source: said
     beside what its launch measured."""
