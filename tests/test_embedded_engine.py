@@ -116,7 +116,7 @@ def test_report_end_to_end_on_vllm(tmp_path):
     assert graphs["title"] == "No CUDA graph modes to compare here" and graphs["confidence"] == "high"
     # the engine-free ceiling probe ran under the engine's interpreter, on the CPU: eager against compile only
     assert ceiling["evidence"]["ceiling_info"]["forms"] == ["eager", "compile"] and not ceiling["applies"]
-    assert {r["batch"] for r in ceiling["evidence"]["ceiling"]} == {1, 16, 256}
+    assert {r["batch"] for r in ceiling["evidence"]["ceiling"]} == {1, 16}  # the load stops at c=4: no 256
     points = [p for p in (tmp_path / "store").iterdir() if not p.name.startswith((".", "_"))]
     # one launch per configuration and repetition: 05's eager and compiled (01's and 02's points are their first
     # repetitions, 02's also 04's one server), 04's replicas, 06's profiled defaults; 07 launches nothing

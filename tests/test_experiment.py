@@ -175,6 +175,21 @@ def test_thread02_without_graph_modes_launches_only_the_defaults_point(tmp_path,
     assert "this platform has no CUDA graphs" in f.claim and "resolved CUDA graphs off" in f.claim
 
 
+def test_the_cpu_ceiling_probe_times_only_the_batches_the_load_reaches(tmp_path, stub_engine):
+    """Batch 256 took half of the CPU probe's 29 s in a cold make report whose load stops at c=16: on a CPU the probe
+    runs 1 and 16 and any larger batch only where the load reaches it; on a GPU every batch, as recorded."""
+    from servescope.threads import graph_modes as t02
+
+    def ctx(load):
+        return context(stub_engine, {"path": "stub"}, load, store_dir=str(tmp_path))
+
+    assert t02.ceiling_batches("cpu", ctx({"concurrency": [1, 4, 16]})) == [1, 16]
+    assert t02.ceiling_batches("cpu", ctx({"concurrency": [1, 4]})) == [1, 16]
+    assert t02.ceiling_batches("cpu", ctx({"concurrency": [8, 256]})) == [1, 16, 256]
+    assert t02.ceiling_batches("cpu", ctx({"mode": "open", "request_rate": [4]})) == [1, 16, 256]  # no cap: all
+    assert t02.ceiling_batches("cuda", ctx({"concurrency": [1]})) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
 def test_repetitions_go_on_while_a_headline_is_unresolved_and_stop_at_the_plan(tmp_path, stub_engine):
     from servescope.experiment import RepetitionPlan
 

@@ -117,6 +117,38 @@ def test_the_scheduler_search_finds_and_verifies_a_setting(tmp_path, stub_engine
     assert t07.documents(v, fs) == {}
 
 
+def test_a_screening_search_names_its_lead_and_launches_nothing_to_verify_it(tmp_path, stub_engine):
+    """verify_lead=False (the default suite: verifying a lead there cost 3 launches of the whole load, about 180 s of
+    a cold make report): the same known answer as above leads by >20% and is named, but no verification is launched,
+    and the front line's scheduler half reads the same whether a setting led or none did (the chunked-prefill knob
+    the stub ignores), so that a lead found by chance in one launch cannot change the first line of a second run."""
+    eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2"}}
+    ctx = context(eng, {"path": "stub"}, {**LOAD, "concurrency": [4, 8]}, repetitions=1, max_repetitions=1,
+                  store_dir=str(tmp_path / "s"), progress=False)
+    v = t07.run(ctx, _report(tmp_path), search=["max_running_requests"], search_budget_s=120, search_settings=2,
+                verify_lead=False)
+    assert v.tuned is None and len(v.studies()) == 3  # the reference and two settings, one launch each: no more
+    assert v.lead is not None and v.lead[0].startswith("max_running_requests=") and v.lead[1] > 20
+    fs = t07.findings(v)
+    assert fs[1].title == "Scheduler tuning: screened, not verified" and fs[1].confidence == "low"
+    assert f"{v.lead[0]} led by {v.lead[1]:+.1f}% in its one launch" in fs[1].claim
+    assert "not verified here" in fs[1].claim
+    (tmp_path / "n").mkdir()
+    none = t07.run(ctx, _report(tmp_path / "n"),
+                   search=["chunked_prefill_size"], search_budget_s=120, search_settings=2, verify_lead=False)
+    nfs = t07.findings(none)
+    assert none.lead is None and "None led by more than" in nfs[1].claim
+    assert t07.front_line(fs) == t07.front_line(nfs) == (
+        "Not verified: this run recommends no change to verify (no High or Medium finding names one); no scheduler "
+        "setting was verified: this suite's search only screens (2 settings at c=8, one launch each, verify_lead: "
+        "false)")
+    # verifying (the default) the same lead launches its repetitions: the flag is what saved them
+    (tmp_path / "o").mkdir()
+    on = t07.run(ctx, _report(tmp_path / "o"), search=["max_running_requests"], search_budget_s=120,
+                 search_settings=2)
+    assert on.tuned is not None
+
+
 def test_a_search_budget_spent_says_what_was_not_tried(tmp_path, stub_engine):
     ctx = context(stub_engine, {"path": "stub"}, LOAD, repetitions=1, max_repetitions=1,
                   store_dir=str(tmp_path / "s"), progress=False)

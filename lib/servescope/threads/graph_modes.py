@@ -170,6 +170,16 @@ def stack_shape(model: ModelSpec) -> dict[str, int] | None:
             "inter": int(cfg.get("moe_intermediate_size") if experts > 1 else cfg.get("intermediate_size") or 0)}
 
 
+def ceiling_batches(device: str, ctx: RunContext) -> list[int]:
+    """The probe's batch sizes: every one on a GPU; on a CPU those the load reaches (at least 1 and 16), since batch
+    256 there took half of the probe's 29 s (a cold make report's 02) for a batch no CPU suite level comes near."""
+    if device != "cpu":
+        return list(CEILING_BATCHES[device])
+    ld = ctx.load
+    top = max(ld.concurrency) if ld.mode == "closed" and ld.concurrency else (ld.max_concurrency or 10**9)
+    return [b for b in CEILING_BATCHES[device] if b <= max(16, top)]
+
+
 def _ceiling(gs: GraphStudy, ctx: RunContext) -> None:
     """The engine-free ceiling probe under the engine's interpreter, on its device, kept in the store (offline
     renders read the kept answer)."""
@@ -178,11 +188,12 @@ def _ceiling(gs: GraphStudy, ctx: RunContext) -> None:
         gs.ceiling_info = {"skipped": "the model's layer shapes are not readable here"}
         return
     device = "cuda" if install is not None and install.platform == "cuda" else "cpu"
-    parts = {"engine": ctx.engine_identity, "shape": shape, "batches": list(CEILING_BATCHES[device])}
+    batches = ceiling_batches(device, ctx)
+    parts = {"engine": ctx.engine_identity, "shape": shape, "batches": batches}
 
     # bf16 on a GPU as served; fp32 on a CPU, where bf16 products without AMX time the CPU's emulation of them
     gs.ceiling, gs.ceiling_info = kept_probe(ctx, "graph_ceiling", parts, install, lambda inst: probes.graph_ceiling(
-        inst.python, shape, list(CEILING_BATCHES[device]), device=device,
+        inst.python, shape, batches, device=device,
         dtype="bfloat16" if device == "cuda" else "float32", timeout_s=300, env=inst.env))
 
 

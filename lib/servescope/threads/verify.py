@@ -183,6 +183,8 @@ class Verification:
     tuned_setting: str = ""
     search_floor_pct: float = 0.0  # the lead a setting needs in its one launch to be verified
     search_floor_why: str = ""  # where that lead comes from: the equivalence band, or the reference's own spread
+    verify_lead: bool = True  # False: the search screens only; a lead is named, not verified (no launch spent on it)
+    lead: tuple[str, float] | None = None  # the setting that led by more than the floor, and its lead in %
 
     searched: list[Study] = field(default_factory=list)  # the search's one-launch studies
 
@@ -283,11 +285,12 @@ class Verification:
 
 
 def run(ctx: RunContext, report_dir: str | Path, baseline: dict[str, Any] | None = None, leave_one_out: bool = True,
-        search: list[str] | None = None, search_budget_s: float = 0.0, search_settings: int = 0) -> Verification:
+        search: list[str] | None = None, search_budget_s: float = 0.0, search_settings: int = 0,
+        verify_lead: bool = True) -> Verification:
     """Compose the run's recommended changes, measure them together against the baseline (and each one left out,
     where leave_one_out and more than one joined), then search the scheduler knobs (search: which; default all this
     engine can express) within search_budget_s (0: no search), launching at most search_settings of them (0: as many
-    as the budget allows), and verify the best."""
+    as the budget allows), and verify the best (unless verify_lead is False: then the search only screens)."""
     base = Knobs(**(baseline or {}))
     words = f"the baseline {base.label()}{_spelled(ctx, base)}" if baseline else "the engine's defaults"
     wanted = list(DEFAULT_SEARCH) if search is None else list(search)
@@ -302,7 +305,7 @@ def run(ctx: RunContext, report_dir: str | Path, baseline: dict[str, Any] | None
     by_thread = collect(report_dir)
     found = changes(by_thread)
     combined, found = compose(base, found, exclusion_rules(by_thread))
-    v = Verification(ctx, base, words, found, combined)
+    v = Verification(ctx, base, words, found, combined, verify_lead=verify_lead)
     arms = [Arm(BASELINE, base, words)]
     if combined != base:
         arms.append(Arm(COMBINED, combined, "every recommended change that joined: " +
@@ -479,6 +482,9 @@ def _verify_best(v: Verification, cands: list[tuple[str, Knobs]]) -> None:
     if tried.empty or not (tried["vs_combined_pct"] > v.search_floor_pct).any():
         return
     best = tried.sort_values("vs_combined_pct", ascending=False).iloc[0]
+    v.lead = (str(best["setting"]), float(best["vs_combined_pct"]))
+    if not v.verify_lead:  # a screen: its verification (repetitions of the suite's whole load) is not paid for here
+        return
     v.tuned_setting = str(best["setting"])
     v.tuned_knobs = next(k for s, k in cands if s == v.tuned_setting)
     base = v.tune_base
@@ -624,6 +630,8 @@ def _tuning_finding(v: Verification) -> Finding:
     sk = (" Not tried: " + "; ".join(f"{r.setting} ({r.status})" for r in skipped.itertuples()) + ".") \
         if len(skipped) else ""
     against = "the recommended changes combined" if v.study is not None else v.baseline_words
+    if v.tuned is None and not v.verify_lead:
+        return _screened(v, measured, tried, sk, against, ev)
     if v.tuned is None:
         line = _none_verified(v, len(measured) - 1, against)
         return Finding(thread=THREAD, title=f"Scheduler tuning: no setting beat {against}",
@@ -659,6 +667,24 @@ def _tuning_finding(v: Verification) -> Finding:
         f.evidence["front_line"] = (f"{NONE_VERIFIED}the search's lead, {setting}, did not hold up when verified "
                                     f"({eff.text()} against {against})")
     return f
+
+
+def _screened(v: Verification, measured: pd.DataFrame, tried: str, sk: str, against: str,
+              ev: dict[str, Any]) -> Finding:
+    """The search as a screen (verify_lead False): what each setting measured in its one launch, and the lead worth
+    verifying elsewhere, if one led by more than the floor; the front line is the same whether one did or not."""
+    level = _search_level(v)
+    n = len(measured) - 1
+    at = f" at c={level}" if level else ""
+    floor = f"{v.search_floor_why or 'the equivalence band'} ({v.search_floor_pct:.0f}%)"
+    lead = (f"{v.lead[0]} led by {v.lead[1]:+.1f}% in its one launch, more than {floor}: worth verifying with "
+            f"repetitions (verify_lead: true), not verified here." if v.lead is not None else
+            f"None led by more than {floor}.")
+    line = NONE_VERIFIED + (f"this suite's search only screens ({n} setting{'s' if n != 1 else ''}{at}, one launch "
+                            "each, verify_lead: false)")
+    return Finding(thread=THREAD, title="Scheduler tuning: screened, not verified", applies=True, confidence="low",
+        claim=f"One launch per setting ({v.search_note}); output tok/s against {against}: {tried}. {lead}{sk}",
+        evidence=ev | {"front_line": line, "lead": list(v.lead) if v.lead is not None else None})
 
 
 def _none_verified(v: Verification, n: int, against: str) -> str:
