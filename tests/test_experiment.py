@@ -241,6 +241,48 @@ def test_one_launch_per_configuration_across_knobs_that_launch_the_same_server(t
     assert len(store.keys()) == 4  # folders: one per launch
 
 
+def test_an_armed_profiler_the_engine_leaves_idle_is_the_same_launch_for_the_load(tmp_path, stub_engine, monkeypatch):
+    """The default suite's 02 arms vLLM 0.32's torch profiler and profiles a window after its load; 04 and 05 read
+    that launch as their first repetition of the defaults, 06 its profile (a launch of its own cost about 50 s of
+    a cold make report). Only where the adapter shows the armed profiler inert: otherwise (nsys, an engine not read)
+    the armed launch stays another launch, and a profiled point is never read from an unprofiled one."""
+    import json
+
+    from servescope.experiment import _shared_point, launch_identity, point_parts
+    from servescope.launch import prepare
+    from servescope.spec import ProfileSpec
+    from stub_engine import StubAdapter
+
+    ctx = context(stub_engine, {"path": "stub"}, LOAD, store_dir=str(tmp_path), profile={"kind": "torch"})
+    plain_ctx = ctx.with_(profile=ProfileSpec())
+    prep = prepare(ctx.engine, ctx.model, lambda m: None, adapter=ctx.adapter)
+    cfg = Config("defaults", Knobs())
+    armed, plain = point_parts(ctx, Knobs(), 0), point_parts(plain_ctx, Knobs(), 0)
+    nsys = point_parts(ctx.with_(profile=ProfileSpec(kind="nsys")), Knobs(), 0)
+    assert "profile" in armed and ctx.store.key(armed) != ctx.store.key(plain)  # two points, whatever the engine
+
+    def ident(parts):
+        return launch_identity(prep, cfg, parts, ctx.adapter)
+
+    assert ident(armed) != ident(plain)  # not shown inert: another launch
+    monkeypatch.setattr(StubAdapter, "idle_profiler_inert",
+                        lambda self, install, kind: "built on the first start" if kind == "torch" else "")
+    assert ident(armed) == ident(plain) and ident(nsys) != ident(plain)
+    k_armed, k_plain = ctx.store.key(armed), ctx.store.key(plain)
+    assert _shared_point(ctx, k_armed, armed, prep, cfg) is None  # the profiled point is launched (and indexed)
+    (tmp_path / k_armed).mkdir()
+    (tmp_path / k_armed / "manifest.json").write_text(json.dumps({"status": "complete"}))
+    assert _shared_point(plain_ctx, k_plain, plain, prep, cfg) == k_armed  # the load's point reads it
+    assert ctx.store.resolve(k_plain) == k_armed
+    # the other way round: a profiled point is launched even where the same launch was measured without a profile
+    other = point_parts(ctx, Knobs(), 1)
+    plain1 = point_parts(plain_ctx, Knobs(), 1)
+    assert _shared_point(plain_ctx, ctx.store.key(plain1), plain1, prep, cfg) is None
+    (tmp_path / ctx.store.key(plain1)).mkdir()
+    (tmp_path / ctx.store.key(plain1) / "manifest.json").write_text(json.dumps({"status": "complete"}))
+    assert _shared_point(ctx, ctx.store.key(other), other, prep, cfg) is None
+
+
 def test_thread05_resolves_a_large_effect_in_three_repetitions(tmp_path, stub_engine):
     load = {"concurrency": [1, 4], "num_requests": 8, "output_len": 16, "warmup_requests": 0}
     study = t05.run(context(stub_engine, {"path": "stub"}, load, repetitions=3, max_repetitions=6, store_dir=str(tmp_path)))

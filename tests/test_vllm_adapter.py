@@ -119,3 +119,12 @@ def test_cpu_build_refuses_data_parallel_moe_before_launch(tmp_path):
     with pytest.raises(KnobError, match="cannot run dp=2 with an MoE model.*use replicas"):
         vllm.check_knobs(Knobs(dp=2), CPU, {}, str(moe))
     assert vllm.check_knobs(Knobs(dp=1), CPU, {}, str(moe)) == vllm.knob_flags(Knobs(), CPU)
+
+
+def test_the_armed_torch_profiler_is_inert_only_where_its_source_was_read():
+    """vLLM 0.32 builds its worker's torch profiler on the first /start_profile and its front end's wrapper keeps
+    only arguments (read in the 0.32 source): an armed launch is the same launch for the load there; nsys, or a
+    version not read, is not claimed."""
+    assert "first /start_profile" in vllm.idle_profiler_inert(CPU, "torch")
+    assert vllm.idle_profiler_inert(CPU, "nsys") == ""
+    assert vllm.idle_profiler_inert(dataclasses.replace(GPU, version="0.26.0"), "torch") == ""

@@ -196,7 +196,8 @@ def _say(msg: str) -> None:
 def point_parts(ctx: RunContext, knobs: Knobs, rep: int, load: LoadSpec | None = None,
                 profile: ProfileSpec | None = None) -> dict[str, Any]:
     """Key material of one point: engine identity, model, knobs, load (the context's unless given), repetition
-    index, and the profile when one is taken (a launch with its profiler armed is another launch).
+    index, and the profile when one is taken (a point with its profiler armed is another point; whether it is
+    another launch for the load, launch_identity decides).
 
     Fields left at their defaults are left out, so adding a field keeps old keys valid; changing a default
     would silently change what old points mean, which tests/test_experiment.py guards against."""
@@ -370,10 +371,15 @@ def _keep_stopped(ctx: RunContext, configs: Sequence[Config], reps: int, stopped
     return stopped
 
 
-def launch_identity(prep: Prepared, cfg: Config, parts: dict[str, Any]) -> dict[str, Any]:
+def launch_identity(prep: Prepared, cfg: Config, parts: dict[str, Any], adapter: EngineAdapter | None = None
+                    ) -> dict[str, Any]:
     """What makes two points the same measurement: the command and environment the adapter builds for the
     configuration (port and paths left out), how many servers, how requests are routed and how the servers share a
-    GPU, and everything else of the point's key but the knobs (engine, model, load, repetition, profile)."""
+    GPU, and everything else of the point's key but the knobs (engine, model, load, repetition, profile). A profile
+    whose armed profiler the adapter shows to be inert until started is left out: its window comes after the load."""
+    prof = (parts.get("profile") or {}).get("kind")
+    if prof and adapter is not None and adapter.idle_profiler_inert(prep.install, prof):
+        parts = {k: v for k, v in parts.items() if k != "profile"}
     plan = launch_plan(prep, cfg.knobs, 1)
     cmd = ["{port}" if a == "1" and i and plan.command[i - 1] == "--port" else a for i, a in enumerate(plan.command)]
     cmd = [a.replace(prep.model_path, "{model}") for a in cmd]
@@ -387,16 +393,19 @@ def launch_identity(prep: Prepared, cfg: Config, parts: dict[str, Any]) -> dict[
 def _shared_point(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config) -> str | None:
     """A stored point that is the same launch as this one (another thread asked for it with other knobs): recorded as
     an alias of this key so that both read one measurement, and returned; None when there is none."""
-    if not ctx.adapter.launches or ctx.profile.kind != "none":
-        return None  # an external server is not launched; a profiled launch carries its own output paths
+    if not ctx.adapter.launches:
+        return None  # an external server is not launched
     store = ctx.store
     try:
-        ident = store.key(launch_identity(prep, cfg, parts))
+        ident = store.key(launch_identity(prep, cfg, parts, ctx.adapter))
     except (ServescopeError, OSError, ValueError):
         return None
     other = store.launch_point(ident)
-    if other is None or other == key:
+    if other is None:
         store.index_launch(ident, key)  # this key will be the measurement of that launch
+    # a profiled launch carries its own profile and output paths: it is launched, never read from another point;
+    # where its armed profiler is inert, the points of the same launch without one read it (the index above)
+    if other is None or other == key or ctx.profile.kind != "none":
         return None
     store.put_alias(key, other)
     return other

@@ -391,6 +391,12 @@ class EngineAdapter(ABC):
         """Flags and environment that let the running server's PyTorch profiler be started over HTTP."""
         raise ProfilingUnavailable(f"engine {self.name!r} has no PyTorch profiler hook in servescope")
 
+    def idle_profiler_inert(self, install: EngineInstall, kind: str) -> str:
+        """Where this version's profiler of that kind, armed at launch, does nothing until it is started: the source
+        that shows it (then a launch armed for a window after its load is the same launch for that load); '' where
+        that is not known, and an armed launch stays a launch of its own."""
+        return ""
+
     def cuda_profiler_launch(self, install: EngineInstall) -> tuple[list[str], dict[str, str]] | None:
         """Flags/env making /start_profile call cudaProfilerStart (for nsys --capture-range=cudaProfilerApi);
         None when the engine has no such hook (then nsys records a delay/duration window)."""

@@ -249,6 +249,16 @@ class VllmAdapter(EngineAdapter):
                "torch_profiler_use_gzip": True}
         return ["--profiler-config", json.dumps(cfg, sort_keys=True)], {}
 
+    def idle_profiler_inert(self, install: EngineInstall, kind: str) -> str:
+        """vLLM 0.32's torch profiler, read in its source: the worker builds its profiler on the first
+        /start_profile (vllm/v1/worker/gpu_worker.py, `profile`: `if self.profiler is None: create_worker_profiler`;
+        the step hook returns at once while it is None), and the front end's wrapper only keeps its arguments until
+        started (vllm/profiler/wrapper.py, TorchProfilerWrapper.__init__); read for 0.32 only."""
+        if kind != "torch" or not install.version.startswith("0.32."):
+            return ""
+        return ("vLLM 0.32 builds its torch profiler on the first /start_profile (vllm/v1/worker/gpu_worker.py) and "
+                "its front end's only keeps arguments until then (vllm/profiler/wrapper.py)")
+
     def cuda_profiler_launch(self, install: EngineInstall) -> tuple[list[str], dict[str, str]] | None:
         """profiler=cuda: /start_profile calls cudaProfilerStart, so nsys can record just that range."""
         return ["--profiler-config", json.dumps({"profiler": "cuda"})], {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
