@@ -49,6 +49,22 @@ def test_environment_creation_prints_a_line_per_step(tmp_path, monkeypatch, inst
         assert any(line.lower().startswith("pip==") for line in marker["freeze"])
 
 
+def test_an_environment_without_pip_is_not_ready(tmp_path, monkeypatch):
+    """uv made engine environments without pip until 2026-12-03, and vLLM's /server_info (which runs `python -m pip
+    list`) then answered 500 at every launch, so no launch's tp/dp could be verified: such an environment is made
+    again, with pip seeded (the test fails against the old readiness rule)."""
+    monkeypatch.setenv("SERVESCOPE_CACHE", str(tmp_path))
+    spec = EngineEnvSpec(key="no-pip", requirements=("x",))
+    bin_dir = spec.python().parent
+    bin_dir.mkdir(parents=True)
+    spec.python().write_text("")
+    (spec.folder() / envs.COMPLETE_MARKER).write_text("{}")
+    assert not spec.is_ready()
+    (bin_dir / "pip").write_text("")
+    assert spec.is_ready()
+    assert "--seed" in envs._uv_steps(spec, "uv")[0][1]
+
+
 def test_pip_sources_reach_uv(tmp_path, monkeypatch):
     """uv reads none of pip's configuration: the index, extra indexes, wheel folders and constraints pip would use
     are handed to it, from pip's config files and PIP_* variables alike."""

@@ -42,8 +42,11 @@ class EngineEnvSpec:
         return self.folder() / "bin" / "python"
 
     def is_ready(self) -> bool:
-        """True once a complete install finished there."""
-        return (self.folder() / COMPLETE_MARKER).is_file() and self.python().exists()
+        """True once a complete install finished there, with pip in it (an environment uv made without pip, as
+        servescope did before 2026-12-03, is made again once: vLLM's /server_info lists packages with `python -m pip
+        list` and answered 500 without it, so every launch's resolved tp/dp read 'not verified')."""
+        return (self.folder() / COMPLETE_MARKER).is_file() and self.python().exists() and \
+            (self.python().parent / "pip").exists()
 
 
 # pip's and uv's lines worth repeating while a step runs: what it is fetching or doing now
@@ -104,7 +107,9 @@ def _uv_steps(spec: EngineEnvSpec, uv: str) -> list[Step]:
     # the system's certificates, as pip uses them; pip's best-match across indexes rather than uv's first index
     env = {**os.environ, "UV_NATIVE_TLS": "1"}
     steps: list[Step] = [
-        ("create the virtual environment (uv)", [uv, "venv", "--quiet", "--python", sys.executable, folder], env),
+        # --seed: pip in it, as in any environment a user makes (the engine may run it: vLLM's /server_info does)
+        ("create the virtual environment (uv)", [uv, "venv", "--quiet", "--seed", "--python", sys.executable, folder],
+         env),
         (f"uv pip install {' '.join(spec.requirements)}",
          # bytecode compiled now, as pip does: else the first launch compiles torch's and the engine's modules, and
          # its launch-to-first-token (a measured figure) carries a minute of it

