@@ -152,11 +152,14 @@ def test_report_end_to_end_on_vllm(tmp_path):
     assert summ["evidence"]["ranked"] and 'id="summary"' in index
     cpu_head, *_ = json.loads((out / "03_clocks_power.findings.json").read_text())
     # the CPU server's own regime per level (its cores are the device), not "No GPU here"
-    assert cpu_head["title"].startswith("CPU server (engine defaults) at c=4: ")  # the operating point
-    assert "per level (engine defaults, the verdict most repetitions reached) c=1 " in cpu_head["claim"]
+    # the operating point, of the engine's defaults: here (04 at one repetition) only their profiled launch, 02's,
+    # carries that name (05's compiled launches are named by their knobs)
+    assert cpu_head["title"].startswith("CPU server (engine defaults (+torch profile)) at c=4: "), cpu_head["title"]
+    assert "per level (engine defaults (+torch profile), the verdict most repetitions reached) c=1 " in \
+        cpu_head["claim"]
     assert "The telemetry read no GPU" in cpu_head["claim"] and set(cpu_head["evidence"]["cpu_regimes"]) == \
         {"c=1", "c=4"}
-    assert "Regime under load:</b> CPU server (engine defaults)" in index
+    assert "Regime under load:</b> CPU server (engine defaults (+torch profile))" in index
     assert f"{len(points)} points other threads measured" in (out / "03_clocks_power.html").read_text()
     for p in points:  # telemetry of the real server: its process tree and its own Prometheus metrics, per point
         procs = pd.read_parquet(p / "telemetry_server_procs.parquet")

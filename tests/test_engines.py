@@ -190,7 +190,7 @@ def test_vllm_config_from_its_startup_log():
     """Without /server_info, the resolved graph mode comes from the recorded real log's config line."""
     from pathlib import Path
 
-    log = Path(__file__).parents[1] / "data/reference/store/9f2eaa9297ab13fa/server.stdout.log"
+    log = Path(__file__).parents[1] / "data/reference/store/f9eb5e4c8e9c9562/server.stdout.log"
     st = get_engine("vllm").resolved_state(None, log.read_text())
     assert (st.graphs, st.graph_mode, st.compile, st.compile_mode) == ("off", "NONE", "on", "DYNAMO_TRACE_ONCE")
     assert st.facts["device"] == "cpu" and st.facts["enforce_eager"] is False and st.source.startswith("log")

@@ -257,7 +257,9 @@ def _cpu_headline(ps: PowerStudy) -> tuple[str, str, dict[str, str]] | None:
     if not cpu:
         return None
     cfgs = list(dict.fromkeys(i["config"] for i, _ in cpu))
-    cfg = "engine defaults" if "engine defaults" in cfgs else cfgs[0]
+    # the engine's defaults, else their profiled launch (the default suite's 02 is one), else the first
+    cfg = "engine defaults" if "engine defaults" in cfgs else \
+        next((c for c in cfgs if c.startswith("engine defaults")), cfgs[0])
     per: dict[str, dict[str, int]] = {}
     for i, r in cpu:
         if i["config"] == cfg:
