@@ -82,6 +82,11 @@ def test_report_end_to_end_on_vllm(tmp_path):
     for nb in suite["notebooks"]:
         if nb["id"] == "04_data_parallelism":
             nb["parameters"] |= {"repetitions": 1, "max_repetitions": 1}
+        if nb["id"] == "05_torch_compile":
+            # with 04 at one repetition, 05 launches both sides of its repetitions 2-3, so the suite's 230 s (sized
+            # for its eager side alone) left no room for the 4th a noisy host may need: a CI run read +78%, +14%,
+            # +24% per repetition, not resolved, "time budget spent: 178 s of budget_s=230"
+            nb["parameters"] |= {"budget_s": 0}
         if nb["id"] == "07_verified_changes":
             # no search here (its launches are the reference store's, recorded from a real cold run): CI time
             nb["parameters"] = {"search_budget_s": 0}
