@@ -637,8 +637,7 @@ def _tuning_finding(v: Verification) -> Finding:
         return Finding(thread=THREAD, title=f"Scheduler tuning: no setting beat {against}",
                        applies=True, confidence="low",
                        claim=f"One launch per setting ({v.search_note}); output tok/s against {against}: {tried}. "
-                             f"None led by more than {v.search_floor_why or 'the equivalence band'} "
-                             f"({v.search_floor_pct:.0f}%), so none was verified.{sk}",
+                             f"None led by more than {_floor(v)}, so none was verified.{sk}",
                        evidence=ev | {"front_line": line})
     base, setting = v.tune_base, v.tuned_setting
     cmp = v.tuned.compare(base, setting, (), _fields(v.tuned, base, setting))
@@ -673,24 +672,31 @@ def _screened(v: Verification, measured: pd.DataFrame, tried: str, sk: str, agai
               ev: dict[str, Any]) -> Finding:
     """The search as a screen (verify_lead False): what each setting measured in its one launch, and the lead worth
     verifying elsewhere, if one led by more than the floor; the front line is the same whether one did or not."""
-    level = _search_level(v)
     n = len(measured) - 1
-    at = f" at c={level}" if level else ""
-    floor = f"{v.search_floor_why or 'the equivalence band'} ({v.search_floor_pct:.0f}%)"
-    lead = (f"{v.lead[0]} led by {v.lead[1]:+.1f}% in its one launch, more than {floor}: worth verifying with "
+    lead = (f"{v.lead[0]} led by {v.lead[1]:+.1f}% in its one launch, more than {_floor(v)}: worth verifying with "
             f"repetitions (verify_lead: true), not verified here." if v.lead is not None else
-            f"None led by more than {floor}.")
-    line = NONE_VERIFIED + (f"this suite's search only screens ({n} setting{'s' if n != 1 else ''}{at}, one launch "
+            f"None led by more than {_floor(v)}.")
+    line = NONE_VERIFIED + (f"this suite's search only screens ({n} setting{'s' if n != 1 else ''}{_at(v)}, one launch "
                             "each, verify_lead: false)")
     return Finding(thread=THREAD, title="Scheduler tuning: screened, not verified", applies=True, confidence="low",
         claim=f"One launch per setting ({v.search_note}); output tok/s against {against}: {tried}. {lead}{sk}",
         evidence=ev | {"front_line": line, "lead": list(v.lead) if v.lead is not None else None})
 
 
+def _floor(v: Verification) -> str:
+    """The lead a one-launch setting needed, in words: where it comes from and its size."""
+    return f"{v.search_floor_why or 'the equivalence band'} ({v.search_floor_pct:.0f}%)"
+
+
+def _at(v: Verification) -> str:
+    """' at c=16': the search's level, where it has one."""
+    level = _search_level(v)
+    return f" at c={level}" if level else ""
+
+
 def _none_verified(v: Verification, n: int, against: str) -> str:
     """The front line's scheduler half when no setting led by more than the floor."""
-    level = _search_level(v)
-    at = f" at c={level}" if level else ""
+    at = _at(v)
     return NONE_VERIFIED + (f"none of the {n} tried{at} beat {against} by more than {v.search_floor_pct:.0f}%"
                             if v.search_floor_why in ("", "the equivalence band") else
                             f"none of the {n} tried{at} led {against} by more than the combination's own launches "
