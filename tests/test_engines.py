@@ -307,3 +307,30 @@ def test_recorded_h200_transformers_run_of_threads_0_and_1():
     assert "--continuous-batching --log-level info --device cuda" in (d / "command.txt").read_text()
     assert pd.read_parquet(d / "summary.parquet")["failed"].sum() == 0
     assert "uvicorn_ready" in set(analyze_log_file(d / "server.stderr.log", "transformers")["name"])
+
+
+def test_help_is_run_once_per_environment_the_suite_made(tmp_path, monkeypatch):
+    """`--help` (a cold import of the engine, ~10 s of each thread 00 here) is run once in an environment of the
+    suite's cache and read back after; a user's own interpreter is asked every time (it may be upgraded in place)."""
+    from servescope.engines.helpcheck import run_help
+
+    monkeypatch.setenv("SERVESCOPE_CACHE", str(tmp_path / "cache"))
+    script = ("#!/bin/sh\necho run >> {log}\n"
+              "printf 'usage: api_server [-h] [--max-num-seqs MAX_NUM_SEQS]\\n\\noptions:\\n  --max-num-seqs MAX_NUM_SEQS\\n'\n")
+    pythons = {}
+    for where in ("managed", "own"):
+        root = tmp_path / "cache" / "envs" / "vllm-x-1.0" if where == "managed" else tmp_path / "own"
+        py = root / "bin" / "python"
+        py.parent.mkdir(parents=True)
+        py.write_text(script.format(log=tmp_path / f"{where}.log"))
+        py.chmod(0o755)
+        pythons[where] = py
+    for _ in range(3):
+        for py in pythons.values():
+            flags = run_help(str(py), "vllm", "1.0", ("-m", "x", "--help"))
+            assert "--max-num-seqs" in set(flags.table["flag"])
+    assert (tmp_path / "managed.log").read_text().count("run") == 1
+    assert (tmp_path / "own.log").read_text().count("run") == 3
+    # another version's help is another text
+    run_help(str(pythons["managed"]), "vllm", "1.1", ("-m", "x", "--help"))
+    assert (tmp_path / "managed.log").read_text().count("run") == 2

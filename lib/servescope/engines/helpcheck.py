@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import subprocess
 from functools import cache
+from pathlib import Path
 
 import pandas as pd
 
 from ..errors import ServescopeError
+from ..paths import cache_root
+from ..util import atomic_write_text
 from .flagscan import FlagSet, help_flags, scan_flags
 from .source import SourceTree
 
@@ -34,7 +39,10 @@ def known_release(engine: str, version: str) -> bool:
 def run_help(python: str, engine: str, version: str, argv: tuple[str, ...], timeout_s: float = 300.0,
              env: dict[str, str] | None = None) -> FlagSet:
     """The flags an installed engine's `--help` lists (run with the engine's own environment); ServescopeError where
-    it does not run."""
+    it does not run. An environment the suite made keeps the text it printed (help_cache_file)."""
+    saved = help_cache_file(python, version, argv, env)
+    if saved is not None and saved.is_file():
+        return help_flags(saved.read_text(), engine, version, f"--help of {engine} {version} under {python}")
     try:
         res = subprocess.run([python, *argv], capture_output=True, text=True, timeout=timeout_s,
                              env={**os.environ, **(env or {}), "COLUMNS": "200"})
@@ -42,7 +50,24 @@ def run_help(python: str, engine: str, version: str, argv: tuple[str, ...], time
         raise ServescopeError(f"{engine} --help did not run: {e}") from e
     if res.returncode != 0 or "usage" not in res.stdout.lower():
         raise ServescopeError(f"{engine} --help failed: {res.stderr.strip()[-300:]}")
+    if saved is not None:
+        atomic_write_text(saved, res.stdout)
     return help_flags(res.stdout, engine, version, f"--help of {engine} {version} under {python}")
+
+
+def help_cache_file(python: str, version: str, argv: tuple[str, ...], env: dict[str, str] | None) -> Path | None:
+    """Where `--help`'s text is kept for an engine environment the suite made (inside it: making the environment
+    again drops it; one engine version per environment, so its help never changes), or None for any other
+    interpreter (a user's own environment may be upgraded or edited in place). Each `--help` is a cold import of the
+    engine, ~10 s of every thread 00 here."""
+    envs = (cache_root() / "envs").resolve()
+    prefix = Path(python).parent.parent
+    try:
+        prefix.resolve().relative_to(envs)
+    except ValueError:
+        return None
+    key = hashlib.sha256(json.dumps([str(python), version, list(argv), sorted((env or {}).items())]).encode())
+    return prefix / "servescope-help" / f"{key.hexdigest()[:16]}.txt"
 
 
 @cache
