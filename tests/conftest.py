@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import uuid
 
 import pytest
 
 from servescope.engines.base import EngineInstall
 from stub_engine import STUB, StubAdapter, stub_command  # noqa: F401  (registers the 'stub' engine)
+
+# every process a test starts (kernels, servers, their workers) inherits this mark: the real-engine tests tell the
+# servers they started from any other vLLM on the machine by it
+MARK = "SERVESCOPE_TEST_MARK"
+os.environ[MARK] = uuid.uuid4().hex
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import psutil
 import pytest
 import yaml
 
+from conftest import MARK
 from servescope.context import context
 from servescope.engines import get_engine
 from servescope.launch import prepare
@@ -180,15 +182,27 @@ def test_report_end_to_end_on_vllm(tmp_path):
 
 
 def _vllm_processes() -> list[str]:
-    """Processes of any vLLM server still running on this machine. Zombies do not count: they run nothing and hold
-    no port, and where PID 1 reaps orphans lazily (this VM's init does) an engine's worker can linger as one."""
+    """vLLM server processes this test session started that are still running. Zombies do not count: they run
+    nothing and hold no port, and where PID 1 reaps orphans lazily (this VM's init does) an engine's worker can linger
+    as one. Another vLLM on the machine (a user's, another checkout's test run) is not this suite's: a CI run failed
+    on one."""
+    return [f"{p.pid} {p.info['name']} {p.info['status']} {' '.join(p.info['cmdline'] or [])[:100]}"
+            for p in _our_vllm() if p.info["status"] != psutil.STATUS_ZOMBIE]
+
+
+def _our_vllm() -> list[psutil.Process]:
+    """vLLM processes (its API server, engine core and workers) that carry this session's mark in their
+    environment: every process the suite starts inherits it (tests/conftest.py, MARK)."""
     out = []
     for p in psutil.process_iter(["name", "cmdline", "status"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if p.info["status"] == psutil.STATUS_ZOMBIE:
+        if not ((p.info["name"] or "").startswith("VLLM") or "vllm.entrypoints" in cmd):
             continue
-        if (p.info["name"] or "").startswith("VLLM") or "vllm.entrypoints" in cmd:
-            out.append(f"{p.pid} {p.info['name']} {p.info['status']} {cmd[:100]}")
+        try:
+            if p.environ().get(MARK) == os.environ[MARK]:
+                out.append(p)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue  # another user's, or gone
     return out
 
 
@@ -318,8 +332,8 @@ def test_real_server_killed_mid_load_keeps_its_finished_level_and_resumes(tmp_pa
 
     def kill_vllm(msg: str) -> None:
         if "level c=1 written" in msg:
-            for p in psutil.process_iter(["cmdline"]):
-                if any("vllm.entrypoints" in c for c in p.info["cmdline"] or []):
+            for p in _our_vllm():
+                if "vllm.entrypoints" in " ".join(p.info["cmdline"] or []):
                     p.send_signal(signal.SIGKILL)
 
     load = LoadSpec(concurrency=(1, 4), num_requests=8, input_len=16, output_len=64, warmup_requests=1)
@@ -352,10 +366,8 @@ def test_real_server_stopped_mid_load_is_declared_hung_and_torn_down(tmp_path):
 
     def stop_vllm(msg: str) -> None:
         if "level c=1 written" in msg:
-            for p in psutil.process_iter(["name", "cmdline"]):
-                if (p.info["name"] or "").startswith("VLLM") or any("vllm.entrypoints" in c
-                                                                     for c in p.info["cmdline"] or []):
-                    p.send_signal(signal.SIGSTOP)
+            for p in _our_vllm():
+                p.send_signal(signal.SIGSTOP)
 
     load = LoadSpec(concurrency=(1, 4), num_requests=8, input_len=16, output_len=64, warmup_requests=1, hang_s=15)
     t0 = time.monotonic()

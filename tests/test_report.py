@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from answers import check_answers
 from servescope.cli import main
 from servescope.errors import SpecError
 from servescope.report import run_suite
@@ -69,6 +70,12 @@ def offline_run(tmp_path_factory) -> Path:
              "parameters": {"message": "boom from the fixture"}}
     suite = _suite(tmp, [fails, *DEFAULT_SUITE["notebooks"]])
     return run_suite(suite, offline=True, reports_dir=tmp / "reports", store_dir=store, run_id="r1").out_dir
+
+
+def test_the_reference_store_renders_the_recorded_answers(offline_run):
+    """Every answer of the default suite's offline render of data/reference/store is the recorded one
+    (tests/answers.py): a change of code that was not meant to change a sentence, a tier or a flag changes none."""
+    check_answers(offline_run, "embedded")
 
 
 def test_index_lists_each_notebook_with_status_and_finding(offline_run):
@@ -276,10 +283,22 @@ def test_the_notebook_names_the_signal_at_its_top(stub_thread5_run):
     assert outcome["first_signal"] == "SIGILL" and outcome["points_failed"] == 1
 
 
-def test_tolerate_failures_exits_zero(tmp_path):
+def test_tolerate_failures_exits_zero_and_the_terminal_shows_progress_only(tmp_path, capfd):
+    """`servescope run` (make report) prints progress, the first error and where the report is; the notebooks'
+    tables and the kernels' own warnings stay out of the terminal (they had filled it between the progress lines)."""
     suite = _suite(tmp_path, [_stub_entry("97_all_die", "all")])
     assert main(["run", str(suite), "--reports-dir", str(tmp_path / "r"), "--store-dir", str(tmp_path / "s"),
-                 "--quiet", "--tolerate-failures"]) == 0
+                 "--tolerate-failures"]) == 0
+    out, err = capfd.readouterr()
+    lines = [ln for ln in (out + err).splitlines() if ln.strip()]
+    assert lines[0] == "[1/1] 97_all_die: running", lines
+    assert any(ln.startswith("servescope: 97_all_die: failed — ") for ln in lines), lines
+    assert any(ln.startswith("[1/1] 97_all_die: failed in ") and "SIGILL" in ln for ln in lines), lines
+    assert any(ln.startswith("report: ") for ln in lines), lines
+    # the notebook's error table (show_errors: error_type, summary ...) and ipykernel's TCP warning are not here
+    assert not [ln for ln in lines if "error_type" in ln or "IPKernelApp" in ln or "ServerDiedError" in ln], lines
+    # every line is one of: a progress line, a notebook's own printed line (indented), the run's closing lines
+    assert all(ln.startswith(("[1/1] ", "  ", "report: ", "servescope: ")) for ln in lines), lines
 
 
 TF_CPU = ROOT / "tests" / "fixtures" / "transformers_cpu"
@@ -323,6 +342,7 @@ def test_h200_suite_renders_offline_as_measured(tmp_path):
     shutil.copytree(H200 / "store", store)
     done = run_suite(ROOT / "data" / "suites" / "transformers-gpu.yaml", offline=True, reports_dir=tmp_path / "r",
                      store_dir=store, run_id="h", progress=False)
+    check_answers(done.out_dir, "h200")
     status = {r.id: r.status for r in done.runs}
     for nb in ("01_cuda_graph_disable_reason", "02_piecewise_cuda_graphs", "05_torch_compile",
                "06_grouped_gemm", "03_clocks_power", "99_summary"):
@@ -434,6 +454,7 @@ def test_a_second_cold_h200_recording_ranks_the_same_first_change(tmp_path):
     shutil.copytree(H200 / "run2" / "store", store)
     done = run_suite(ROOT / "data" / "suites" / "transformers-gpu.yaml", only=("02", "05", "99"), offline=True,
                      reports_dir=tmp_path / "r", store_dir=store, run_id="h2", progress=False)
+    check_answers(done.out_dir, "h200-run2")
     assert [r.status for r in done.runs] == ["ok", "ok", "ok"]
     first = [json.loads((d / "99_summary.findings.json").read_text())[0] for d in (H200 / "report", done.out_dir)]
     assert [f["title"] for f in first] == ["First change: Why CUDA graphs are off", "First change: Use CUDA graphs: full"]

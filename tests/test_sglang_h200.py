@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from answers import check_answers
 from servescope.deaths import cause_of, deaths_in_log
 from servescope.engines import get_engine
 from servescope.findings import read_findings
@@ -67,6 +68,11 @@ def offline_run(tmp_path_factory):
     done = run_suite(SUITE, only=["01", "02", "04", "05", "06", "07", "99"], offline=True, reports_dir=tmp / "r",
                      store_dir=tmp / "store", run_id="t", progress=False)
     return done.out_dir
+
+
+def test_the_h200_store_renders_the_recorded_answers(offline_run):
+    """Every answer of the offline render of data/reference/sglang-h200 is the recorded one (tests/answers.py)."""
+    check_answers(offline_run, "sglang-h200")
 
 
 def test_thread01_names_the_launchs_own_flag_and_recommends_a_mode_that_served(offline_run):

@@ -13,25 +13,12 @@ from pathlib import Path
 from .errors import ServescopeError
 
 
-def _drop_cell_markers(record: logging.LogRecord) -> bool:
-    msg = record.getMessage()
-    return not (msg.startswith(("Executing Cell", "Ending Cell", "Executing notebook with kernel")) or not msg.strip())
-
-
 def _cmd_run(a: argparse.Namespace) -> int:
     from .report import run_suite
 
-    if not a.quiet:
-        # papermill logs each notebook's printed lines at INFO: that is the progress a user watches
-        pm_log = logging.getLogger("papermill")
-        pm_log.setLevel(logging.INFO)
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("  %(message)s"))
-        handler.addFilter(_drop_cell_markers)
-        pm_log.addHandler(handler)
-        pm_log.propagate = False
     done = run_suite(a.suite, only=a.only or (), offline=a.offline, hide_code=not a.show_code,
-                     reports_dir=a.reports_dir, store_dir=a.store_dir, run_id=a.run_id, progress=False)
+                     reports_dir=a.reports_dir, store_dir=a.store_dir, run_id=a.run_id, progress=False,
+                     echo=None if a.quiet else sys.stdout)
     if done.interrupted:  # the conventional code of a process stopped by that signal
         print(f"servescope: interrupted by {done.interrupted}; report of what ran: {done.out_dir / 'index.html'}",
               file=sys.stderr)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import nbformat
 import papermill as pm
@@ -209,10 +209,11 @@ def check_baseline(suite: Suite) -> None:
 def run_suite(
     suite_path: str | Path, only: Sequence[str] = (), offline: bool = False, hide_code: bool = False,
     reports_dir: str | Path | None = None, store_dir: str | Path | None = None, run_id: str | None = None,
-    kernel_name: str | None = None, progress: bool = True,
+    kernel_name: str | None = None, progress: bool = True, echo: TextIO | None = None,
 ) -> SuiteRun:
     """Execute the suite's notebooks into reports/<run-id>/, render HTML, write index.html, point reports/latest at it.
-    Every notebook runs even when one fails; the returned SuiteRun says which did not give an answer."""
+    Every notebook runs even when one fails; the returned SuiteRun says which did not give an answer. echo: where the
+    lines the notebooks print (their progress) go as they run; their tables stay in the notebooks and the HTML."""
     suite = load_suite(suite_path)
     entries = [n for n in suite.notebooks if not only or any(n.id.startswith(o) for o in only)]
     if not entries:
@@ -237,7 +238,7 @@ def run_suite(
                 break
             print(f"[{i}/{len(entries)}] {entry.id}: running", flush=True)
             run = _run_notebook(entry.id, files[entry.id], plans[entry.id], out_dir, stop, kernel_name, progress,
-                                hide_code)
+                                hide_code, echo)
             measured = run.outcome.summary() if run.outcome is not None else ""
             print(f"[{i}/{len(entries)}] {entry.id}: {run.status} in {run.duration_s:.0f} s"
                   + (f"; {measured}" if measured else "") + (f" — {run.first_error}" if run.first_error else ""),
@@ -257,8 +258,24 @@ def run_suite(
     return SuiteRun(out_dir, runs, stop.signal, skipped)
 
 
+class _Indented:
+    """A notebook's printed lines, indented under its progress line (papermill's stdout_file: only the cells' stdout
+    streams reach it, never a table or a figure)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def write(self, text: str) -> None:
+        """Each line as '  line'."""
+        self.out.write("".join(f"  {ln}\n" for ln in text.splitlines() if ln.strip()))
+
+    def flush(self) -> None:
+        """Flush the terminal."""
+        self.out.flush()
+
+
 def _run_notebook(nb_id: str, file: Path, params: dict[str, Any], out_dir: Path, stop: _Interrupts,
-                  kernel_name: str | None, progress: bool, hide_code: bool) -> NotebookRun:
+                  kernel_name: str | None, progress: bool, hide_code: bool, echo: TextIO | None = None) -> NotebookRun:
     """Execute one notebook into out_dir, render its HTML, read its findings and outcome; a failure is kept in the
     run, never raised."""
     t0 = time.monotonic()
@@ -267,7 +284,11 @@ def _run_notebook(nb_id: str, file: Path, params: dict[str, Any], out_dir: Path,
     raised = False
     try:
         pm.execute_notebook(str(file), str(executed), parameters=params, cwd=str(file.parent), kernel_name=kernel_name,
-                            progress_bar=progress, log_output=True, report_mode=hide_code)
+                            progress_bar=progress, log_output=False, report_mode=hide_code,
+                            stdout_file=_Indented(echo) if echo is not None else None,
+                            # the kernel's own warnings (ipykernel's "running over TCP without encryption", once per
+                            # notebook) went to the terminal between the progress lines; its errors still do
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"])
     except (Exception, KeyboardInterrupt) as e:  # a failing notebook is reported, the others still run
         raised = True
         run.error = _error_excerpt(e) if isinstance(e, Exception) else "interrupted"
