@@ -139,8 +139,9 @@ def test_replicas_that_win_are_a_deployment_to_make_never_the_engines_defaults()
 
     flagless = SimpleNamespace(study=SimpleNamespace(spell=lambda knobs: ([], "")), baseline="1 server",
                                treatment="2 replicas, round-robin")
-    flags, words, reason = Comparison._recommend(flagless, Knobs(replicas=2, route="round_robin"), "better", "high")
-    assert (flags, words, reason) == ([], "", "")
+    flags, words, reason, optimal = Comparison._recommend(flagless, Knobs(replicas=2, route="round_robin"), "better",
+                                                          "high")
+    assert (flags, words, reason, optimal) == ([], "", "", False)
     # one server's own knobs with no flag: that is what the defaults run
-    _, words, reason = Comparison._recommend(flagless, Knobs(), "better", "high")
-    assert "already run as 2 replicas, round-robin" in words and reason.startswith("already optimal")
+    _, words, reason, optimal = Comparison._recommend(flagless, Knobs(), "better", "high")
+    assert "already run as 2 replicas, round-robin" in words and reason.startswith("already optimal") and optimal

@@ -26,7 +26,8 @@ FINDINGS = {
     "05_torch_compile": [Finding(thread="05", title="compile", claim="compile +80%.", effect=_eff(80.0),
                                  recommended_flags=["-O3"], confidence="high"),
                          Finding(thread="05", title="compile: no flag", claim="x.", effect=_eff(5.0),
-                                 confidence="low", reason="already optimal: the engine's defaults are the better side")],
+                                 confidence="low", optimal=True,
+                                 reason="already optimal: the engine's defaults are the better side")],
     "03_clocks_power": [Finding(thread="03", title="Not throttled: most points launch-bound (5 of 6)", claim="x",
                                 applies=False, reason="no point was throttled", confidence="high"),
                         Finding(thread="03", title="defaults at c=16: launch-bound", claim="launch-bound.",
@@ -101,10 +102,10 @@ def test_already_optimal_names_the_setting_and_what_it_beat():
     lost = Finding(thread="04", title="2 replicas, round-robin vs 1 server", claim="x.", direction="worse",
                    effect=Effect(metric="output_tok_s", value_pct=-46.0, ci_low_pct=-50.0, ci_high_pct=-40.0, n=3,
                                  at="c=1", baseline="1 server", treatment="2 replicas, round-robin"),
-                   confidence="medium", reason="already optimal: the engine's defaults are the better side")
+                   confidence="medium", reason="already optimal: the engine's defaults are the better side", optimal=True)
     won = Finding(thread="05", title="torch.compile: compiled vs eager", claim="x.", direction="better",
                   effect=Effect(metric="output_tok_s", value_pct=71.0, n=3, baseline="eager", treatment="compiled"),
-                  confidence="high", reason="already optimal: the engine's defaults are the better side")
+                  confidence="high", reason="already optimal: the engine's defaults are the better side", optimal=True)
     assert summary.optimal_words(lost) == ("1 server (it beat 2 replicas, round-robin: -46.0% output_tok_s "
                                            "(90% CI -50.0..-40.0%, n=3, at c=1))")
     assert summary.optimal_words(won).startswith("compiled (it beat eager: +71.0% output_tok_s")
@@ -128,3 +129,14 @@ def test_the_front_pages_first_line_is_the_verified_answer(tmp_path):
     write_index(tmp_path, suite, tmp_path / "suite.yaml", "run-2", 0.0, [])
     assert "Not verified: this run did not measure the recommended changes together" in \
         (tmp_path / "index.html").read_text()
+
+
+def test_the_tier_is_the_findings_data_never_its_words():
+    """'Already optimal' comes from the finding's optimal field: a reworded reason or title changes no tier (the
+    tier had been read from reason.startswith('already optimal') and title.startswith('Keep '))."""
+    from servescope.findings import tier
+
+    kept = Finding(thread="04", title="One server stays best", claim="x.", confidence="medium", optimal=True)
+    said = Finding(thread="04", title="Keep 1 server: every other layout measured served less", claim="x.",
+                   confidence="medium", reason="already optimal: the engine's defaults are the better side")
+    assert tier(kept) == "Already optimal" and tier(said) == "Measured, no change"

@@ -38,10 +38,11 @@ def _report(tmp: Path, *extra: tuple[str, list[Finding]]) -> Path:
 def test_changes_compose_in_rank_order_and_say_why_one_is_left_out(tmp_path):
     d = _report(tmp_path,
                 ("05_torch_compile", [_finding("05_torch_compile", "torch.compile", {"torch_compile": True}, "high", 40),
+                                      # reworded on purpose: 07 acts on the verdict, never on the words
                                       Finding(thread="05_torch_compile",
-                                              title="torch.compile excludes piecewise CUDA graphs here",
+                                              title="Compile and piecewise graphs do not run together",
                                               claim="With compile on, the piecewise request resolved to off.",
-                                              confidence="high")]),
+                                              confidence="high", evidence={"verdict": "excludes"})]),
                 ("02_piecewise_cuda_graphs", [
                     _finding("02_piecewise_cuda_graphs", "Use CUDA graphs: piecewise", {"cuda_graph": "piecewise"},
                              "medium", 25),
@@ -54,7 +55,7 @@ def test_changes_compose_in_rank_order_and_say_why_one_is_left_out(tmp_path):
     combined, found = t07.compose(Knobs(), found, t07.exclusion_rules(by_thread))
     assert combined == Knobs(torch_compile=True)
     assert found[1].excluded.startswith("excluded by a rule of this engine, the higher-ranked change wins: "
-                                        "torch.compile excludes piecewise CUDA graphs here")
+                                        "Compile and piecewise graphs do not run together")
     assert found[2].excluded == "sets torch_compile=False, which the higher-ranked --torch_compile=True sets to True"
     combined, _ = t07.compose(Knobs(), t07.changes(by_thread))  # without the rule both join
     assert combined == Knobs(torch_compile=True, cuda_graph="piecewise")

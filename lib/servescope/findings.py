@@ -112,6 +112,9 @@ class Finding(BaseModel):
     evidence: dict[str, Any] = Field(default_factory=dict)
     # configurations this finding saw fail: no change containing one of them is recommended (summary, thread 07)
     failures: list[Failure] = Field(default_factory=list)
+    # the measurement recommends what already runs: the engine's defaults are the better side, the deployed layout
+    # beat every other, the MoE path is already grouped (99's tier "Already optimal"; 07 verifies nothing of it)
+    optimal: bool = False
 
     def resolved_as(self, direction: Direction, at_least: Confidence = "medium") -> bool:
         """True for a comparison that applies and moved the way asked, with at least that confidence."""
@@ -236,7 +239,7 @@ def tier(f: Finding, failed: list[Failure] | None = None) -> str:
         if f.effect is None:
             return "Low"
         return {"high": "High", "medium": "Medium"}.get(f.confidence, "Low")
-    if f.reason.startswith("already optimal") or f.title.startswith("Keep "):
+    if f.optimal:
         return "Already optimal"
     if not f.applies:
         return "Not applicable here"

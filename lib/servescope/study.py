@@ -501,13 +501,13 @@ class Comparison:
         cautions, ev = self._cautions()
         claim += cautions
         rec_knobs = better if direction == "better" else worse if direction == "worse" else None
-        flags, note, reason = self._recommend(rec_knobs, direction, conf)
+        flags, note, reason, optimal = self._recommend(rec_knobs, direction, conf)
         drop = self._drop(rec_knobs, deployed) if rec_knobs is not None and not flags and conf != "none" else []
         if drop:  # the engine's default is the better side, and the deployment's own flags keep it from it
             side = self.treatment if direction == "better" else self.baseline
             note = (f" The engine's defaults run as {side}; the deployment (the suite's baseline, "
                     f"{deployed.label() if deployed else ''}) turns that off with `{' '.join(drop)}`: drop it.")
-            reason = ""
+            reason, optimal = "", False
         ev = self._evidence(states, errs) | ev | {"noise_pct": {"baseline": _r(peak.baseline_spread_pct),
                                                                 "treatment": _r(peak.treatment_spread_pct)}}
         if (flags or drop) and rec_knobs is not None:  # what a later thread composes (07 verifies them together)
@@ -518,7 +518,7 @@ class Comparison:
             claim += " Failed: " + "; ".join(f"{x.config} {x.words()}" for x in fails) + "."
         return Finding(thread=thread, title=f"{subject}: {self.treatment} vs {self.baseline}", claim=claim + note,
                        effect=effect, recommended_flags=flags, confidence=conf, direction=direction, evidence=ev,
-                       reason=reason, failures=fails,
+                       reason=reason, failures=fails, optimal=optimal,
                        recommendation=f"drop {' '.join(drop)}" if drop else "")
 
     def _drop(self, knobs: Knobs | None, deployed: Knobs | None) -> list[str]:
@@ -685,18 +685,20 @@ class Comparison:
         return (" Per level, the points oversubscribed and the width of that level's 90% interval on output tok/s: "
                 + "; ".join(parts) + f"; the headline's ({head.scope}) is {width:.0f} points wide{why}.")
 
-    def _recommend(self, knobs: Knobs | None, direction: Direction, conf: Confidence) -> tuple[list[str], str, str]:
-        """(flags for the better side in the engine's spelling, a sentence to add, the reason) of a comparison."""
+    def _recommend(self, knobs: Knobs | None, direction: Direction,
+                   conf: Confidence) -> tuple[list[str], str, str, bool]:
+        """(flags for the better side in the engine's spelling, a sentence to add, the reason, whether what runs
+        already is the better side) of a comparison."""
         flags, why = self.study.spell(knobs) if knobs is not None else ([], "")
         if why:
-            return flags, f" ({why})", ""
+            return flags, f" ({why})", "", False
         if knobs is not None and not flags and conf != "none" and knobs.replicas == 1:
             # the better side needs no flag: the engine's defaults already run that way (replicas need no flag
             # either, but they are a deployment the defaults do not make: their recipe says how)
             side = self.treatment if direction == "better" else self.baseline
             return flags, f" The engine's defaults already run as {side} (no flag to add).", \
-                "already optimal: the engine's defaults are the better side"
-        return flags, "", ""
+                "already optimal: the engine's defaults are the better side", True
+        return flags, "", "", False
 
     def _evidence(self, states: dict[str, ResolvedState], errs: list[dict[str, Any]]) -> dict[str, Any]:
         e = self.effects()

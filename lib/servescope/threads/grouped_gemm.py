@@ -295,7 +295,7 @@ def findings(ms: MoeStudy) -> list[Finding]:
                  f"{probe}")
         return [Finding(thread=THREAD, title=f"MoE already grouped: {', '.join(v['paths'])}", applies=False,
                         confidence="high" if launch and i["moe_launches_per_layer_step"] <= 6 else "medium",
-                        reason="already optimal: the MoE path is grouped", claim=claim, evidence=ev)]
+                        reason="already optimal: the MoE path is grouped", claim=claim, evidence=ev, optimal=True)]
     if v["verdict"] == "per-expert":
         cost = (f" A grouped product would save about {v['saving_share']:.0%} of {where} (the experts' "
                 f"{v['expert_share']:.0%} share, sped up {v['probe_speedup']:.1f}x as the probe measured at the "

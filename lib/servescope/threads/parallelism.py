@@ -446,11 +446,12 @@ def findings(ps: ParallelStudy) -> list[Finding]:
                        recommendation=top.recommendation, evidence=evidence)
     elif any(f.applies for f in per):
         worse = [f for f in per if f.resolved_as("worse")]
-        if worse and len(worse) == len([f for f in per if f.applies]):
+        kept = bool(worse) and len(worse) == len([f for f in per if f.applies])
+        if kept:
             title, conf = f"Keep {base}: every other layout measured served less", weakest([f.confidence for f in worse])
         else:
             title, conf = f"No layout shown to beat {base}", "low"
-        head = Finding(thread=THREAD, title=title, confidence=conf,  # type: ignore[arg-type]
+        head = Finding(thread=THREAD, title=title, confidence=conf, optimal=kept,  # type: ignore[arg-type]
                        claim=f"Against {base}: " + "; ".join(f.headline for f in per if f.applies)
                              + "." + "".join(_mps_words(mps, f.effect.treatment) for f in mps if f.effect)
                              + (f" Not launched: {notes}." if notes else ""), evidence=evidence)

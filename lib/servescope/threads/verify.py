@@ -114,7 +114,7 @@ def exclusion_rules(by_thread: dict[str, list[Finding]]) -> list[tuple[dict[str,
     (thread 05: torch.compile excludes piecewise CUDA graphs here)."""
     return [({"torch_compile": True}, {"cuda_graph": "piecewise"}, f"{f.title}: {f.claim}")
             for f in by_thread.get("05_torch_compile", [])
-            if f.evidence.get("verdict") == "excludes" or f.title == "torch.compile excludes piecewise CUDA graphs here"]
+            if f.evidence.get("verdict") == "excludes"]
 
 
 def compose(baseline: Knobs, found: list[Change],
