@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from servescope.findings import collect, read_findings, tier
+from servescope.findings import collect, failures_of, read_findings, tier
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "answers"
 # the fields that carry an answer: what a reader or thread 07 and the summary act on
@@ -24,7 +24,7 @@ def answers(out_dir: Path) -> dict[str, list[dict]]:
     summary = out_dir / "99_summary.findings.json"
     if summary.is_file():
         by_thread["99_summary"] = read_findings(summary)
-    failed = [x for fs in by_thread.values() for f in fs for x in f.failures]
+    failed = failures_of(by_thread)
     got: dict[str, list[dict]] = {}
     for thread, fs in sorted(by_thread.items()):
         got[thread] = [{**{k: getattr(f, k) for k in FIELDS}, "effect": f.effect.text() if f.effect else "",
