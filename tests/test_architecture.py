@@ -179,3 +179,61 @@ def test_only_the_store_and_the_server_name_a_points_files():
     named = [f"{mod}: {s!r}" for mod, path in MODULES.items() if mod not in ("store", "server")
              for s in POINT_FILES if s in path.read_text()]
     assert not named, "\n".join(named)
+
+
+# a finding's words: what a reader reads, never what code decides on (issue 31: a reworded sentence had changed
+# what thread 07 verified and what the summary ranked)
+WORDS = ("title", "claim", "reason", "headline", "detail")
+# what turns words into a decision: comparing them, searching or cutting them
+STRING_TESTS = ("startswith", "endswith", "split", "rsplit", "partition", "rpartition", "replace", "find", "rfind",
+                "index", "count", "removeprefix", "removesuffix")
+# the renderers: they put a finding's words on the page and decide nothing from them
+RENDERERS = {"nb", "report"}
+
+
+def _words_of(node: ast.AST) -> str | None:
+    """'f.title' where node reads one of a finding's words (an attribute named in WORDS), else None."""
+    if isinstance(node, ast.Attribute) and node.attr in WORDS:
+        return ast.unparse(node)
+    return None
+
+
+def string_tests(source: str) -> list[str]:
+    """Every place source tests a finding's words as a string: compares them (==, !=, in), calls a string test on
+    them (startswith, split, replace, ...) or passes them to re."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            for side in (node.left, *node.comparators):
+                w = _words_of(side)
+                if w is not None:
+                    hits.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            w = _words_of(node.func.value)
+            if w is not None and node.func.attr in STRING_TESTS:
+                hits.append(f"line {node.lineno}: {ast.unparse(node)}")
+            base = node.func.value
+            if isinstance(base, ast.Name) and base.id == "re" and any(_words_of(a) for a in node.args):
+                hits.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return hits
+
+
+def test_no_code_outside_the_renderers_decides_on_a_findings_words():
+    bad = {mod: hits for mod, path in MODULES.items() if mod not in RENDERERS
+           for hits in [string_tests(path.read_text())] if hits}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("violation", [
+    'if f.title == "torch.compile excludes piecewise CUDA graphs here":\n    pass',
+    'x = f.reason.startswith("already optimal")',
+    'x = f.claim.split(". ")[0]',
+    'x = "Verified" in f.headline',
+    'x = re.search("stalled", f.detail)',
+    'f.claim = f.claim.replace("The", "the")',
+])
+def test_the_words_rule_catches_an_injected_violation(violation):
+    """The rule fails on each way the library had decided on words (found by the read of issue 31)."""
+    clean = (LIB / "threads" / "verify.py").read_text()
+    assert not string_tests(clean)
+    assert string_tests(clean + "\n\ndef _injected(f):\n" + "\n".join("    " + ln for ln in violation.splitlines()))

@@ -7,8 +7,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from servescope import summary
-from servescope.findings import Effect, Finding, Outcome, write_findings
+from servescope.findings import Change, Conflict, Effect, Finding, Outcome, Verdict, write_findings
 from servescope.report import NotebookRun, write_index
 from servescope.suite import Suite
 
@@ -20,23 +22,24 @@ def _eff(pct: float, treatment: str = "b") -> Effect:
 
 
 FINDINGS = {
-    "02_piecewise_cuda_graphs": [Finding(thread="02", title="Use CUDA graphs: full", claim="full +46%.",
-                                        effect=_eff(45.9), recommended_flags=["--cb-use-cuda-graph"],
+    "02_piecewise_cuda_graphs": [Finding(kind="effect", thread="02", title="Use CUDA graphs: full", headline="full +46%.",
+                                        effect=_eff(45.9), change=Change(flags=["--cb-use-cuda-graph"]),
                                         confidence="medium")],
-    "05_torch_compile": [Finding(thread="05", title="compile", claim="compile +80%.", effect=_eff(80.0),
-                                 recommended_flags=["-O3"], confidence="high"),
-                         Finding(thread="05", title="compile: no flag", claim="x.", effect=_eff(5.0),
+    "05_torch_compile": [Finding(kind="effect", thread="05", title="compile", headline="compile +80%.", effect=_eff(80.0),
+                                 change=Change(flags=["-O3"]), confidence="high"),
+                         Finding(kind="effect", thread="05", title="compile: no flag", headline="x.", effect=_eff(5.0),
                                  confidence="low", optimal=True,
                                  reason="already optimal: the engine's defaults are the better side")],
-    "03_clocks_power": [Finding(thread="03", title="Not throttled: most points launch-bound (5 of 6)", claim="x",
+    "03_clocks_power": [Finding(kind="regime", thread="03", title="Not throttled: most points launch-bound (5 of 6)",
+                                headline="x",
                                 applies=False, reason="no point was throttled", confidence="high"),
-                        Finding(thread="03", title="defaults at c=16: launch-bound", claim="launch-bound.",
-                                recommended_flags=["--cb-use-cuda-graph"], confidence="high")],
-    "06_grouped_gemm": [Finding(thread="06", title="MoE runs per expert", claim="loop.", confidence="medium",
-                                recommendation='set "experts_implementation": "grouped_mm"')],
-    "04_data_parallelism": [Finding(thread="04", title="Layouts: not compared", claim="none.", applies=False,
+                        Finding(kind="effect", thread="03", title="defaults at c=16: launch-bound", headline="launch-bound.",
+                                change=Change(flags=["--cb-use-cuda-graph"]), confidence="high")],
+    "06_grouped_gemm": [Finding(kind="effect", thread="06", title="MoE runs per expert", headline="loop.", confidence="medium",
+                                change=Change(words='set "experts_implementation": "grouped_mm"'))],
+    "04_data_parallelism": [Finding(kind="effect", thread="04", title="Layouts: not compared", headline="none.", applies=False,
                                     reason="no data")],
-    "01_cuda_graph_disable_reason": [Finding(thread="01", title="Why CUDA graphs are off", claim="flag.",
+    "01_cuda_graph_disable_reason": [Finding(kind="effect", thread="01", title="Why CUDA graphs are off", headline="flag.",
                                              confidence="high")],
 }
 
@@ -60,7 +63,7 @@ def test_ranking_comes_from_the_findings_data():
 
 
 def test_nothing_to_rank_is_said_so():
-    empty = {"05_torch_compile": [Finding(thread="05", title="not measured", claim="x", applies=False)]}
+    empty = {"05_torch_compile": [Finding(kind="effect", thread="05", title="not measured", headline="x", applies=False)]}
     (head,) = summary.findings(summary.rank(empty), empty)
     assert head.title == "Nothing measured to rank" and not head.answers
 
@@ -99,11 +102,11 @@ def test_front_page_in_headless_chromium_answers_first_with_working_links(tmp_pa
 
 
 def test_already_optimal_names_the_setting_and_what_it_beat():
-    lost = Finding(thread="04", title="2 replicas, round-robin vs 1 server", claim="x.", direction="worse",
+    lost = Finding(kind="effect", thread="04", title="2 replicas, round-robin vs 1 server", headline="x.", direction="worse",
                    effect=Effect(metric="output_tok_s", value_pct=-46.0, ci_low_pct=-50.0, ci_high_pct=-40.0, n=3,
                                  at="c=1", baseline="1 server", treatment="2 replicas, round-robin"),
                    confidence="medium", reason="already optimal: the engine's defaults are the better side", optimal=True)
-    won = Finding(thread="05", title="torch.compile: compiled vs eager", claim="x.", direction="better",
+    won = Finding(kind="effect", thread="05", title="torch.compile: compiled vs eager", headline="x.", direction="better",
                   effect=Effect(metric="output_tok_s", value_pct=71.0, n=3, baseline="eager", treatment="compiled"),
                   confidence="high", reason="already optimal: the engine's defaults are the better side", optimal=True)
     assert summary.optimal_words(lost) == ("1 server (it beat 2 replicas, round-robin: -46.0% output_tok_s "
@@ -115,8 +118,9 @@ def test_already_optimal_names_the_setting_and_what_it_beat():
 
 def test_the_front_pages_first_line_is_the_verified_answer(tmp_path):
     line = "Verified: +233.7% output_tok_s (90% CI +229.9..+237.4%, n=3, mean over c=2, 8) with --itl-ms 1"
-    checked = [Finding(thread="07_verified_changes", title="Verified: the recommended changes together", claim="x.",
-                       confidence="high", evidence={"front_line": line})]
+    checked = [Finding(kind="verification", thread="07_verified_changes",
+                       title="Verified: the recommended changes together", headline="x", confidence="high",
+                       verdict=Verdict(verified=True, words=line.removeprefix("Verified: ")))]
     (tmp_path / "changes").mkdir()
     (tmp_path / "changes" / "01-itl-ms-1.md").write_text("# Change 1")
     runs = [NotebookRun(id="07_verified_changes", html="07_verified_changes.html", findings=checked)]
@@ -136,7 +140,77 @@ def test_the_tier_is_the_findings_data_never_its_words():
     tier had been read from reason.startswith('already optimal') and title.startswith('Keep '))."""
     from servescope.findings import tier
 
-    kept = Finding(thread="04", title="One server stays best", claim="x.", confidence="medium", optimal=True)
-    said = Finding(thread="04", title="Keep 1 server: every other layout measured served less", claim="x.",
+    kept = Finding(kind="effect", thread="04", title="One server stays best", headline="x.", confidence="medium", optimal=True)
+    said = Finding(kind="effect", thread="04", title="Keep 1 server: every other layout measured served less", headline="x.",
                    confidence="medium", reason="already optimal: the engine's defaults are the better side")
     assert tier(kept) == "Already optimal" and tier(said) == "Measured, no change"
+
+
+def test_the_first_line_is_rendered_from_07s_verdicts_alone():
+    """The front page's first line comes from thread 07's typed verdicts: the combined changes', then the search's;
+    the findings' titles and sentences play no part (they are set to nonsense here)."""
+    def f(verified: bool | None, words: str = "") -> Finding:
+        return Finding(kind="verification", thread="07_verified_changes", title="zz", headline="zz",
+                       verdict=Verdict(verified=verified, words=words) if verified is not None else None)
+
+    assert summary.front_line([f(True, "+10% by X"), f(None)]) == "Verified: +10% by X"
+    assert summary.front_line([f(False, "no change to verify"), f(False, "none of the 2 tried beat it")]) == \
+        "Not verified: no change to verify; no scheduler setting was verified: none of the 2 tried beat it"
+    assert summary.front_line([f(True, "+10% by X"), f(True, "+5% with Y")]) == \
+        "Verified: +10% by X; scheduler tuning on top: +5% with Y"
+    assert summary.front_line([f(False, "no change to verify"), f(True, "+5% with Y")]) == \
+        "Verified: +5% with Y (not verified: no change to verify)"
+
+
+def _reworded(by_thread: dict[str, list[Finding]]) -> dict[str, list[Finding]]:
+    """Every finding with its words replaced (title, headline, detail, reason), its fields kept."""
+    return {t: [f.model_copy(update={"title": f"reworded {i}", "headline": "Reworded", "detail": "Also reworded.",
+                                     "reason": "reworded" if f.reason else ""}) for i, f in enumerate(fs)]
+            for t, fs in by_thread.items()}
+
+
+def _decisions(by_thread: dict[str, list[Finding]]) -> tuple:
+    """What 07 verifies (the combined knobs, which changes joined) and what 99 ranks (tier, thread, order, change)."""
+    from servescope.spec import Knobs
+    from servescope.threads import verify
+
+    combined, found = verify.compose(Knobs(), verify.changes(by_thread), verify.exclusion_rules(by_thread))
+    r = summary.rank(by_thread)
+    return (combined, [(c.thread, c.knobs, bool(c.excluded)) for c in found],
+            r[["tier", "thread", "change", "effect"]].to_dict("records"), summary.recommendations(r)["change"].tolist())
+
+
+@pytest.mark.parametrize("reference", ["sglang-h200", "h200"])
+def test_rewording_every_finding_changes_nothing_07_verifies_or_99_ranks(reference):
+    """Done-when of issue 31, on the findings recorded on the H200: thread 05's title and cautions (and every other
+    finding's words) reworded, the combined configuration, which changes join it, the tiers and the order stay."""
+    from servescope.findings import collect
+
+    by_thread = collect(Path(__file__).resolve().parents[1] / "data" / "reference" / reference / "report")
+    got = _decisions(by_thread)
+    assert by_thread.get("05_torch_compile") and got[3], "a reference with 05's findings and changes to rank"
+    assert got[1] or reference == "h200", "SGLang's: changes for 07 to compose"
+    assert _decisions(_reworded(by_thread)) == _decisions(by_thread)
+
+
+def test_rewording_thread_05s_rule_changes_nothing_07_leaves_out():
+    """The exclusion rule travels as data (05's change excludes piecewise graphs): reworded, 07 still leaves
+    piecewise graphs out of a combination with compile."""
+    from servescope.spec import Knobs
+
+    eff = Effect(metric="output_tok_s", value_pct=40.0, n=3)
+    by_thread = {
+        "05_torch_compile": [
+            Finding(kind="effect", thread="05", title="torch.compile", headline="helps", effect=eff, confidence="high",
+                    direction="better", change=Change(knobs=Knobs(torch_compile=True), flags=["--compile"])),
+            Finding(kind="rule", thread="05", title="torch.compile excludes piecewise CUDA graphs here",
+                    headline="with compile on, piecewise resolved to off", confidence="high",
+                    change=Change(knobs=Knobs(torch_compile=True),
+                                  excludes=[Conflict(knobs={"cuda_graph": "piecewise"}, why="the rule")]))],
+        "02_piecewise_cuda_graphs": [
+            Finding(kind="effect", thread="02", title="Use CUDA graphs: piecewise", headline="helps", effect=eff,
+                    confidence="medium", direction="better",
+                    change=Change(knobs=Knobs(cuda_graph="piecewise"), flags=["--piecewise"]))]}
+    got = _decisions(by_thread)
+    assert got[0] == Knobs(torch_compile=True) and [x[2] for x in got[1]] == [False, True]
+    assert _decisions(_reworded(by_thread)) == got

@@ -13,8 +13,9 @@ import pytest
 from servescope import nb
 from servescope.context import context
 from servescope.errors import SpecError
-from servescope.findings import Effect, Finding, collect, write_findings
+from servescope.findings import Change, Conflict, Effect, Finding, collect, write_findings
 from servescope.spec import Knobs
+from servescope.summary import front_line
 from servescope.threads import verify as t07
 
 LOAD = {"concurrency": [2, 8], "num_requests": 16, "output_len": 8, "warmup_requests": 0}
@@ -22,9 +23,9 @@ LOAD = {"concurrency": [2, 8], "num_requests": 16, "output_len": 8, "warmup_requ
 
 def _finding(thread: str, title: str, knobs: dict, conf: str, pct: float, flags: list[str] | None = None) -> Finding:
     eff = Effect(metric="output_tok_s", value_pct=pct, ci_low_pct=pct / 2, ci_high_pct=pct * 1.5, n=3, at="at c=8")
-    return Finding(thread=thread, title=title, claim=f"{title} helps: {pct:+.0f}%.", effect=eff, confidence=conf,
-                   recommended_flags=flags or [f"--{k}={v}" for k, v in knobs.items()], direction="better",
-                   evidence={"knobs": knobs})
+    return Finding(kind="effect", thread=thread, title=title, headline=f"{title} helps: {pct:+.0f}%", effect=eff,
+                   confidence=conf, direction="better",
+                   change=Change(knobs=Knobs(**knobs), flags=flags or [f"--{k}={v}" for k, v in knobs.items()]))
 
 
 def _report(tmp: Path, *extra: tuple[str, list[Finding]]) -> Path:
@@ -41,8 +42,13 @@ def test_changes_compose_in_rank_order_and_say_why_one_is_left_out(tmp_path):
                                       # reworded on purpose: 07 acts on the verdict, never on the words
                                       Finding(thread="05_torch_compile",
                                               title="Compile and piecewise graphs do not run together",
-                                              claim="With compile on, the piecewise request resolved to off.",
-                                              confidence="high", evidence={"verdict": "excludes"})]),
+                                              kind="rule",
+                                              headline="With compile on, the piecewise request resolved to off",
+                                              confidence="high", change=Change(
+                                                  knobs=Knobs(torch_compile=True),
+                                                  excludes=[Conflict(knobs={"cuda_graph": "piecewise"},
+                                                                     why="Compile and piecewise graphs do not run "
+                                                                         "together")]))]),
                 ("02_piecewise_cuda_graphs", [
                     _finding("02_piecewise_cuda_graphs", "Use CUDA graphs: piecewise", {"cuda_graph": "piecewise"},
                              "medium", 25),
@@ -73,13 +79,13 @@ def test_the_changes_together_are_verified_with_each_ones_share(tmp_path, stub_e
     eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2"}}
     ctx = context(eng, {"path": "stub"}, LOAD, repetitions=3, max_repetitions=3, store_dir=str(tmp_path / "s"),
                   progress=False)
-    v = t07.run(ctx, d, baseline={"torch_compile": False})
+    v = t07.run(ctx, collect(d), baseline={"torch_compile": False})
     assert v.combined == Knobs(torch_compile=True, max_running_requests=8)
     fs = t07.findings(v)
     head = fs[0]
     assert head.title.startswith("Verified: the recommended changes together, +") and head.confidence == "high"
     assert head.effect is not None and head.effect.n == 3 and head.effect.ci_low_pct > 0
-    line = t07.front_line(fs)
+    line = front_line(fs)
     assert line.startswith("Verified: +") and "against the baseline torch_compile=False" in line
     shares = v.shares().set_index("change")
     assert len(shares) == 2 and (shares["share_pct"] > 0).all() and shares["resolved"].all()
@@ -94,7 +100,7 @@ def test_the_changes_together_are_verified_with_each_ones_share(tmp_path, stub_e
         assert part in text, part
     assert "Measured alternative, not taken: --torch_compile=False" in text
     offline = t07.run(context(eng, {"path": "stub"}, LOAD, repetitions=3, store_dir=str(tmp_path / "s"),
-                              offline=True, progress=False), d, baseline={"torch_compile": False})
+                              offline=True, progress=False), collect(d), baseline={"torch_compile": False})
     assert t07.findings(offline)[0].title == head.title  # rendered again from the store alone
 
 
@@ -106,15 +112,15 @@ def test_the_scheduler_search_finds_and_verifies_a_setting(tmp_path, stub_engine
     eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2"}}
     ctx = context(eng, {"path": "stub"}, {**LOAD, "concurrency": [4, 8]}, repetitions=3, max_repetitions=3,
                   store_dir=str(tmp_path / "s"), progress=False)
-    v = t07.run(ctx, d, search=["max_running_requests"], search_budget_s=120)
+    v = t07.run(ctx, collect(d), search=["max_running_requests"], search_budget_s=120)
     assert list(v.search["setting"]) == ["(the engine's defaults)", "max_running_requests=4", "max_running_requests=8",
                                          "max_running_requests=16"]
     assert (v.search["vs_combined_pct"].iloc[1:] > 20).all()
     fs = t07.findings(v)
     assert fs[0].title == "Nothing to verify: no recommended change"
     assert fs[1].title.startswith("Verified scheduler setting: max_running_requests=") and fs[1].confidence == "high"
-    assert t07.front_line(fs).startswith("Verified: +") and "the engine's defaults" in t07.front_line(fs)
-    assert "(not verified: this run recommends no change" in t07.front_line(fs)
+    assert front_line(fs).startswith("Verified: +") and "the engine's defaults" in front_line(fs)
+    assert "(not verified: this run recommends no change" in front_line(fs)
     assert t07.documents(v, fs) == {}
 
 
@@ -126,43 +132,43 @@ def test_a_screening_search_names_its_lead_and_launches_nothing_to_verify_it(tmp
     eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2"}}
     ctx = context(eng, {"path": "stub"}, {**LOAD, "concurrency": [4, 8]}, repetitions=1, max_repetitions=1,
                   store_dir=str(tmp_path / "s"), progress=False)
-    v = t07.run(ctx, _report(tmp_path), search=["max_running_requests"], search_budget_s=120, search_settings=2,
+    v = t07.run(ctx, collect(_report(tmp_path)), search=["max_running_requests"], search_budget_s=120, search_settings=2,
                 verify_lead=False)
-    assert v.tuned is None and len(v.studies()) == 3  # the reference and two settings, one launch each: no more
-    assert v.lead is not None and v.lead[0].startswith("max_running_requests=") and v.lead[1] > 20
+    assert v.tuning.tuned is None and len(v.studies()) == 3  # the reference and two settings, one launch each: no more
+    assert v.tuning.lead is not None and v.tuning.lead[0].startswith("max_running_requests=") and v.tuning.lead[1] > 20
     fs = t07.findings(v)
     assert fs[1].title == "Scheduler tuning: screened, not verified" and fs[1].confidence == "low"
-    assert f"{v.lead[0]} led by {v.lead[1]:+.1f}% in its one launch" in fs[1].claim
+    assert f"{v.tuning.lead[0]} led by {v.tuning.lead[1]:+.1f}% in its one launch" in fs[1].claim
     assert "not verified here" in fs[1].claim
     (tmp_path / "n").mkdir()
-    none = t07.run(ctx, _report(tmp_path / "n"),
+    none = t07.run(ctx, collect(_report(tmp_path / "n")),
                    search=["chunked_prefill_size"], search_budget_s=120, search_settings=2, verify_lead=False)
     nfs = t07.findings(none)
-    assert none.lead is None and "None led by more than" in nfs[1].claim
-    assert t07.front_line(fs) == t07.front_line(nfs) == (
+    assert none.tuning.lead is None and "None led by more than" in nfs[1].claim
+    assert front_line(fs) == front_line(nfs) == (
         "Not verified: this run recommends no change to verify (no High or Medium finding names one); no scheduler "
         "setting was verified: this suite's search only screens (2 settings at c=8, one launch each, verify_lead: "
         "false)")
     # verifying (the default) the same lead launches its repetitions: the flag is what saved them
     (tmp_path / "o").mkdir()
-    on = t07.run(ctx, _report(tmp_path / "o"), search=["max_running_requests"], search_budget_s=120,
+    on = t07.run(ctx, collect(_report(tmp_path / "o")), search=["max_running_requests"], search_budget_s=120,
                  search_settings=2)
-    assert on.tuned is not None
+    assert on.tuning.tuned is not None
 
 
 def test_a_search_budget_spent_says_what_was_not_tried(tmp_path, stub_engine):
     ctx = context(stub_engine, {"path": "stub"}, LOAD, repetitions=1, max_repetitions=1,
                   store_dir=str(tmp_path / "s"), progress=False)
-    v = t07.run(ctx, _report(tmp_path), search=["max_running_requests"], search_budget_s=0.001)
+    v = t07.run(ctx, collect(_report(tmp_path)), search=["max_running_requests"], search_budget_s=0.001)
     assert (v.search["status"].iloc[2:] == "not tried: search budget spent").all()
     # offline, the same settings read as the measuring run left them: nothing fails for want of a launch
-    off = t07.run(ctx.with_(offline=True), tmp_path / "report", search=["max_running_requests"],
+    off = t07.run(ctx.with_(offline=True), collect(tmp_path / "report"), search=["max_running_requests"],
                   search_budget_s=0.001)
     assert off.search["status"].tolist() == v.search["status"].tolist()
     fs = t07.findings(off)
     assert off.outcome(fs).points_failed == 0 and off.outcome(fs).points_measured == 2
     with pytest.raises(SpecError, match="search: knobs to search are"):
-        t07.run(ctx, tmp_path, search=["max_batch"], search_budget_s=10)
+        t07.run(ctx, collect(tmp_path), search=["max_batch"], search_budget_s=10)
 
 
 def test_a_search_by_count_tries_the_same_settings_whatever_the_launches_take(tmp_path, stub_engine):
@@ -171,7 +177,7 @@ def test_a_search_by_count_tries_the_same_settings_whatever_the_launches_take(tm
     the grid in both runs, however long a launch takes; a rerun does not go on past N, and offline reads the same."""
     with pytest.raises(SpecError, match="search_settings"):
         t07.run(context(stub_engine, {"path": "stub"}, LOAD, store_dir=str(tmp_path / "x"), progress=False),
-                tmp_path, search=["max_running_requests"], search_budget_s=60, search_settings=-1)
+                collect(tmp_path), search=["max_running_requests"], search_budget_s=60, search_settings=-1)
     statuses = []
     for i, slow in enumerate(("0", "1.5")):  # a fast host and a slow one
         eng = {**stub_engine, "env": {"STUB_READY_AFTER": slow}}
@@ -179,14 +185,14 @@ def test_a_search_by_count_tries_the_same_settings_whatever_the_launches_take(tm
                       store_dir=str(tmp_path / f"s{i}"), progress=False)
         (tmp_path / f"r{i}").mkdir()
         report = _report(tmp_path / f"r{i}")
-        v = t07.run(ctx, report, search=["max_running_requests"], search_budget_s=600, search_settings=2)
+        v = t07.run(ctx, collect(report), search=["max_running_requests"], search_budget_s=600, search_settings=2)
         statuses.append(v.search.set_index("setting")["status"].to_dict())
-        again = t07.run(ctx, report, search=["max_running_requests"], search_budget_s=600, search_settings=2)
+        again = t07.run(ctx, collect(report), search=["max_running_requests"], search_budget_s=600, search_settings=2)
         assert again.search["status"].tolist() == v.search["status"].tolist()  # finished: not continued
-        off = t07.run(ctx.with_(offline=True), report, search=["max_running_requests"], search_budget_s=600,
+        off = t07.run(ctx.with_(offline=True), collect(report), search=["max_running_requests"], search_budget_s=600,
                       search_settings=2)
         assert off.search["status"].tolist() == v.search["status"].tolist()
-        assert "at most 2 settings" in v.search_note
+        assert "at most 2 settings" in v.tuning.note
     assert statuses[0] == statuses[1]
     assert list(statuses[0].values()) == ["measured", "measured", "measured", t07.COUNT_REACHED]
 
@@ -196,11 +202,11 @@ def test_no_setting_that_beats_the_defaults_is_said_and_not_verified(tmp_path, s
     the front line says so."""
     ctx = context(stub_engine, {"path": "stub"}, LOAD, repetitions=1, max_repetitions=1,
                   store_dir=str(tmp_path / "s"), progress=False)
-    v = t07.run(ctx, _report(tmp_path), search=["chunked_prefill_size"], search_budget_s=60)
-    assert v.tuned is None and (v.search["vs_combined_pct"] == 0).all()
+    v = t07.run(ctx, collect(_report(tmp_path)), search=["chunked_prefill_size"], search_budget_s=60)
+    assert v.tuning.tuned is None and (v.search["vs_combined_pct"] == 0).all()
     fs = t07.findings(v)
     assert fs[1].title == "Scheduler tuning: no setting beat the engine's defaults"
-    assert t07.front_line(fs) == ("Not verified: this run recommends no change to verify (no High or Medium finding "
+    assert front_line(fs) == ("Not verified: this run recommends no change to verify (no High or Medium finding "
                                   "names one); no scheduler setting was verified: none of the 3 tried at c=8 beat the "
                                   "engine's defaults by more than 5%")
 
@@ -214,7 +220,7 @@ def test_a_search_lead_that_does_not_hold_up_is_said_so(tmp_path, stub_engine):
     load = {**LOAD, "output_len": 32}
     ctx = context(eng, {"path": "stub"}, load, repetitions=3, max_repetitions=3, store_dir=str(tmp_path / "s"),
                   progress=False)
-    v = t07.run(ctx, _report(tmp_path), baseline={"torch_compile": False}, search=["chunked_prefill_size"],
+    v = t07.run(ctx, collect(_report(tmp_path)), baseline={"torch_compile": False}, search=["chunked_prefill_size"],
                 search_budget_s=60)
     assert v.search.set_index("setting").loc["chunked_prefill_size=512", "vs_combined_pct"] > 50
     fs = t07.findings(v)
@@ -222,7 +228,7 @@ def test_a_search_lead_that_does_not_hold_up_is_said_so(tmp_path, stub_engine):
     assert fs[1].effect is not None and fs[1].effect.n == 3 and abs(fs[1].effect.value_pct) < 10
     # it opens as a search whose lead never cleared the floor does: a second run reads the same first words
     assert "no scheduler setting was verified: the search's lead, chunked_prefill_size=512, did not hold up when " \
-        "verified (" in t07.front_line(fs)
+        "verified (" in front_line(fs)
 
 
 def test_a_search_stopped_by_its_budget_goes_on_where_it_stopped(tmp_path, stub_engine):
@@ -240,7 +246,7 @@ def test_a_search_stopped_by_its_budget_goes_on_where_it_stopped(tmp_path, stub_
 
     runs, counts = [], []
     for i in range(3):
-        runs.append(t07.run(ctx, _report(tmp_path) if i == 0 else tmp_path / "report", search=["max_running_requests"],
+        runs.append(t07.run(ctx, collect(_report(tmp_path) if i == 0 else tmp_path / "report"), search=["max_running_requests"],
                             search_budget_s=1.0))
         counts.append(points())
     measured = [int((r.search["status"] == "measured").sum()) for r in runs]  # the reference's row included
@@ -248,5 +254,5 @@ def test_a_search_stopped_by_its_budget_goes_on_where_it_stopped(tmp_path, stub_
     assert counts == [2, 3, 4]  # one new launch each time: nothing launched twice
     assert (runs[0].search["status"] == t07.BUDGET_SPENT).sum() == 2
     # offline, the finished search is what renders
-    off = t07.run(ctx.with_(offline=True), tmp_path / "report", search=["max_running_requests"], search_budget_s=1.0)
+    off = t07.run(ctx.with_(offline=True), collect(tmp_path / "report"), search=["max_running_requests"], search_budget_s=1.0)
     assert off.search["status"].tolist() == runs[-1].search["status"].tolist()

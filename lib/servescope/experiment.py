@@ -142,7 +142,10 @@ class _Tables:
         self.requests.append(pt.table("requests").assign(**ids))
         m = pt.manifest
         self.startups.append({**ids, **(pt.target.get("startup") or {})})
+        # cuda_graph and flag_list as data: a reader picks points by knob, not by the label's words
         self.points.append({**ids, "key": key, "path": str(pt.path), "flags": " ".join(pt.flags),
+                            "flag_list": list(pt.flags), "cuda_graph": (pt.parts.get("knobs") or {}).get("cuda_graph"),
+                            "engine_defaults": not pt.parts.get("knobs"),
                             "command": pt.target.get("command", ""),
                             "started_unix": m.get("started_unix"), "ended_unix": m.get("ended_unix")})
         self.stored.setdefault((ids["config"], int(ids["rep"])), pt)

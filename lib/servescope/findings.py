@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_serializer, model_validator
 
+from .spec import Knobs
 from .util import atomic_write_text
 
 Confidence = Literal["high", "medium", "low", "none"]
@@ -93,20 +94,91 @@ class Failure(BaseModel):
         return bool(self.knobs) and all(knobs.get(k) == v for k, v in self.knobs.items())
 
 
+# what question a finding answers: the summary and thread 07 act on its fields, never on its words
+Kind = Literal[
+    "effect",  # two configurations measured against each other (an A/B with an interval)
+    "failure",  # a configuration that dies, or could not be measured: the answer for it
+    "cause",  # why the engine runs as it does (thread 01: what disables CUDA graphs)
+    "rule",  # what this engine cannot run together (thread 05: compile and piecewise graphs)
+    "regime",  # what bounds the server under load (thread 03)
+    "kernel_path",  # which kernels run and their share of GPU time (thread 06)
+    "measurement",  # figures without a comparison (a graph ceiling, communication per layer)
+    "environment",  # what the run ran on (thread 00)
+    "verification",  # the recommended changes measured together (thread 07)
+    "search",  # the scheduler search and its verified setting (thread 07)
+    "ranking",  # the summary's answer (99)
+]
+
+
+class Conflict(BaseModel):
+    """A setting a change cannot run together with on this engine, and why (the rule, as its thread found it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    knobs: dict[str, Any]  # the other setting, as knobs: {'cuda_graph': 'piecewise'}
+    why: str
+
+
+class Change(BaseModel):
+    """What a finding recommends changing, as data: the knobs it sets, the engine's flags for them (or the
+    deployment's flags to drop), the change in words where it is no flag, the setting its own thread picked instead
+    (an alternative measured but not chosen), and the settings it cannot run together with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    knobs: Knobs | None = None  # None: a change no knob expresses (a model config key, a layout in words)
+    flags: list[str] = Field(default_factory=list)  # the engine's flags to add
+    drop_flags: list[str] = Field(default_factory=list)  # the deployment's own flags to remove
+    words: str = ""  # the change in words where flags do not say it ('drop --enforce-eager')
+    alternative_to: str = ""  # the setting its thread picked instead ('' for the pick itself)
+    excludes: list[Conflict] = Field(default_factory=list)
+
+    @field_serializer("knobs")
+    def _set_only(self, k: Knobs | None) -> dict[str, Any] | None:
+        # the knobs the change sets, not every default: compose and failures compare the keys
+        return None if k is None else k.model_dump(mode="json", exclude_defaults=True)
+
+    @property
+    def knob_settings(self) -> dict[str, Any]:
+        """The knobs the change sets, as a dict ({} where it sets none)."""
+        return {} if self.knobs is None else self.knobs.model_dump(mode="json", exclude_defaults=True)
+
+    @property
+    def recommends(self) -> bool:
+        """True when the change is one to make (flags to add or drop, or words); False for a fact about a setting
+        that is not recommended (what it excludes)."""
+        return bool(self.flags or self.drop_flags or self.words)
+
+
+# a finding's texts computed from its fields: written to its JSON for readers, dropped when it is read back
+DERIVED = ("claim", "recommended_flags", "recommendation")
+
+
+class Verdict(BaseModel):
+    """What thread 07 verified, as data: whether its effect is verified, and what, in words without the opening the
+    front page gives it ('Verified: ', 'Not verified: '); summary.front_line renders the first line from it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    verified: bool
+    words: str
+
+
 class Finding(BaseModel):
-    """One conclusion of one thread, with its evidence."""
+    """One conclusion of one thread, with its evidence: its headline and detail (the words), and its verdict as
+    fields (kind, applies, direction, confidence, optimal, the change) that every decision reads."""
 
     model_config = ConfigDict(extra="forbid")
 
     thread: str
+    kind: Kind
     title: str
-    claim: str
+    headline: str  # the answer in one sentence, without its closing period
+    detail: str = ""  # the sentences after it
     applies: bool = True
     reason: str = ""
     effect: Effect | None = None
-    recommended_flags: list[str] = Field(default_factory=list)
-    # the change in words where it is not a flag (a model config key, a deployment layout), else ''
-    recommendation: str = ""
+    change: Change | None = None
     confidence: Confidence = "none"
     direction: Direction = ""
     evidence: dict[str, Any] = Field(default_factory=dict)
@@ -115,22 +187,62 @@ class Finding(BaseModel):
     # the measurement recommends what already runs: the engine's defaults are the better side, the deployed layout
     # beat every other, the MoE path is already grouped (99's tier "Already optimal"; 07 verifies nothing of it)
     optimal: bool = False
+    verdict: Verdict | None = None  # thread 07's findings: what they verified, for the front page
 
     def resolved_as(self, direction: Direction, at_least: Confidence = "medium") -> bool:
         """True for a comparison that applies and moved the way asked, with at least that confidence."""
         return self.applies and self.direction == direction and confidence_rank(self.confidence) >= \
             confidence_rank(at_least)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_in(cls, data: Any) -> Any:
+        # the JSON carries the derived texts for its readers (jq, a diff): they are computed again, never read back
+        if isinstance(data, dict) and "headline" in data:
+            return {k: v for k, v in data.items() if k not in DERIVED}
+        if isinstance(data, dict) and "claim" in data:
+            raise ValueError("claim is computed from headline= and detail= (give those); a findings file written "
+                             "before findings stated their headline, kind and change as fields is rendered again "
+                             "from its store (servescope run SUITE --offline)")
+        return data
+
+    @computed_field  # type: ignore[prop-decorator]
     @property
-    def headline(self) -> str:
-        """The claim's first sentence (sentences end at '. ': decimals do not cut it)."""
-        return self.claim.split(". ")[0]
+    def claim(self) -> str:
+        """The headline and the detail as one text."""
+        return f"{self.headline}." + (f" {self.detail}" if self.detail else "")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def recommended_flags(self) -> list[str]:
+        """The engine's flags the finding recommends adding ([] for none)."""
+        return list(self.change.flags) if self.change is not None and self.change.recommends else []
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def recommendation(self) -> str:
+        """The recommended change in words where it is no flag to add ('' for none)."""
+        return self.change.words if self.change is not None and self.change.recommends else ""
+
+    @property
+    def recommends(self) -> bool:
+        """True when the finding recommends a change (flags, flags to drop, or words)."""
+        return self.change is not None and self.change.recommends
 
     @property
     def answers(self) -> bool:
         """True when the finding states an answer: an effect or state that applies, or a 'does not apply here'
         backed by evidence (a confidence); False for 'not measured' and the like."""
         return self.applies or self.confidence != "none"
+
+    def add(self, sentences: str) -> None:
+        """Append sentences to the detail."""
+        self.detail = f"{self.detail} {sentences.strip()}".strip()
+
+
+def sentences(headline: str, detail: str = "") -> dict[str, str]:
+    """headline= and detail= for a Finding from its first sentence and the rest (a trailing period dropped)."""
+    return {"headline": headline.rstrip().removesuffix("."), "detail": detail.strip()}
 
 
 def best_of(findings: list[Finding], direction: Direction = "better") -> Finding | None:
@@ -224,7 +336,7 @@ def failures_of(by_thread: dict[str, list[Finding]]) -> list[Failure]:
 def failed_change(f: Finding, failed: list[Failure]) -> Failure | None:
     """The failed configuration a finding's recommended change contains, if any (its knobs set every knob the
     failure set, the same way)."""
-    knobs = f.evidence.get("knobs") or {}
+    knobs = f.change.knob_settings if f.change is not None else {}
     return next((x for x in failed if knobs and x.matches(knobs)), None)
 
 
@@ -233,9 +345,9 @@ def tier(f: Finding, failed: list[Failure] | None = None) -> str:
     configuration that failed here (failed: failures_of the run) is excluded."""
     if not f.answers:
         return "Not measured"
-    if f.applies and (f.recommended_flags or f.recommendation) and failed and failed_change(f, failed):
+    if f.applies and f.recommends and failed and failed_change(f, failed):
         return "Excluded: failed here"
-    if f.applies and (f.recommended_flags or f.recommendation):
+    if f.applies and f.recommends:
         if f.effect is None:
             return "Low"
         return {"high": "High", "medium": "Medium"}.get(f.confidence, "Low")

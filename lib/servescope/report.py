@@ -398,7 +398,7 @@ def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_st
     optimal = optimal.assign(_head=is_head).sort_values("_head", ascending=False, kind="stable") \
         .drop_duplicates("thread").sort_index().drop(columns="_head").to_dict("records")
     checked = by_thread.get(verify.THREAD)
-    verified = verify.front_line(checked) if checked else \
+    verified = summary.front_line(checked) if checked else \
         f"Not verified: this run did not measure the recommended changes together ({verify.THREAD} did not run)"
     docs = sorted(p.name for p in (out_dir / "changes").glob("*.md")) if (out_dir / "changes").is_dir() else []
     page = env.get_template("index.html.j2").render(

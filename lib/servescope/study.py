@@ -28,7 +28,7 @@ from .engines.base import EngineAdapter, EngineInstall
 from .engines.state import FIELDS, ResolvedState, differences, verify
 from .errors import KnobError, ServescopeError, SpecError
 from .experiment import Config, Results, point_parts, read_store, run_configs
-from .findings import Confidence, Direction, Effect, Failure, Finding, Outcome, capped
+from .findings import Change, Confidence, Direction, Effect, Failure, Finding, Outcome, capped, sentences
 from .launch import find_install
 from .load.health import LOOP_LAG_LIMIT_MS
 from .plots import Figure
@@ -152,7 +152,7 @@ class Study:
                 continue
             v = verify(self.adapter.expected_state(a.knobs), st)
             status, words = self.graph_check(a.name) if a.knobs.cuda_graph is not None else ("", "")
-            if words and not words.startswith("no profiled window"):  # the profiled window's own graph launches
+            if words and status != "no profile":  # the profiled window's own graph launches
                 v = pd.concat([v, pd.DataFrame([{"field": "graphs in trace", "requested": a.knobs.cuda_graph,
                                                  "resolved": words, "status": status,
                                                  "why": "" if status == "as requested" else words}])],
@@ -290,11 +290,12 @@ class Study:
 
     def graph_check(self, arm: str) -> tuple[str, str]:
         """What an arm's profiled windows say of its graph use against what it asked for: (status, words), status
-        'as requested' / 'differs' / 'not verified' (no profile of that arm, or a trace that cannot tell)."""
+        'as requested' / 'differs' / 'not verified' (a trace that cannot tell) / 'no profile' (no profiled window of
+        that arm)."""
         t = self.graph_traces()
         t = t[(t["config"].astype(str).str.replace(r" \(\+\w+ profile\)$", "", regex=True) == arm) & (t["graphs"] != "")]
         if t.empty:
-            return "not verified", f"no profiled window of {arm}"
+            return "no profile", f"no profiled window of {arm}"
         seen = t["graphs"].value_counts().idxmax()
         words = f"{arm}'s profiled window{'s' if len(t) > 1 else ''}: graphs {seen} ({t['why'].iloc[0]})"
         asked = self.arm(arm).knobs.cuda_graph if arm in {a.name for a in self.arms} else None
@@ -463,11 +464,12 @@ class Comparison:
         return headline_effect(s, metric, self.baseline, self.treatment, self.study.equivalence_pct)
 
     def finding(self, title: str, subject: str, better: Knobs | None = None, worse: Knobs | None = None,
-                extra: str = "", deployed: Knobs | None = None) -> Finding:
+                extra: str = "", deployed: Knobs | None = None, named: str = "") -> Finding:
         """The headline: subject's measured effect on throughput per level (verdict, CI, confidence), what each
         side resolved to, the caveats; recommended flags (spelled by the engine) for better if the treatment helps,
         for worse if it hurts. deployed: how the deployment runs today (the suite's baseline); where the better side
-        is the engine's default and the deployment's flags turn it off, the change is to drop them."""
+        is the engine's default and the deployment's flags turn it off, the change is to drop them. named: the
+        subject mid-sentence, where it differs ('the combination' for 'The combination')."""
         thread = self.study.thread
         errors = self.study.results.errors
         errs = [{k: v for k, v in x.items() if k != "traceback"} for x in errors.to_dict("records")] if len(errors) else []
@@ -488,18 +490,19 @@ class Comparison:
         effect = self._effect(h)
         sides = "; ".join(f"{n} ran as {_state_words(st)}" for n, st in states.items())
         if not varied:
-            return Finding(thread=thread, title=f"{subject}: not compared", applies=False, confidence="none",
-                           claim=f"The arms did not resolve to what was asked, so this is not a measurement of "
-                                 f"{subject}: {'; '.join(says)}. {sides}.", reason="; ".join(says), effect=effect,
+            return Finding(thread=thread, kind="effect", title=f"{subject}: not compared", applies=False,
+                           confidence="none", headline=f"The arms did not resolve to what was asked, so this is not a "
+                           f"measurement of {named or subject}: {'; '.join(says)}", detail=f"{sides}.",
+                           reason="; ".join(says), effect=effect,
                            direction=direction, evidence=self._evidence(states, errs))
         lopsided = self.lopsided_levels()  # read once: the headline's words and the per-level words both use it
         stalled, direction, words = self._client_stall(h, direction, words, lopsided)
         if stalled:
             cap, says = "low", [*says, stalled]
         conf = capped(h.confidence, cap)
-        claim = self._claim(subject, words, h, tok, sides, says, lopsided.index) + extra
+        headline, detail = self._claim(subject, words, h, tok, sides, says, lopsided.index, named or subject)
         cautions, ev = self._cautions()
-        claim += cautions
+        detail += extra + cautions
         rec_knobs = better if direction == "better" else worse if direction == "worse" else None
         flags, note, reason, optimal = self._recommend(rec_knobs, direction, conf)
         drop = self._drop(rec_knobs, deployed) if rec_knobs is not None and not flags and conf != "none" else []
@@ -510,16 +513,15 @@ class Comparison:
             reason, optimal = "", False
         ev = self._evidence(states, errs) | ev | {"noise_pct": {"baseline": _r(peak.baseline_spread_pct),
                                                                 "treatment": _r(peak.treatment_spread_pct)}}
-        if (flags or drop) and rec_knobs is not None:  # what a later thread composes (07 verifies them together)
-            ev["knobs"] = rec_knobs.model_dump(mode="json", exclude_defaults=True)
-        if drop:  # as data: what 07's improvement document says to remove and, to roll back, to put back
-            ev["drop_flags"] = drop
+        # what a later thread composes (07 verifies them together); drop: what 07's improvement document says to
+        # remove and, to roll back, to put back
+        change = Change(knobs=rec_knobs, flags=flags, drop_flags=drop, words=f"drop {' '.join(drop)}" if drop else "") \
+            if (flags or drop) and rec_knobs is not None else None
         if fails:
-            claim += " Failed: " + "; ".join(f"{x.config} {x.words()}" for x in fails) + "."
-        return Finding(thread=thread, title=f"{subject}: {self.treatment} vs {self.baseline}", claim=claim + note,
-                       effect=effect, recommended_flags=flags, confidence=conf, direction=direction, evidence=ev,
-                       reason=reason, failures=fails, optimal=optimal,
-                       recommendation=f"drop {' '.join(drop)}" if drop else "")
+            detail += " Failed: " + "; ".join(f"{x.config} {x.words()}" for x in fails) + "."
+        return Finding(thread=thread, kind="effect", title=f"{subject}: {self.treatment} vs {self.baseline}",
+                       **sentences(headline, detail + note), effect=effect, change=change, confidence=conf,
+                       direction=direction, evidence=ev, reason=reason, failures=fails, optimal=optimal)
 
     def _drop(self, knobs: Knobs | None, deployed: Knobs | None) -> list[str]:
         """The deployment's flags that keep it from knobs, where knobs need no flag (the engine's default): what to
@@ -538,20 +540,21 @@ class Comparison:
         """A side that dies before it is ready with the engine's own exception: that is the answer for it."""
         install = self.study.install
         version = f"{self.study.adapter.name} {install.version}" if install is not None else "this engine version"
-        return Finding(thread=self.study.thread, title=f"{subject}: {dead.config} dies before it is ready on {version}",
-                       claim=f"{dead.config} ({Knobs(**dead.knobs).label()}) {dead.words()}"
-                             + ("; the engine then tore its own process tree down" if dead.teardown == "engine" else "")
-                             + (f". Seen in an earlier attempt, {dead.recorded}, and not launched again"
-                                if dead.recorded else "") + ". No effect can be measured for it.",
+        return Finding(thread=self.study.thread, kind="failure",
+                       title=f"{subject}: {dead.config} dies before it is ready on {version}",
+                       headline=f"{dead.config} ({Knobs(**dead.knobs).label()}) {dead.words()}"
+                       + ("; the engine then tore its own process tree down" if dead.teardown == "engine" else ""),
+                       detail=(f"Seen in an earlier attempt, {dead.recorded}, and not launched again. "
+                               if dead.recorded else "") + "No effect can be measured for it.",
                        applies=True, confidence="high", reason=dead.words(), failures=fails,
                        evidence={"errors": errs, "resolved": {k: v.to_dict() for k, v in states.items()}})
 
     def _not_measured(self, subject: str, states: dict[str, ResolvedState], errs: list[dict[str, Any]]) -> Finding:
         first = next((x for x in errs if x.get("signal")), errs[0] if errs else None)
         cause = f" First failure: {first['config']} rep {first['rep']}: {first['summary']}" if first else ""
-        return Finding(thread=self.study.thread, title=f"{subject}: not measured", applies=False, confidence="none",
-                       claim=f"No paired measurement of {self.treatment} vs {self.baseline} completed, so no effect "
-                             f"can be stated.{cause}",
+        return Finding(thread=self.study.thread, kind="failure", title=f"{subject}: not measured", applies=False,
+                       confidence="none", headline=f"No paired measurement of {self.treatment} vs {self.baseline} "
+                       "completed, so no effect can be stated", detail=cause.strip(),
                        reason="; ".join(f"{x['config']} rep {x['rep']}: {x['signal'] or x['error_type']}"
                                         for x in errs) or "no data",
                        evidence={"errors": errs, "resolved": {k: v.to_dict() for k, v in states.items()}})
@@ -566,21 +569,23 @@ class Comparison:
                       stopped=self.study.results.stopped, method=h.method)
 
     def _claim(self, subject: str, words: str, h: Headline, tok: pd.DataFrame, sides: str, says: list[str],
-               lopsided: pd.Index) -> str:
-        """The finding's sentences: the effect, per repetition and per level, what each side ran as, the checks."""
+               lopsided: pd.Index, named: str) -> tuple[str, str]:
+        """The finding's headline (the effect) and the sentences after it: per repetition and per level, what each
+        side ran as, the checks."""
         levels = "; ".join(f"c={int(r.concurrency)}: {r.effect_pct:+.0f}% ({_ci(r)}, "
                            + (f"{r.confidence}" if float(r.concurrency) not in lopsided else
                               f"{capped(r.confidence, 'low')}: the client stalled on one side") + ")"
                            for r in tok.itertuples())
         per_rep = ", ".join(f"{v:+.0f}%" for v in h.per_rep_pct)
         stopped = self.study.results.stopped
-        claim = (f"{subject} {words}. Per repetition ({h.scope}): {per_rep}; {stopped or f'{h.n} repetitions'}. "
-                 f"Per level, ratio of medians (90% CI, confidence): {levels}. {sides}.")
+        detail = (f"Per repetition ({h.scope}): {per_rep}; {stopped or f'{h.n} repetitions'}. "
+                  f"Per level, ratio of medians (90% CI, confidence): {levels}. {sides}.")
         if says:
-            return claim + " Not verified or also different: " + "; ".join(says) + "."
+            return f"{subject} {words}", detail + " Not verified or also different: " + "; ".join(says) + "."
         said = ([f"resolved as asked in {', '.join(self.studied)}"] if self.studied else []) + \
             ([f"equal in {', '.join(self.controls)}"] if self.controls else [])
-        return claim + (f" Both sides {' and '.join(said)}, so the effect is {subject}'s." if said else "")
+        return f"{subject} {words}", detail + (f" Both sides {' and '.join(said)}, so the effect is {named}'s."
+                                                if said else "")
 
     def _cautions(self) -> tuple[str, dict[str, Any]]:
         """Sentences on what may have bent the figures (short answers, tracing, the load client, an oversubscribed
@@ -602,7 +607,7 @@ class Comparison:
                     "points, so latencies there include scheduling delay (evidence.client_starved)."
                     + self._starved_intervals())
         checks = {side: study.graph_check(side) for side in (self.baseline, self.treatment)}
-        seen = {side: c for side, c in checks.items() if c[1] and not c[1].startswith("no profiled window")}
+        seen = {side: c for side, c in checks.items() if c[1] and c[0] != "no profile"}
         if seen:
             differs = [w for st, w in seen.values() if st == "differs"]
             out += (f" The trace contradicts the graph state asked for: {'; '.join(differs)}." if differs else
@@ -839,8 +844,8 @@ def read_or_run(thread: str, ctx: RunContext, arms: Sequence[Arm],
 
 def expressible(ctx: RunContext, arms: Sequence[Arm], install: EngineInstall | None = None) -> pd.DataFrame:
     """Per arm: whether this engine version (install, else the run's own, created if missing) can express its knobs,
-    with their flags or the reason it cannot. Offline where the engine is not installed here: the arms whose first
-    repetition the store holds."""
+    with their flags or the reason it cannot, and whether the engine was asked (False: only the store was read).
+    Offline where the engine is not installed here: the arms whose first repetition the store holds."""
     adapter = ctx.adapter
     try:
         if install is None and adapter.launches:
@@ -856,9 +861,9 @@ def expressible(ctx: RunContext, arms: Sequence[Arm], install: EngineInstall | N
                 raise SpecError("an external server runs as it was started: its settings cannot be chosen from here")
             flags = adapter.knob_flags(a.knobs, install)
             rows.append({"arm": a.name, "expressible": True, "flags": " ".join(flags) or "(none: the default)",
-                         "reason": ""})
+                         "reason": "", "asked": True})
         except (KnobError, SpecError) as ex:
-            rows.append({"arm": a.name, "expressible": False, "flags": "", "reason": str(ex)})
+            rows.append({"arm": a.name, "expressible": False, "flags": "", "reason": str(ex), "asked": True})
     return pd.DataFrame(rows)
 
 
@@ -870,4 +875,5 @@ def stored_row(ctx: RunContext, a: Arm, why: str) -> dict[str, Any]:
     # a launch the store saw die before it was ready was expressible: its death is what the store holds of it
     have = store.has(key) or store.recorded_death(key) is not None
     return {"arm": a.name, "expressible": have, "flags": "(read from the store)" if have else "",
-            "reason": "" if have else f"not in the store, and the engine is not here to ask ({why})"}
+            "reason": "" if have else f"not in the store, and the engine is not here to ask ({why})",
+            "asked": False}  # the engine was not asked: a setting missing here is not measured, not refused

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .findings import SUMMARY as SELF
-from .findings import TIERS, Finding, collect, failed_change, failures_of, tier  # noqa: F401  (07 reads them too)
+from .findings import TIERS, Change, Finding, Verdict, collect, failed_change, failures_of, sentences, tier  # noqa: F401
 
 
 def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer") -> pd.DataFrame:
@@ -33,8 +33,8 @@ def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer")
                          "effect_pct": abs(f.effect.value_pct) if f.effect is not None else float("nan"),
                          "confidence": f.confidence, "change": change,
                          "why": _why(f, t, failed), "evidence": link.format(thread=thread), "order": i,
-                         "alternative": bool(f.evidence.get("alternative_to")),
-                         "knob_keys": ",".join(sorted((f.evidence.get("knobs") or {}).keys()))})
+                         "alternative": bool(f.change is not None and f.change.alternative_to),
+                         "knob_keys": ",".join(sorted(f.change.knob_settings)) if f.change is not None else ""})
     cols = ["tier", "thread", "finding", "effect", "confidence", "change", "why", "evidence", "optimal", "knob_keys"]
     if not rows:
         return pd.DataFrame(columns=cols)
@@ -47,8 +47,8 @@ def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer")
 
 
 def _why(f: Finding, t: str, failed: list) -> str:
-    if f.evidence.get("alternative_to") and t in TIERS[:3]:
-        return f"its thread picked {f.evidence['alternative_to']} instead: {f.headline}"[:300]
+    if f.change is not None and f.change.alternative_to and t in TIERS[:3]:
+        return f"its thread picked {f.change.alternative_to} instead: {f.headline}"[:300]
     if t == "Excluded: failed here":
         x = failed_change(f, failed)
         return f"its configuration {x.config} {x.words()}"[:400] if x is not None else ""
@@ -95,17 +95,39 @@ def findings(ranked: pd.DataFrame, by_thread: dict[str, list[Finding]]) -> list[
     evidence = {"ranked": ranked.to_dict("records"), "regime": regime(by_thread), "not_measured": failed}
     if len(top):
         r = top.iloc[0]
-        return [Finding(thread=SELF, title=f"First change: {r.finding}", applies=True,
+        return [Finding(thread=SELF, kind="ranking", title=f"First change: {r.finding}", applies=True,
                         confidence=r.confidence if r.confidence in ("high", "medium", "low") else "low",
-                        claim=f"{r.finding} ({r.thread}): {r.effect or 'no measured effect'}; change: {r.change}. "
-                              f"{len(recommendations(ranked, 99))} change(s) ranked in all; regime under load: "
-                              f"{regime(by_thread)}.", recommended_flags=[], recommendation=r.change,
-                        evidence=evidence)]
+                        headline=f"{r.finding} ({r.thread}): {r.effect or 'no measured effect'}; change: {r.change}",
+                        detail=f"{len(recommendations(ranked, 99))} change(s) ranked in all; regime under load: "
+                               f"{regime(by_thread)}.", change=Change(words=r.change), evidence=evidence)]
     answered = int((ranked["tier"] != "Not measured").sum()) if len(ranked) else 0
     if not answered:
-        return [Finding(thread=SELF, title="Nothing measured to rank", applies=False, confidence="none",
-                        claim="No thread of this run stated an answer.", reason="no findings", evidence=evidence)]
-    return [Finding(thread=SELF, title="No change to recommend", applies=True, confidence="medium",
-                    claim=f"{answered} findings answered and none asks for a change"
-                          + (f" ({', '.join(failed)} could not answer)" if failed else "") + "; regime under load: "
-                          f"{regime(by_thread)}.", evidence=evidence)]
+        return [Finding(thread=SELF, kind="ranking", title="Nothing measured to rank", applies=False,
+                        confidence="none", headline="No thread of this run stated an answer", reason="no findings",
+                        evidence=evidence)]
+    return [Finding(thread=SELF, kind="ranking", title="No change to recommend", applies=True, confidence="medium",
+                    **sentences(f"{answered} findings answered and none asks for a change"
+                                + (f" ({', '.join(failed)} could not answer)" if failed else "") + "; regime under load: "
+                                f"{regime(by_thread)}."), evidence=evidence)]
+
+
+NONE_VERIFIED = "no scheduler setting was verified: "
+
+
+def front_line(verification: list[Finding]) -> str:
+    """The report's first line, rendered from thread 07's verdicts (the combined changes', then the scheduler
+    search's): the verified answer, with the scheduler setting where one was verified too. Every way of verifying no
+    setting opens the scheduler half the same: a second run whose one-launch lead happened to clear the floor, then
+    failed its repetitions, says what the first run said."""
+    head, tune = ([f.verdict for f in verification] + [None, None])[:2]
+
+    def said(v: Verdict) -> str:
+        return ("Verified: " if v.verified else "Not verified: ") + v.words
+
+    if tune is None:
+        return said(head) if head is not None else ""
+    if not tune.verified:
+        return (f"{said(head)}; " if head is not None else "") + NONE_VERIFIED + tune.words
+    if head is not None and head.verified:
+        return f"{said(head)}; scheduler tuning on top: {tune.words}"
+    return f"Verified: {tune.words}" + (f" (not verified: {head.words})" if head is not None else "")

@@ -141,11 +141,19 @@ class Regime:
         """What to try, in words."""
         return ACTIONS.get(self.regime, "")
 
+    def headline(self) -> str:
+        """The verdict and its because, as one sentence without its period."""
+        head = (f"undecided between {', '.join(self.candidates)}" if self.regime == "undecided" else self.regime)
+        return f"{head}: {self.because}"
+
+    def missing_words(self) -> str:
+        """'Missing: ...' (the readings the verdict lacked), or ''."""
+        return f"Missing: {'; '.join(self.missing)}." if self.missing else ""
+
     def words(self) -> str:
         """The verdict as one sentence an engineer acts on."""
-        head = (f"undecided between {', '.join(self.candidates)}" if self.regime == "undecided" else self.regime)
-        tail = f" Missing: {'; '.join(self.missing)}." if self.missing else ""
-        return f"{head}: {self.because}.{tail}"
+        tail = self.missing_words()
+        return f"{self.headline()}." + (f" {tail}" if tail else "")
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for findings and tables."""

@@ -18,7 +18,7 @@ from ..analysis.regime import Regime, point_level, regime_table
 from ..context import RepetitionPlan, RunContext
 from ..errors import ServescopeError
 from ..experiment import Results
-from ..findings import CONFIDENCE_ORDER, Finding
+from ..findings import CONFIDENCE_ORDER, Change, Finding, sentences
 from ..plots import Figure
 from ..spec import Knobs, ProfileSpec
 from ..study import Arm, Study, read_or_run
@@ -210,15 +210,17 @@ def findings(ps: PowerStudy) -> list[Finding]:
     res = ps.study.results
     out: list[Finding] = []
     if res.points.empty:
-        return [Finding(thread=THREAD, title="Clocks and power: not measured", claim="No point was measured or "
-                        f"stored for this engine and model ({ps.source}).", applies=False, reason=ps.source)]
+        return [Finding(thread=THREAD, kind="failure", title="Clocks and power: not measured",
+                        headline=f"No point was measured or stored for this engine and model ({ps.source})",
+                        applies=False, reason=ps.source)]
     if not ps.has_gpu:
         why = ps.gpu_missing_reason()
         cpu = _cpu_headline(ps)
         title = cpu[0] if cpu else "No GPU here: clocks, power and GPU regimes not measured"
-        out.append(Finding(thread=THREAD, title=title,
-                           claim=(f"{cpu[1]} " if cpu else "") + f"The telemetry read no GPU ({why}): clocks and "
-                           "power are not measured; the host and server side are shown instead.",
+        said = f"The telemetry read no GPU ({why}): clocks and power are not measured; the host and server side " \
+            "are shown instead."
+        out.append(Finding(thread=THREAD, kind="regime", title=title,
+                           **(sentences(cpu[1], said) if cpu else sentences(said)),
                            applies=False, reason=why, confidence="medium" if cpu else "high",
                            evidence={"gpu_status": why, "cpu_regimes": cpu[2] if cpu else {}}))
     if ps.has_gpu:
@@ -238,10 +240,10 @@ def findings(ps: PowerStudy) -> list[Finding]:
         flags = [f for f in _flags(ps, r.regime) if f not in ran_with]  # a flag it already ran with is no advice
         head = r.regime if decided else "undecided (" + " or ".join(r.candidates) + ")"
         out.append(Finding(
-            thread=THREAD, title=f"{cfg} at {top}: {head}",
-            claim=r.words() + (f" What to try: {r.action}" if decided else ""), applies=decided,
+            thread=THREAD, kind="regime", title=f"{cfg} at {top}: {head}", headline=r.headline(),
+            detail=(r.missing_words() + (f" What to try: {r.action}" if decided else "")).strip(), applies=decided,
             reason="" if decided else f"the readings cannot separate {', '.join(r.candidates)}",
-            recommended_flags=flags, confidence=r.confidence if decided else "none",
+            change=Change(flags=flags) if flags else None, confidence=r.confidence if decided else "none",
             evidence={"config": cfg, "point": top, "regime": r.as_dict(),
                       "points_with_regime": _counts(ps, cfg)}))
     return out
@@ -258,8 +260,9 @@ def _cpu_headline(ps: PowerStudy) -> tuple[str, str, dict[str, str]] | None:
         return None
     cfgs = list(dict.fromkeys(i["config"] for i, _ in cpu))
     # the engine's defaults, else their profiled launch (the default suite's 02 is one), else the first
-    cfg = "engine defaults" if "engine defaults" in cfgs else \
-        next((c for c in cfgs if c.startswith("engine defaults")), cfgs[0])
+    pts = ps.study.results.points
+    defaults = set(pts.loc[pts["engine_defaults"], "config"]) if "engine_defaults" in pts else set()
+    cfg = "engine defaults" if "engine defaults" in cfgs else next((c for c in cfgs if c in defaults), cfgs[0])
     per: dict[str, dict[str, int]] = {}
     for i, r in cpu:
         if i["config"] == cfg:
@@ -269,7 +272,7 @@ def _cpu_headline(ps: PowerStudy) -> tuple[str, str, dict[str, str]] | None:
     top = {p: max(per[p].items(), key=lambda kv: kv[1])[0] for p in levels}
     words = ", ".join(f"{p} {top[p]}" for p in levels)
     claim = (f"The server computes on the CPU, so its cores are the device: per level ({cfg}, the verdict most "
-             f"repetitions reached) {words}.")
+             f"repetitions reached) {words}")
     # the title names the operating point (the highest level) only: a lower level's regime sits near a boundary
     # (two cold runs here called c=4 under-loaded and compute-bound) and is in the claim
     return f"CPU server ({cfg}) at {levels[-1]}: {top[levels[-1]]}", claim, top
@@ -297,7 +300,7 @@ def _headline(ps: PowerStudy) -> Finding:
     else:
         title = f"Not throttled: most points {top} ({k} of {n})"
     tally = ", ".join(f"{r} {v}" for r, v in sorted(counts.items(), key=lambda kv: -kv[1]))
-    return Finding(thread=THREAD, title=title, claim=f"{words}. Regimes over the {n} points: {tally}.",
+    return Finding(thread=THREAD, kind="regime", title=title, headline=words, detail=f"Regimes over the {n} points: {tally}.",
                    applies=bool(throttled), reason="" if throttled else "no point was throttled",
                    confidence="high", evidence={"regime_counts": counts, "max_power_pct_of_limit": power,
                                                 "min_sm_clock_pct_of_max": clock, "reasons_max_share": reasons})
@@ -321,7 +324,7 @@ def _flags(ps: PowerStudy, regime: str) -> list[str]:
         pass
     if regime == "launch-bound":  # the spelling a stored point with full graphs ran with, if there is one
         pts = ps.study.results.points
-        hit = pts[pts["config"].str.startswith("cuda_graph=full")] if len(pts) else pts
-        if len(hit) and hit["flags"].iloc[0]:
-            return str(hit["flags"].iloc[0]).split()
+        hit = pts[pts["cuda_graph"] == "full"] if len(pts) else pts
+        if len(hit) and hit["flag_list"].iloc[0]:
+            return list(hit["flag_list"].iloc[0])
     return []

@@ -16,7 +16,7 @@ from ..engines.base import EngineInstall
 from ..engines.flagscan import FlagSet
 from ..engines.helpcheck import flag_disagreements, run_help
 from ..errors import ServescopeError
-from ..findings import Finding
+from ..findings import Finding, sentences
 from ..launch import find_install
 
 THREAD = "00_environment"
@@ -139,11 +139,11 @@ def findings(info: pd.DataFrame, gpu: pd.DataFrame, gpu_reason: str, caps: pd.Da
     """The environment as one finding (no effect: it qualifies every other finding)."""
     facts = dict(zip(info["fact"], info["value"], strict=True))
     if "not available" in facts:
-        return [Finding(thread=THREAD, title="Engine not available here", applies=False,
-                        claim=f"{facts['engine']}: {facts['not available']}", reason=facts["not available"])]
+        return [Finding(thread=THREAD, kind="environment", title="Engine not available here", applies=False,
+                        **sentences(f"{facts['engine']}: {facts['not available']}"), reason=facts["not available"])]
     where = f"{len(gpu)} x {gpu['name'].iloc[0]}" if len(gpu) else gpu_reason
     n_ok = int(caps["supported"].sum()) if len(caps) else 0
-    return [Finding(thread=THREAD, title="Measured on", applies=True, confidence="high",
-                    claim=f"{facts.get('engine')} {facts.get('version', '')} ({facts.get('platform', '')}) on {where}; "
-                          f"{n_ok} of {len(caps)} knob settings expressible on this version.",
+    return [Finding(thread=THREAD, kind="environment", title="Measured on", applies=True, confidence="high",
+                    headline=f"{facts.get('engine')} {facts.get('version', '')} ({facts.get('platform', '')}) on "
+                             f"{where}; {n_ok} of {len(caps)} knob settings expressible on this version",
                     evidence={"engine": facts, "gpus": gpu.to_dict("records")})]

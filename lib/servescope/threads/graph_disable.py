@@ -22,7 +22,7 @@ from ..engines.logs import analyze_log
 from ..engines.matrix import source_tree as published_source
 from ..engines.state import FactRule, ResolvedState
 from ..errors import KnobError, ServescopeError, SpecError
-from ..findings import Failure, Finding
+from ..findings import Change, Failure, Finding, sentences
 from ..launch import find_install
 from ..spec import Knobs, ProfileSpec, parse
 from ..study import Arm, Study, run_study, stored_failures, stored_points
@@ -271,19 +271,19 @@ def graph_twin(study: Study, apart: float = 1.3) -> Finding | None:
                       f"{r['on_tok_s']:.0f}" for r in rows)
     state = state_of(study)
     if len(sides_seen) > 1:
-        return Finding(thread=THREAD, title="Resolved graph mode unknown (speed between graphs off and on)",
-                       applies=False, confidence="none", reason=state.why_missing("graph_decode"),
-                       claim=f"The server did not report its graph mode ({state.why_missing('graph_decode')}); its "
-                             f"speed resembles neither side of the stored pair at every level: {words}.",
+        return Finding(thread=THREAD, kind="cause", title="Resolved graph mode unknown (speed between graphs off and "
+                       "on)", applies=False, confidence="none", reason=state.why_missing("graph_decode"),
+                       headline=f"The server did not report its graph mode ({state.why_missing('graph_decode')}); its "
+                                f"speed resembles neither side of the stored pair at every level: {words}",
                        evidence={"resolved": state.to_dict(), "pair": rows})
     side = sides_seen.pop()
-    return Finding(thread=THREAD, title=f"CUDA graphs probably {side} (inferred from speed)", applies=False,
-                   confidence="medium" if len(rows) >= 2 else "low", reason="an inference from throughput, not the "
-                   "engine's own report",
-                   claim=f"The server did not report its graph mode ({state.why_missing('graph_decode')}). At "
-                         f"{'every' if len(rows) > 1 else 'the one'} level where the stored explicit pair differs "
-                         f"by {apart:.1f}x or more, its throughput is nearer the graphs-{side} side: {words}. "
-                         "This is inferred from speed, not read from the engine.",
+    return Finding(thread=THREAD, kind="cause", title=f"CUDA graphs probably {side} (inferred from speed)",
+                   applies=False, confidence="medium" if len(rows) >= 2 else "low", reason="an inference from "
+                   "throughput, not the engine's own report",
+                   headline=f"The server did not report its graph mode ({state.why_missing('graph_decode')})",
+                   detail=f"At {'every' if len(rows) > 1 else 'the one'} level where the stored explicit pair differs "
+                          f"by {apart:.1f}x or more, its throughput is nearer the graphs-{side} side: {words}. "
+                          "This is inferred from speed, not read from the engine.",
                    evidence={"resolved": state.to_dict(), "pair": rows, "inferred": side})
 
 
@@ -303,16 +303,16 @@ def _not_started(study: Study, knobs: Knobs, first: pd.Series) -> Finding:
     err = str(first["error"])
     dead = study.failure(ARM)
     if dead is not None and dead.before_ready and dead.exception:
-        return Finding(thread=THREAD, title="The launch dies before it is ready", applies=True, confidence="high",
-                       reason=dead.words(), failures=[dead],
-                       claim=f"The server launched with {knobs.label()} {dead.words()}"
-                             + ("; the engine then tore its own process tree down" if dead.teardown == "engine" else "")
-                             + ". Its log is under the store's _failed/ folder.",
+        return Finding(thread=THREAD, kind="failure", title="The launch dies before it is ready", applies=True,
+                       confidence="high", reason=dead.words(), failures=[dead],
+                       headline=f"The server launched with {knobs.label()} {dead.words()}"
+                       + ("; the engine then tore its own process tree down" if dead.teardown == "engine" else ""),
+                       detail="Its log is under the store's _failed/ folder.",
                        evidence={"error": err[-2000:], "signal": first["signal"]})
     said = (f"{first['death']}" if first["death"] else
             f"last line of its log: {[ln for ln in err.splitlines() if ln.strip()][-1][:300]}")
-    return Finding(thread=THREAD, title="The server did not start", applies=False, confidence="none",
-                   claim=f"{first['summary']}. {said}", failures=study.failures(),
+    return Finding(thread=THREAD, kind="failure", title="The server did not start", applies=False, confidence="none",
+                   **sentences(str(first["summary"]), said), failures=study.failures(),
                    reason="launch failed; its log is under data/runs/_failed/",
                    evidence={"error": err[-2000:], "signal": first["signal"]})
 
@@ -328,51 +328,52 @@ def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding
         twin = graph_twin(study)
         if twin is not None:
             return [twin]
-        return [Finding(thread=THREAD, title="Resolved graph mode unknown", applies=False,
-                        claim=f"The server did not report its graph mode: {state.why_missing('graph_decode')}, and "
-                              "no stored pair of graphs-off and graphs-on launches of this engine and model to "
-                              "compare its speed with.",
+        return [Finding(thread=THREAD, kind="cause", title="Resolved graph mode unknown", applies=False,
+                        headline=f"The server did not report its graph mode: {state.why_missing('graph_decode')}, and "
+                                 "no stored pair of graphs-off and graphs-on launches of this engine and model to "
+                                 "compare its speed with",
                         reason=state.why_missing("graph_decode"), evidence={"resolved": state.to_dict()})]
     mode = state.graph_mode or state.graphs
     own = launch_off_flags(study) if state.graphs != "full" else []
     on_mode, on = graphs_on(study) if (state.graphs == "off" or own) and not state.eager else ("", [])
+    detail = ""
     if len(crashed):
-        claim = f"CUDA-graph capture failed: {crashed['line'].iloc[0]}"
+        headline = f"CUDA-graph capture failed: {crashed['line'].iloc[0]}"
     elif own:
         said = "; ".join(f"`{x['flag']}` turns off {x['phases']} graphs" + (f" ({x['alias']})" if x["alias"] else "")
                          for x in own)
-        claim = (f"CUDA graphs are {state.graphs or 'partly off'} ({mode}) because the launch asked for it: {said}."
-                 + (f" Rules of the engine that would also turn them off here: "
-                    f"{'; '.join(dict.fromkeys(rules['fact']))}." if len(rules) else ""))
+        headline = f"CUDA graphs are {state.graphs or 'partly off'} ({mode}) because the launch asked for it: {said}"
+        detail = (f" Rules of the engine that would also turn them off here: "
+                  f"{'; '.join(dict.fromkeys(rules['fact']))}." if len(rules) else "")
     elif state.graphs == "off" and len(rules):
         facts = "; ".join(dict.fromkeys(rules["fact"]))
         where = ", ".join(dict.fromkeys(rules["where"]))[:300]
-        claim = f"CUDA graphs are off ({mode}) because {facts}: rule at {where}."
+        headline = f"CUDA graphs are off ({mode}) because {facts}: rule at {where}"
     elif state.graphs == "off":
-        claim = f"CUDA graphs are off ({mode}); no rule of the audit matched a resolved fact."
+        headline = f"CUDA graphs are off ({mode}); no rule of the audit matched a resolved fact"
     else:
-        claim = f"CUDA graphs resolved to {state.graphs} ({mode})."
+        headline = f"CUDA graphs resolved to {state.graphs} ({mode})"
     _, failed = graph_modes_seen(study)
     if on and not len(crashed):
-        claim += _turn_on(on, on_mode, own, rules)
+        detail += _turn_on(on, on_mode, own, rules)
     if failed:
-        claim += " Not recommended, because they died here: " + "; ".join(
+        detail += " Not recommended, because they died here: " + "; ".join(
             f"{m} {f.words()}" for m, f in failed.items()) + "."
     if state.graphs == "off" and state.eager and not own:
-        claim += " The server was started with the engine's eager switch, which turns graphs off: drop it."
+        detail += " The server was started with the engine's eager switch, which turns graphs off: drop it."
     if state.dtype:
-        claim += f" Weights served in {state.dtype_words()}."
+        detail += f" Weights served in {state.dtype_words()}."
     asked = knobs.cuda_graph
     differs = asked is not None and state.graphs not in (asked, None)
     evidence = {"engine": study.engine.name, "resolved_mode": state.graph_mode, "resolved": state.to_dict(),
                 "facts": state.facts, "rules": rules.head(10).to_dict("records") if len(rules) else [],
                 "launch_flags": own}
-    if on:  # what a later thread composes (07), and what the summary checks against what failed here
-        evidence["knobs"] = {"cuda_graph": on_mode}
+    # what a later thread composes (07), and what the summary checks against what failed here
+    change = Change(knobs=Knobs(cuda_graph=on_mode), flags=on) if on else None  # type: ignore[arg-type]
     title = ("Why CUDA graphs are " + ("not as requested" if differs else state.graphs)) if not own else \
         f"CUDA graphs are {state.graphs or 'partly off'} because of the launch's own flag"
-    return [Finding(thread=THREAD, title=title,
-                    claim=claim + (f" Requested: {knobs.label()}." if knobs != Knobs() else
-                                   " Requested: the engine's defaults."),
-                    confidence="high" if len(rules) or len(crashed) or own else "medium", recommended_flags=on,
+    return [Finding(thread=THREAD, kind="cause", title=title, headline=headline,
+                    detail=(detail + (f" Requested: {knobs.label()}." if knobs != Knobs() else
+                                      " Requested: the engine's defaults.")).strip(),
+                    confidence="high" if len(rules) or len(crashed) or own else "medium", change=change,
                     evidence=evidence, failures=list(failed.values()))]

@@ -16,7 +16,7 @@ import pandas as pd
 from .. import plots, probes
 from ..context import RepetitionPlan, RunContext
 from ..engines.base import EngineInstall
-from ..findings import Finding, best_of
+from ..findings import Change, Finding, best_of, sentences
 from ..models import model_config
 from ..plots import Figure
 from ..spec import Knobs, ModelSpec
@@ -211,7 +211,7 @@ def findings(gs: GraphStudy) -> list[Finding]:
                         worse=Knobs(cuda_graph=BASELINE))
         seen = rates[rates["config"].isin([BASELINE, mode])] if len(rates) else rates
         if len(seen) == 2:
-            f.claim += " Profiled windows: " + "; ".join(
+            f.detail += " Profiled windows: " + "; ".join(
                 f"{r.config} {r.kernels_per_s:,.0f} kernels/s, device busy {r.busy_fraction:.0%}, "
                 f"{r.graph_kernel_fraction:.0%} of kernels in graphs ({r.level})" for r in seen.itertuples()) + "."
             f.evidence["kernel_rates"] = seen.to_dict("records")
@@ -225,31 +225,34 @@ def findings(gs: GraphStudy) -> list[Finding]:
         others = "; ".join(f"{f.effect.treatment}: {f.effect.value_pct:+.0f}% ({f.confidence})" for f in per_mode
                            if f.effect is not None and f is not chosen)
         if len(pick.tied) == 1:
-            why = f"{mode} gave the largest verified throughput gain over graphs off: {chosen.effect.text()}."
+            why, more = f"{mode} gave the largest verified throughput gain over graphs off: {chosen.effect.text()}", ""
         else:
-            why = (f"{mode} against graphs off: {chosen.effect.text()}. The modes that gain most are not told apart "
-                   f"here ({'; '.join(_versus(h) for h in pick.head_to_head)}), "
-                   f"so the pick among {', '.join(pick.tied)} follows a fixed rule, not this run's noise: "
-                   f"{mode}, {pick.because}.")
+            why = f"{mode} against graphs off: {chosen.effect.text()}"
+            more = (f" The modes that gain most are not told apart here "
+                    f"({'; '.join(_versus(h) for h in pick.head_to_head)}), so the pick among {', '.join(pick.tied)} "
+                    f"follows a fixed rule, not this run's noise: {mode}, {pick.because}.")
         for f in per_mode:  # the modes the thread did not pick rank after its pick, whatever their point estimates
-            if f.effect is not None and f.effect.treatment != mode and "knobs" in f.evidence:
-                f.evidence["alternative_to"] = mode
-        head = Finding(thread=THREAD, title=f"Use CUDA graphs: {mode}", confidence=chosen.confidence,
-                       claim=why + (f" Other modes against off: {others}." if others else "") + _died(gs),
-                       effect=chosen.effect, recommended_flags=chosen.recommended_flags, failures=gs.study.failures(),
+            if f.effect is not None and f.effect.treatment != mode and f.change is not None:
+                f.change.alternative_to = mode
+        # the pick's knobs and flags (a default that needs a flag dropped is said by its per-mode finding)
+        change = Change(knobs=chosen.change.knobs, flags=chosen.change.flags) if chosen.change is not None else None
+        head = Finding(thread=THREAD, kind="effect", title=f"Use CUDA graphs: {mode}", confidence=chosen.confidence,
+                       headline=why, detail=(more + (f" Other modes against off: {others}." if others else "")
+                                             + _died(gs)).strip(),
+                       effect=chosen.effect, change=change, failures=gs.study.failures(),
                        evidence={"per_mode": [f.model_dump(mode="json") for f in per_mode],
                                  "largest_gain": top.effect.treatment, "tied": pick.tied, "chosen_by": pick.rule,
                                  "head_to_head": [{"effect": h.effect.model_dump(mode="json") if h.effect else None,
                                                   "confidence": h.confidence, "words": _versus(h)}
-                                                 for h in pick.head_to_head],
-                                 **({"knobs": chosen.evidence["knobs"]} if "knobs" in chosen.evidence else {})})
+                                                 for h in pick.head_to_head]})
     else:
         compared = any(f.applies for f in per_mode)
-        head = Finding(thread=THREAD, title="No graph mode shown to help" if compared else "Graph modes: not compared",
+        head = Finding(thread=THREAD, kind="effect",
+                       title="No graph mode shown to help" if compared else "Graph modes: not compared",
                        confidence="low" if compared else "none", applies=compared,
-                       claim="No graph mode gave a throughput gain over graphs off that this measurement resolves "
-                             "(medium or high confidence): " + "; ".join(
-                                 f"{f.title}: {f.headline}" for f in per_mode) + "." + _died(gs),
+                       headline="No graph mode gave a throughput gain over graphs off that this measurement resolves "
+                                "(medium or high confidence): " + "; ".join(f"{f.title}: {f.headline}" for f in per_mode),
+                       detail=_died(gs).strip(),
                        failures=gs.study.failures(),
                        evidence={"per_mode": [f.model_dump(mode="json") for f in per_mode]})
     ceiling = _ceiling_finding(gs, top)
@@ -320,9 +323,10 @@ def _no_modes(gs: GraphStudy) -> Finding:
     if st is None:
         errs = gs.study.results.errors
         first = errs["summary"].iloc[0] if len(errs) else "no point"
-        return Finding(thread=THREAD, title="CUDA graph modes: not measured", applies=False, confidence="none",
-                       claim=f"This engine cannot express graph modes to compare ({'; '.join(reasons)[:300]}), and "
-                             f"the engine-defaults point that would show what it resolved was not measured: {first}.",
+        return Finding(thread=THREAD, kind="failure", title="CUDA graph modes: not measured", applies=False,
+                       confidence="none", **sentences(
+                           f"This engine cannot express graph modes to compare ({'; '.join(reasons)[:300]}), and "
+                           f"the engine-defaults point that would show what it resolved was not measured: {first}"),
                        reason="; ".join(reasons))
     audit = audit_for(gs.study.ctx, gs.study.install)
     log, _ = server_log(gs.study)
@@ -331,12 +335,12 @@ def _no_modes(gs: GraphStudy) -> Finding:
     where = ", ".join(dict.fromkeys(rules["where"]))[:300] if len(rules) else ""
     resolved = f"the server resolved CUDA graphs {st.graphs or 'not reported'}" + \
         (f" ({st.graph_mode}, from {st.source})" if st.graph_mode else "")
-    claim = (f"Graph modes cannot be compared here: {reasons[0]}. With its defaults, {resolved}"
-             + (f"; the rule: {where}." if where else "."))
+    headline = f"Graph modes cannot be compared here: {reasons[0]}"
+    detail = f"With its defaults, {resolved}" + (f"; the rule: {where}." if where else ".")
     known = st.graphs == "off"
-    return Finding(thread=THREAD, title="No CUDA graph modes to compare here", applies=False,
+    return Finding(thread=THREAD, kind="cause", title="No CUDA graph modes to compare here", applies=False,
                    confidence="high" if known and where else "medium" if known else "none",
-                   reason=reasons[0], claim=claim,
+                   reason=reasons[0], headline=headline, detail=detail,
                    evidence={"modes": gs.modes.to_dict("records"), "resolved": st.to_dict(),
                              "rules": rules.head(10).to_dict("records")})
 
@@ -347,8 +351,8 @@ def _ceiling_finding(gs: GraphStudy, measured: Finding | None) -> Finding | None
     info = gs.ceiling_info
     if g.empty:
         why = info.get("skipped") or info.get("failed") or "the probe did not run"
-        return Finding(thread=THREAD, title="Graph ceiling: not measured", applies=False, confidence="none",
-                       claim=f"The engine-free ceiling probe did not run: {why}.", reason=why,
+        return Finding(thread=THREAD, kind="measurement", title="Graph ceiling: not measured", applies=False,
+                       confidence="none", **sentences(f"The engine-free ceiling probe did not run: {why}"), reason=why,
                        evidence={"ceiling_info": info})
     gains = g[g["form"] != "eager"]
     if gains.empty:
@@ -367,15 +371,16 @@ def _ceiling_finding(gs: GraphStudy, measured: Finding | None) -> Finding | None
     cpu = info.get("device") == "cpu"
     said = (f"Engine-free probe on the model's layer shapes ({info.get('device')}, {info.get('dtype')}, MoE: "
             f"{info.get('moe_method')}): each form's gain in ms per decode step over eager, with its range over "
-            f"{runs} paired runs: {per_batch}."
-            + (" CUDA graphs need CUDA: on a CPU only eager and compile are timed." if cpu else ""))
+            f"{runs} paired runs: {per_batch}")
+    more = " CUDA graphs need CUDA: on a CPU only eager and compile are timed." if cpu else ""
     if measured is not None and measured.effect is not None:
-        said += (f" Measured with the engine: {measured.effect.treatment} {measured.effect.text()}. The probe bounds "
+        more += (f" Measured with the engine: {measured.effect.treatment} {measured.effect.text()}. The probe bounds "
                  "what the launch overhead alone can return; a measured gain far below it is host work graphs do "
                  "not remove.")
     if info.get("errors"):
-        said += " Forms that could not run: " + "; ".join(f"{k}: {v}" for k, v in info["errors"].items()) + "."
-    return Finding(thread=THREAD, title=head, applies=False, confidence="medium" if len(up) else "low", claim=said,
+        more += " Forms that could not run: " + "; ".join(f"{k}: {v}" for k, v in info["errors"].items()) + "."
+    return Finding(thread=THREAD, kind="measurement", title=head, applies=False,
+                   confidence="medium" if len(up) else "low", headline=said, detail=more.strip(),
                    reason="an engine-free bound on what graphs (or compile) can give on this hardware, not a change",
                    evidence={"ceiling": g.drop(columns=[c for c in ("runs",) if c in g]).to_dict("records"),
                              "ceiling_info": info})

@@ -22,7 +22,7 @@ from ..analysis import kernels as ak
 from ..context import RepetitionPlan, RunContext
 from ..errors import ServescopeError, SpecError
 from ..experiment import Results
-from ..findings import Finding
+from ..findings import Change, Finding
 from ..launch import find_install
 from ..models import EXPERT_KEYS, TOP_K_KEYS, model_config
 from ..profile.window import window_load
@@ -233,7 +233,9 @@ def _profiled(res: Results) -> tuple[Results, list[Arm]] | None:
     if res.kernels.empty:
         return None
     names = sorted(set(res.kernels["config"]))
-    pick = next((n for n in names if n.startswith("engine defaults")), names[0])
+    pts = res.points
+    defaults = set(pts.loc[pts["engine_defaults"], "config"]) if "engine_defaults" in pts else set()
+    pick = next((n for n in names if n in defaults), names[0])
     one = res.select([pick])
     one.kernels = one.kernels[one.kernels["rep"] == one.kernels["rep"].min()]
     return one, [Arm(pick, Knobs(), f"{pick}: a profiled point read from the store")]
@@ -274,14 +276,15 @@ def findings(ms: MoeStudy) -> list[Finding]:
         ev |= {"categories": i["categories"].to_dict("records"), "paths": i["paths"].to_dict("records"),
                "launches": ms.launches().to_dict("records")}
     if v["verdict"] == "not MoE":
-        return [Finding(thread=THREAD, title="Not a mixture-of-experts model", applies=False, confidence="high",
-                        claim=f"Grouped GEMM does not apply: {v['why']}.", reason=v["why"], evidence=ev)]
+        return [Finding(thread=THREAD, kind="kernel_path", title="Not a mixture-of-experts model", applies=False,
+                        confidence="high", headline=f"Grouped GEMM does not apply: {v['why']}", reason=v["why"],
+                        evidence=ev)]
     if i is None:
         errs = ms.study.results.errors
         first = f": {errs['summary'].iloc[0]}" if len(errs) else ""
-        return [Finding(thread=THREAD, title="MoE path: not measured", applies=False, confidence="none",
-                        claim=f"No kernel table of the engine's defaults was measured{first}.", reason=v["why"],
-                        evidence=ev)]
+        return [Finding(thread=THREAD, kind="failure", title="MoE path: not measured", applies=False,
+                        confidence="none", headline=f"No kernel table of the engine's defaults was measured{first}",
+                        reason=v["why"], evidence=ev)]
     where = f"{i['device']} time"
     launch = (f"{i['moe_launches_per_layer_step']:.1f} MoE launches per MoE layer per step"
               if i["moe_launches_per_layer_step"] == i["moe_launches_per_layer_step"] else "")
@@ -291,26 +294,26 @@ def findings(ms: MoeStudy) -> list[Finding]:
         p = i["paths"]
         names = ", ".join(f"{r.moe_path} ({r.share:.1%} of {where}, {r.kernels} launches)" for r in p.itertuples()
                           if r.moe_path in v["paths"])
-        claim = (f"The experts already run as one grouped product per layer: {names}; {launch}{steps}. "
-                 f"{probe}")
-        return [Finding(thread=THREAD, title=f"MoE already grouped: {', '.join(v['paths'])}", applies=False,
-                        confidence="high" if launch and i["moe_launches_per_layer_step"] <= 6 else "medium",
-                        reason="already optimal: the MoE path is grouped", claim=claim, evidence=ev, optimal=True)]
+        return [Finding(thread=THREAD, kind="kernel_path", title=f"MoE already grouped: {', '.join(v['paths'])}",
+                        applies=False, confidence="high" if launch and i["moe_launches_per_layer_step"] <= 6 else
+                        "medium", reason="already optimal: the MoE path is grouped",
+                        headline=f"The experts already run as one grouped product per layer: {names}; {launch}{steps}",
+                        detail=probe, evidence=ev, optimal=True)]
     if v["verdict"] == "per-expert":
         cost = (f" A grouped product would save about {v['saving_share']:.0%} of {where} (the experts' "
                 f"{v['expert_share']:.0%} share, sped up {v['probe_speedup']:.1f}x as the probe measured at the "
                 f"largest token count)" if v["saving_share"] == v["saving_share"] else
                 f" The experts' products take about {v['expert_share']:.0%} of {where}; the probe did not run, so "
                 "what a grouped product saves is not measured")
-        claim = (f"The experts run one by one: {v['dense_per_layer_step']:.0f} dense matrix products per layer per "
-                 f"step{steps}, above the {v['threshold']} a layer with grouped experts launches (top-{s.top_k if s else '?'}"
-                 f"), and no grouped MoE kernel by name.{cost}. {probe}")
-        return [Finding(thread=THREAD, title="MoE runs per expert: switch to a grouped GEMM", applies=True,
-                        confidence="medium", claim=claim, evidence=ev,
-                        recommended_flags=ms.study.adapter.grouped_moe_flags(),
-                        recommendation=ms.study.adapter.grouped_moe_advice())]
-    return [Finding(thread=THREAD, title="MoE path: undecided", applies=False, confidence="none",
-                    claim=f"The kernel table does not say how the experts ran: {v['why']}. {probe}",
+        headline = (f"The experts run one by one: {v['dense_per_layer_step']:.0f} dense matrix products per layer "
+                    f"per step{steps}, above the {v['threshold']} a layer with grouped experts launches "
+                    f"(top-{s.top_k if s else '?'}), and no grouped MoE kernel by name")
+        return [Finding(thread=THREAD, kind="kernel_path", title="MoE runs per expert: switch to a grouped GEMM",
+                        applies=True, confidence="medium", headline=headline, detail=f"{cost.strip()}. {probe}",
+                        evidence=ev, change=Change(flags=ms.study.adapter.grouped_moe_flags(),
+                                                   words=ms.study.adapter.grouped_moe_advice()))]
+    return [Finding(thread=THREAD, kind="kernel_path", title="MoE path: undecided", applies=False, confidence="none",
+                    headline=f"The kernel table does not say how the experts ran: {v['why']}", detail=probe,
                     reason=v["why"], evidence=ev)]
 
 

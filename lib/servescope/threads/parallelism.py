@@ -24,7 +24,7 @@ from ..context import RunContext
 from ..engines.base import EngineAdapter
 from ..engines.devices import visible_devices
 from ..errors import KnobError, NotMeasuredError, ServescopeError, SpecError
-from ..findings import Finding, best_of, weakest
+from ..findings import Change, Finding, best_of, sentences, weakest
 from ..launch import Prepared, find_install, prepare
 from ..load.metrics import per_request_tpot
 from ..models import model_config, tiny_model_ready
@@ -427,8 +427,10 @@ def findings(ps: ParallelStudy) -> list[Finding]:
     against it and, for replicas sharing a GPU, whether MPS mattered), each layout's effect against one server, MPS
     against time-slicing for the same replicas, the refusals, and TP's communication cost where the probe ran."""
     base = baseline(ps)
-    per = [_layout_finding(ps, ps.layout(x.arm.name), base) for x in ps.layouts
-           if not x.refused and x.arm.name not in (ONE, base)]
+    said = [_layout_finding(ps, ps.layout(x.arm.name), base) for x in ps.layouts
+            if not x.refused and x.arm.name not in (ONE, base)]
+    per = [f for f, _ in said]
+    latency = {f.effect.treatment: words for f, words in said if f.effect is not None}
     mps = _mps_findings(ps, base, per)
     refused = [x for x in ps.layouts if x.refused]
     notes = "; ".join(f"{x.arm.name}: {x.refused}" for x in refused)
@@ -438,12 +440,11 @@ def findings(ps: ParallelStudy) -> list[Finding]:
     if top is not None:
         assert top.effect is not None
         name = top.effect.treatment
-        head = Finding(thread=THREAD, title=f"Use {name}", confidence=top.confidence,
-                       claim=f"{name} served more than {base} on the same {ps.device_kind}: {top.effect.text()}."
-                             + top.evidence.get("latency_words", "") + _balance_words(ps, name)
-                             + _mps_words(mps, name) + (f" Not launched: {notes}." if notes else ""),
-                       effect=top.effect, recommended_flags=top.recommended_flags,
-                       recommendation=top.recommendation, evidence=evidence)
+        head = Finding(thread=THREAD, kind="effect", title=f"Use {name}", confidence=top.confidence,
+                       headline=f"{name} served more than {base} on the same {ps.device_kind}: {top.effect.text()}",
+                       detail=(latency.get(name, "") + _balance_words(ps, name) + _mps_words(ps, mps, name)
+                               + (f" Not launched: {notes}." if notes else "")).strip(),
+                       effect=top.effect, change=top.change, direction=top.direction, evidence=evidence)
     elif any(f.applies for f in per):
         worse = [f for f in per if f.resolved_as("worse")]
         kept = bool(worse) and len(worse) == len([f for f in per if f.applies])
@@ -451,41 +452,40 @@ def findings(ps: ParallelStudy) -> list[Finding]:
             title, conf = f"Keep {base}: every other layout measured served less", weakest([f.confidence for f in worse])
         else:
             title, conf = f"No layout shown to beat {base}", "low"
-        head = Finding(thread=THREAD, title=title, confidence=conf, optimal=kept,  # type: ignore[arg-type]
-                       claim=f"Against {base}: " + "; ".join(f.headline for f in per if f.applies)
-                             + "." + "".join(_mps_words(mps, f.effect.treatment) for f in mps if f.effect)
-                             + (f" Not launched: {notes}." if notes else ""), evidence=evidence)
+        head = Finding(thread=THREAD, kind="effect", title=title, confidence=conf, optimal=kept,  # type: ignore[arg-type]
+                       headline=f"Against {base}: " + "; ".join(f.headline for f in per if f.applies),
+                       detail=("".join(_mps_words(ps, mps, f.effect.treatment) for f in mps if f.effect)
+                               + (f" Not launched: {notes}." if notes else "")).strip(), evidence=evidence)
     else:
         errs = ps.study.results.errors
         only = not [x for x in ps.layouts if not x.refused and x.arm.name != ONE]
-        head = Finding(thread=THREAD, title="Layouts: not compared", applies=False, confidence="none",
-                       claim=(f"Only one server fits on {ps.device_count} {ps.device_kind}: no other layout could "
-                              "run here, so nothing was launched" if only else
-                              "No layout was measured against one server")
-                             + (f": {errs['summary'].iloc[0]}" if len(errs) else "") + "."
-                             + (f" Not launched: {notes}." if notes else ""),
+        head = Finding(thread=THREAD, kind="failure", title="Layouts: not compared", applies=False, confidence="none",
+                       headline=(f"Only one server fits on {ps.device_count} {ps.device_kind}: no other layout could "
+                                 "run here, so nothing was launched" if only else
+                                 "No layout was measured against one server")
+                       + (f": {errs['summary'].iloc[0]}" if len(errs) else ""),
+                       detail=f"Not launched: {notes}." if notes else "",
                        reason=notes or "no data", evidence={"refused": evidence["refused"]})
     out = [head, *per, *mps]
     for x in refused:
-        out.append(Finding(thread=THREAD, title=f"{x.arm.name}: not available here", applies=False,
-                           confidence="high", claim=f"{x.arm.name} ({x.arm.note}) was not launched: {x.refused}.",
+        out.append(Finding(thread=THREAD, kind="failure", title=f"{x.arm.name}: not available here", applies=False,
+                           confidence="high", **sentences(f"{x.arm.name} ({x.arm.note}) was not launched: {x.refused}"),
                            reason=x.refused))
     if len(ps.tp_comm):
         out.append(_tp_finding(ps))
     return out
 
 
-def _layout_finding(ps: ParallelStudy, x: Layout, base: str) -> Finding:
+def _layout_finding(ps: ParallelStudy, x: Layout, base: str) -> tuple[Finding, str]:
     """One layout against the baseline: throughput (the headline), TTFT and TPOT with their intervals; a layout that
     serves more at a resolved latency cost is reported as that trade, and its recommendation says which goal it
-    serves."""
+    serves. Returns the finding and its latency sentence."""
     name = x.arm.name
     cmp = ps.study.compare(base, name, studied=("tp", "dp") if x.kind in ("TP", "engine DP", "DP attention")
                            else (), controls=CONTROLS)
     words, worse_lat = _latency(cmp)
     f = cmp.finding(name, name, better=x.arm.knobs, worse=Knobs(), extra=words)
     f.title = f"{name} vs {base}" if f.applies else f.title
-    f.evidence["latency_words"] = words
     if x.kind in ("replicas", *SHARED_KINDS) and f.applies and f.direction == "better":
         recipe = _replica_recipe(ps, x)
         if worse_lat:
@@ -494,9 +494,8 @@ def _layout_finding(ps: ParallelStudy, x: Layout, base: str) -> Finding:
             f.evidence["trade"] = {"better": "output_tok_s", "worse": worse_lat}
             recipe = (f"for throughput, where {lat} has room under its target: {recipe}. Where {lat} targets bind, "
                       f"keep {base}")
-        f.recommendation = recipe
-        f.evidence["knobs"] = x.arm.knobs.model_dump(mode="json", exclude_defaults=True)
-    return f
+        f.change = Change(knobs=x.arm.knobs, words=recipe)
+    return f, words
 
 
 def _latency(cmp: Any) -> tuple[str, list[str]]:
@@ -532,24 +531,23 @@ def _mps_findings(ps: ParallelStudy, base: str, per: list[Finding]) -> list[Find
                         extra=words)
         if f.applies:
             f.title = f"MPS vs time-slicing: {x.arm.name}"
-        f.evidence["latency_words"] = words
         if f.applies and f.direction == "better" and x.arm.name in beat:
-            f.recommendation = ("start the replicas under an MPS control daemon: " + _replica_recipe(ps, x))
-        elif f.applies:
-            f.claim += (f" Neither was resolved as better than {base}, so this says how to share a GPU, not to share "
-                        "one." if x.arm.name not in beat else "")
+            f.change = Change(words="start the replicas under an MPS control daemon: " + _replica_recipe(ps, x))
+        elif f.applies and x.arm.name not in beat:
+            f.add(f"Neither was resolved as better than {base}, so this says how to share a GPU, not to share one.")
         out.append(f)
     return out
 
 
-def _mps_words(mps: list[Finding], name: str) -> str:
+def _mps_words(ps: ParallelStudy, mps: list[Finding], name: str) -> str:
     """Whether MPS mattered for the layout named (its MPS-vs-time-slicing comparison), as a sentence."""
     for f in mps:
         if f.effect is None or name not in (f.effect.treatment, f.effect.baseline):
             continue
         status = {"better": "MPS mattered", "worse": "MPS hurt", "no change": "MPS made no difference"}.get(
             f.effect.status, "Whether MPS mattered is not resolved")
-        return f" {status} for {f.effect.treatment.split(' on ')[0]}: with MPS against time-slicing, {f.effect.text()}."
+        return (f" {status} for {ps.layout(f.effect.treatment).arm.knobs.replicas} replicas: with MPS against "
+                f"time-slicing, {f.effect.text()}.")
     return ""
 
 
@@ -590,12 +588,12 @@ def _tp_finding(ps: ParallelStudy) -> Finding:
                     for r in t.itertuples() if r.per_layer_ms == r.per_layer_ms)
     big = ps.allreduce.sort_values("bytes").iloc[-1]
     gpus = ", ".join(dict.fromkeys(info.get("devices", [])))
-    return Finding(thread=THREAD, title=f"TP={int(t['tp'].iloc[0])} communication per layer", applies=True,
-                   confidence="medium",
-                   claim=f"all_reduce over {info.get('world')} GPUs ({info.get('backend')}, {gpus}) "
-                         f"reached {big.busbw_gbps:.0f} GB/s bus bandwidth at {big.bytes / 2**20:.0f} MiB. For this "
-                         f"model two all-reduces per layer per step cost: {per} (decode batch = concurrency; "
-                         "interpolated from the probe).",
+    return Finding(thread=THREAD, kind="measurement", title=f"TP={int(t['tp'].iloc[0])} communication per layer",
+                   applies=True, confidence="medium",
+                   headline=f"all_reduce over {info.get('world')} GPUs ({info.get('backend')}, {gpus}) "
+                            f"reached {big.busbw_gbps:.0f} GB/s bus bandwidth at {big.bytes / 2**20:.0f} MiB",
+                   detail=f"For this model two all-reduces per layer per step cost: {per} (decode batch = "
+                          "concurrency; interpolated from the probe).",
                    evidence={"allreduce": ps.allreduce.to_dict("records"), "tp_comm": t.to_dict("records"),
                              "info": info})
 

@@ -14,7 +14,7 @@ import pandas as pd
 from ..context import RepetitionPlan, RunContext
 from ..engines.audit import find_rules
 from ..errors import KnobError, ServescopeError
-from ..findings import Failure, Finding
+from ..findings import Change, Conflict, Failure, Finding, sentences
 from ..spec import Knobs, ProfileSpec
 from ..study import Arm, Comparison, Study, run_study, stored_row
 
@@ -173,13 +173,21 @@ def findings(study: Study, exclusion: Exclusion | None = None, baseline: dict[st
         f.evidence["startup_cost_s"] = round(float(st[TREATMENT] - st[BASELINE]), 1)
     if exclusion is None:
         return [f]
+    f.kind = "effect"
     known = exclusion.verdict in ("excludes", "coexist", "dies")
     title = {"excludes": "torch.compile excludes piecewise CUDA graphs here",
              "coexist": "torch.compile and piecewise CUDA graphs run together here",
              "dies": "torch.compile with piecewise CUDA graphs dies at capture here"}.get(
         exclusion.verdict, f"torch.compile with piecewise CUDA graphs: {exclusion.verdict}")
-    x = Finding(thread=THREAD, title=title, claim=exclusion.words[0].upper() + exclusion.words[1:] + ".",
-                applies=known, reason="" if known else exclusion.words, confidence="high" if known else "none",
+    said = sentences(exclusion.words[0].upper() + exclusion.words[1:])
+    # the rule as data: what thread 07 leaves out of a combination (never read from this finding's words)
+    conflicts = [Conflict(knobs={"cuda_graph": "piecewise"}, why=f"{title}: {said['headline']}.")] \
+        if exclusion.verdict == "excludes" else []
+    x = Finding(thread=THREAD, kind="rule", title=title, **said, applies=known,
+                reason="" if known else exclusion.words, confidence="high" if known else "none",
+                change=Change(knobs=Knobs(torch_compile=True), excludes=conflicts) if conflicts else None,
                 evidence={"rows": exclusion.evidence.to_dict("records"), "verdict": exclusion.verdict},
                 failures=exclusion.failures)
+    if conflicts and f.change is not None and f.change.knob_settings.get("torch_compile") is True:
+        f.change.excludes = conflicts  # the recommended compile says what it excludes too
     return [f, x]

@@ -15,25 +15,20 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import pandas as pd
 
 from ..context import RepetitionPlan, RunContext
 from ..errors import SpecError
-from ..findings import Finding, Outcome, collect, failures_of, tier
+from ..findings import Change as FindingChange
+from ..findings import Finding, Outcome, Verdict, failures_of, tier
 from ..spec import Knobs, ProfileSpec
-from ..study import Arm, Comparison, Study, expressible, run_study
+from ..study import Arm, Comparison, Study, drop_empty, expressible, run_study
 
 THREAD = "07_verified_changes"
-BUDGET_SPENT = "not tried: search budget spent"  # a search setting's state when the budget ran out before it
-COUNT_REACHED = "not tried: search_settings reached"  # ... when the search had launched as many settings as asked
-LAUNCHED = ("measured", "failed")  # how a search row's status opens when its setting was launched
-# every way of verifying nothing opens the front line's scheduler half the same: a second run whose one-launch lead
-# happened to clear the floor, then failed its repetitions, says what the first run said
-NONE_VERIFIED = "no scheduler setting was verified: "
 BASELINE, COMBINED = "baseline", "combined"
 TIERS = ("High", "Medium")  # the recommended changes: a measured effect of high or medium confidence
 # the scheduler knobs searched, as multiples of the load's highest concurrency (running requests) or absolute values
@@ -52,50 +47,106 @@ STATE = {"torch_compile": ("compile", "eager"), "cuda_graph": ("graph_decode", "
          "dp": ("dp",)}
 FIELDS = ("compile", "eager", "graph_decode", "graph_prefill", "tp", "dp")
 
+# how a search setting ended: launched (measured or failed), or not launched and why
+SearchState = Literal["measured", "failed", "not measured", "not expressible", "budget spent", "count reached",
+                      "not tried by the measuring run"]
+LAUNCHED: tuple[SearchState, ...] = ("measured", "failed")
+# the words of the states a measuring run keeps in the store for an offline render (and earlier runs kept)
+SKIPPED_WORDS: dict[SearchState, str] = {"budget spent": "not tried: search budget spent",
+                                         "count reached": "not tried: search_settings reached"}
+BUDGET_SPENT, COUNT_REACHED = SKIPPED_WORDS["budget spent"], SKIPPED_WORDS["count reached"]
+
+
+@dataclass(frozen=True)
+class SearchRow:
+    """One scheduler setting of the search: its one launch's throughput against the reference, or why it was not
+    launched (state and reason apart)."""
+
+    setting: str
+    state: SearchState
+    reason: str = ""
+    flags: str = ""
+    output_tok_s: float = float("nan")
+    vs_combined_pct: float = float("nan")
+    reference: bool = False  # the configuration the search tunes around
+
+    @property
+    def status(self) -> str:
+        """The state in words: 'measured', 'failed: why', 'not tried: search budget spent', ..."""
+        return SKIPPED_WORDS.get(self.state) or (f"{self.state}: {self.reason}" if self.reason else self.state)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row for a table: its fields, with the state in words."""
+        return {"setting": self.setting, "flags": self.flags, "output_tok_s": self.output_tok_s,
+                "vs_combined_pct": self.vs_combined_pct, "status": self.status, "state": self.state,
+                "reason": self.reason, "reference": self.reference}
+
 
 @dataclass
-class Change:
-    """One recommended change of the run: the finding behind it, the knobs it sets, and whether it joined the
+class Candidate:
+    """One recommended change of the run: the finding behind it, its typed change, and whether it joined the
     combination (excluded: why not)."""
 
     thread: str
-    title: str
+    finding: Finding
     tier: str
-    knobs: dict[str, Any]
-    flags: list[str]
-    effect: str
-    effect_pct: float
-    confidence: str
-    claim: str
+    change: FindingChange
     excluded: str = ""
     alternative_to: str = ""  # the higher-ranked change that sets the same knob otherwise (an alternative, not a change)
-    recommendation: str = ""  # the change in words where it is no flag to add ('drop --enforce-eager ...')
-    drop_flags: list[str] = field(default_factory=list)  # the deployment's flags the change removes, if that is it
-    alternative_of: str = ""  # the setting its own thread picked instead of this one (graph modes: thread 02's pick)
+
+    @property
+    def title(self) -> str:
+        """The title of the finding behind it."""
+        return self.finding.title
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        """The knobs the change sets."""
+        return self.change.knob_settings
+
+    @property
+    def flags(self) -> list[str]:
+        """The engine's flags to add."""
+        return list(self.change.flags)
+
+    @property
+    def drop_flags(self) -> list[str]:
+        """The deployment's flags the change removes."""
+        return list(self.change.drop_flags)
+
+    @property
+    def alternative_of(self) -> str:
+        """The setting its own thread picked instead of this one ('' for a pick)."""
+        return self.change.alternative_to
+
+    @property
+    def effect(self) -> str:
+        """Its measured effect alone, in words ('' where none)."""
+        return self.finding.effect.text() if self.finding.effect is not None else ""
+
+    @property
+    def effect_pct(self) -> float:
+        """The size of its measured effect alone, in % (0 where none)."""
+        return abs(self.finding.effect.value_pct) if self.finding.effect is not None else 0.0
 
     @property
     def label(self) -> str:
         """The change in the engine's spelling, or its knobs where it has no flag."""
-        return " ".join(self.flags) or self.recommendation or Knobs(**self.knobs).label()
+        return " ".join(self.flags) or self.change.words or Knobs(**self.knobs).label()
 
 
-def changes(by_thread: dict[str, list[Finding]]) -> list[Change]:
+def changes(by_thread: dict[str, list[Finding]]) -> list[Candidate]:
     """The run's recommended changes that name knobs (High, then Medium; larger measured effects first), from the
-    findings of the threads before this one (findings.collect of the report folder)."""
-    out: list[Change] = []
+    findings of the threads before this one."""
+    out: list[Candidate] = []
     failed = failures_of(by_thread)
     for thread, fs in by_thread.items():
         if thread == THREAD:
             continue
         for f in fs:
             t = tier(f, failed)
-            knobs = f.evidence.get("knobs")
-            if t in TIERS and knobs:
-                out.append(Change(thread, f.title, t, dict(knobs), list(f.recommended_flags),
-                                  f.effect.text() if f.effect else "", abs(f.effect.value_pct) if f.effect else 0.0,
-                                  f.confidence, f.claim, recommendation=f.recommendation,
-                                  drop_flags=list(f.evidence.get("drop_flags", [])),
-                                  alternative_of=str(f.evidence.get("alternative_to", ""))))
+            if t in TIERS and f.change is not None and f.change.knob_settings:
+                out.append(Candidate(thread, f, t, f.change))
     # a setting its thread measured but did not pick (a graph mode not told apart from the one it chose) ranks after
     # the pick, so that the pick, not the larger point estimate, takes the knob
     out.sort(key=lambda c: (TIERS.index(c.tier), bool(c.alternative_of), -c.effect_pct))
@@ -109,21 +160,28 @@ def changes(by_thread: dict[str, list[Finding]]) -> list[Change]:
     return uniq
 
 
-def exclusion_rules(by_thread: dict[str, list[Finding]]) -> list[tuple[dict[str, Any], dict[str, Any], str]]:
-    """Pairs of knob settings this engine cannot run together, with the rule, as the run's threads found them
-    (thread 05: torch.compile excludes piecewise CUDA graphs here)."""
-    return [({"torch_compile": True}, {"cuda_graph": "piecewise"}, f"{f.title}: {f.claim}")
-            for f in by_thread.get("05_torch_compile", [])
-            if f.evidence.get("verdict") == "excludes"]
+Rule = tuple[dict[str, Any], dict[str, Any], str]  # two knob settings this engine cannot run together, and why
 
 
-def compose(baseline: Knobs, found: list[Change],
-            rules: list[tuple[dict[str, Any], dict[str, Any], str]] = ()) -> tuple[Knobs, list[Change]]:
+def exclusion_rules(by_thread: dict[str, list[Finding]]) -> list[Rule]:
+    """Pairs of knob settings this engine cannot run together, with the rule, as the run's findings carry them (the
+    excludes of their changes: thread 05's compile and piecewise graphs)."""
+    out: list[Rule] = []
+    for fs in by_thread.values():
+        for f in fs:
+            for x in f.change.excludes if f.change is not None else []:
+                rule = (f.change.knob_settings, dict(x.knobs), x.why)  # type: ignore[union-attr]
+                if not any(r[:2] == rule[:2] for r in out):
+                    out.append(rule)
+    return out
+
+
+def compose(baseline: Knobs, found: list[Candidate], rules: Sequence[Rule] = ()) -> tuple[Knobs, list[Candidate]]:
     """The baseline with every change applied in rank order; a change that conflicts with one ranked above it (the
     same knob set otherwise, or an exclusion rule) is left out with why. Returns the combined knobs and the changes,
     each marked."""
     merged = baseline.model_dump()
-    taken: dict[str, Change] = {}
+    taken: dict[str, Candidate] = {}
     for c in found:
         clash = [k for k, v in c.knobs.items() if k in taken and taken[k].knobs.get(k) != v]
         if clash:
@@ -153,7 +211,7 @@ def _has(knobs: dict[str, Any], want: dict[str, Any]) -> bool:
     return all(knobs.get(k) == v for k, v in want.items())
 
 
-def _without(combined: Knobs, baseline: Knobs, c: Change) -> Knobs:
+def _without(combined: Knobs, baseline: Knobs, c: Candidate) -> Knobs:
     """The combined configuration with one change taken back to the baseline's values."""
     d = combined.model_dump()
     base = baseline.model_dump()
@@ -164,7 +222,38 @@ def _without(combined: Knobs, baseline: Knobs, c: Change) -> Knobs:
     return Knobs(**d)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Search:
+    """The scheduler search, built once: one row per setting (launched or not, and why), how it was run, the floor a
+    one-launch lead had to clear, the lead, and the lead's verification (None where none led or it only screened)."""
+
+    rows: list[SearchRow]
+    note: str
+    level: int | None
+    floor_pct: float
+    floor_why: str
+    floor_from_spread: bool  # the floor is the reference's own spread (else the equivalence band)
+    lead: tuple[str, float] | None = None  # the setting that led by more than the floor, and its lead in %
+    unread: dict[str, str] = field(default_factory=dict)  # knob -> what the version's source says of it
+    studies: list[Study] = field(default_factory=list)  # the search's one-launch studies
+    tuned: Study | None = None  # combined vs the best setting, at the suite's load
+    tuned_knobs: Knobs | None = None
+    tuned_setting: str = ""
+
+    def table(self) -> pd.DataFrame:
+        """One row per setting: its one launch against the reference, or why it was not launched."""
+        out = pd.DataFrame([r.as_dict() for r in self.rows])
+        out["source_says"] = [next((w for k, w in self.unread.items() if r.setting.startswith(f"{k}=")), "")
+                              for r in self.rows]
+        return out
+
+    @property
+    def measured(self) -> list[SearchRow]:
+        """The settings whose one launch measured (the reference first)."""
+        return [r for r in self.rows if r.state == "measured"]
+
+
+@dataclass(frozen=True)
 class Verification:
     """What thread 7 measured: the changes and how they combined, the combined study, the scheduler search and its
     verification."""
@@ -172,25 +261,28 @@ class Verification:
     ctx: RunContext
     baseline: Knobs
     baseline_words: str
-    changes: list[Change]
+    changes: list[Candidate]
     combined: Knobs
     study: Study | None = None  # baseline vs combined (and leave-one-out arms)
-    loo: list[tuple[Change, str]] = field(default_factory=list)  # (change, its leave-one-out arm)
-    search: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per setting tried (or not, with why)
-    search_note: str = ""
-    tuned: Study | None = None  # combined vs the best setting, at the suite's load
-    tuned_knobs: Knobs | None = None
-    tuned_setting: str = ""
-    search_floor_pct: float = 0.0  # the lead a setting needs in its one launch to be verified
-    search_floor_why: str = ""  # where that lead comes from: the equivalence band, or the reference's own spread
+    loo: list[tuple[Candidate, str]] = field(default_factory=list)  # (change, its leave-one-out arm)
     verify_lead: bool = True  # False: the search screens only; a lead is named, not verified (no launch spent on it)
-    lead: tuple[str, float] | None = None  # the setting that led by more than the floor, and its lead in %
+    tuning: Search | None = None
 
-    searched: list[Study] = field(default_factory=list)  # the search's one-launch studies
+    @property
+    def search(self) -> pd.DataFrame:
+        """The search's rows as a table (empty where nothing was searched)."""
+        return self.tuning.table() if self.tuning is not None else pd.DataFrame()
+
+    def search_table(self) -> pd.DataFrame:
+        """The search's rows as the report shows them: setting, flags, throughput, lead, status, what the source
+        says."""
+        t = self.search
+        return drop_empty(t.drop(columns=["state", "reason", "reference"])) if len(t) else t
 
     def studies(self) -> list[Study]:
         """Every study this thread ran, in order."""
-        return [s for s in (self.study, *self.searched, self.tuned) if s is not None]
+        t = self.tuning
+        return [s for s in (self.study, *(t.studies if t else ()), t.tuned if t else None) if s is not None]
 
     def outcome(self, fs: list[Finding]) -> Outcome:
         """Points planned, measured and failed over every study of the thread (for the index)."""
@@ -219,10 +311,10 @@ class Verification:
     @property
     def tune_base(self) -> str:
         """What the scheduler search tunes around, by name: the combination, or the baseline where nothing joined."""
-        return COMBINED if self.study is not None else self.baseline_words
+        return tune_base(self.study, self.baseline_words)
 
     @property
-    def included(self) -> list[Change]:
+    def included(self) -> list[Candidate]:
         """The changes that joined the combined configuration."""
         return [c for c in self.changes if not c.excluded]
 
@@ -284,10 +376,16 @@ class Verification:
         return pd.DataFrame(rows)
 
 
-def run(ctx: RunContext, report_dir: str | Path, baseline: dict[str, Any] | None = None, leave_one_out: bool = True,
-        search: list[str] | None = None, search_budget_s: float = 0.0, search_settings: int = 0,
-        verify_lead: bool = True) -> Verification:
-    """Compose the run's recommended changes, measure them together against the baseline (and each one left out,
+def tune_base(study: Study | None, baseline_words: str) -> str:
+    """What the scheduler search tunes around, by name: the combination, or the baseline where nothing joined."""
+    return COMBINED if study is not None else baseline_words
+
+
+def run(ctx: RunContext, by_thread: dict[str, list[Finding]], baseline: dict[str, Any] | None = None,
+        leave_one_out: bool = True, search: list[str] | None = None, search_budget_s: float = 0.0,
+        search_settings: int = 0, verify_lead: bool = True) -> Verification:
+    """Compose the run's recommended changes (by_thread: the findings of the threads before this one, as
+    findings.collect reads a report folder), measure them together against the baseline (and each one left out,
     where leave_one_out and more than one joined), then search the scheduler knobs (search: which; default all this
     engine can express) within search_budget_s (0: no search), launching at most search_settings of them (0: as many
     as the budget allows), and verify the best (unless verify_lead is False: then the search only screens)."""
@@ -302,25 +400,23 @@ def run(ctx: RunContext, report_dir: str | Path, baseline: dict[str, Any] | None
     if search_settings < 0:
         raise SpecError("search_settings: how many settings the search launches at most, 0 for as many as "
                         "search_budget_s allows")
-    by_thread = collect(report_dir)
-    found = changes(by_thread)
-    combined, found = compose(base, found, exclusion_rules(by_thread))
-    v = Verification(ctx, base, words, found, combined, verify_lead=verify_lead)
+    combined, found = compose(base, changes(by_thread), exclusion_rules(by_thread))
+    combined = _expressible(ctx, base, combined, found)
     arms = [Arm(BASELINE, base, words)]
+    loo: list[tuple[Candidate, str]] = []
+    study = None
     if combined != base:
+        joined = [c for c in found if not c.excluded]
         arms.append(Arm(COMBINED, combined, "every recommended change that joined: " +
-                        "; ".join(c.label for c in v.included)))
-        _check(ctx, arms, v)
-        if leave_one_out and len(v.included) > 1 and len(arms) > 1:
-            for c in v.included:
-                name = f"without {c.label}"
-                v.loo.append((c, name))
-                arms.append(Arm(name, _without(v.combined, base, c), f"combined, {c.label} left out"))
-        if len(arms) > 1:
-            v.study = run_study(THREAD, ctx, arms, headlines=[(BASELINE, COMBINED)])
-    if search_budget_s > 0 and wanted:
-        _search(v, wanted, search_budget_s, search_settings)
-    return v
+                        "; ".join(c.label for c in joined)))
+        if leave_one_out and len(joined) > 1:
+            for c in joined:
+                loo.append((c, f"without {c.label}"))
+                arms.append(Arm(f"without {c.label}", _without(combined, base, c), f"combined, {c.label} left out"))
+        study = run_study(THREAD, ctx, arms, headlines=[(BASELINE, COMBINED)])
+    tuning = _search(ctx, study, combined, words, wanted, search_budget_s, search_settings, verify_lead) \
+        if search_budget_s > 0 and wanted else None
+    return Verification(ctx, base, words, found, combined, study, loo, verify_lead, tuning)
 
 
 def _spelled(ctx: RunContext, knobs: Knobs) -> str:
@@ -333,20 +429,19 @@ def _spelled(ctx: RunContext, knobs: Knobs) -> str:
     return f" (`{flags}`)" if flags and not flags.startswith("(") else ""
 
 
-def _check(ctx: RunContext, arms: list[Arm], v: Verification) -> None:
-    """The combined configuration must be expressible on this engine version: if not, the lowest-ranked change is
-    left out with the engine's reason, until it is (or none is left). Offline the store decides what was measured."""
-    while not ctx.offline and len(arms) > 1 and v.included:
-        ex = expressible(ctx, arms[1:])
+def _expressible(ctx: RunContext, base: Knobs, combined: Knobs, found: list[Candidate]) -> Knobs:
+    """The combined configuration, made expressible on this engine version: while it is not, the lowest-ranked change
+    that joined is left out with the engine's reason (marked on it) and the rest composed again. Offline the store
+    decides what was measured."""
+    while not ctx.offline and combined != base:
+        ex = expressible(ctx, [Arm(COMBINED, combined)])
         if ex.empty or bool(ex["expressible"].iloc[0]):
-            return
-        v.included[-1].excluded = ("this engine version cannot run it with the changes ranked above: "
-                                   f"{ex['reason'].iloc[0]}")
-        v.combined, _ = compose(v.baseline, v.included)
-        if v.combined == v.baseline:
-            del arms[1:]
-            return
-        arms[1] = Arm(COMBINED, v.combined, arms[1].note)
+            break
+        joined = [c for c in found if not c.excluded]
+        joined[-1].excluded = ("this engine version cannot run it with the changes ranked above: "
+                               f"{ex['reason'].iloc[0]}")
+        combined, _ = compose(base, [c for c in found if not c.excluded])
+    return combined
 
 
 def candidates(ctx: RunContext, combined: Knobs, wanted: list[str]) -> list[tuple[str, Knobs]]:
@@ -366,136 +461,144 @@ def candidates(ctx: RunContext, combined: Knobs, wanted: list[str]) -> list[tupl
     return out
 
 
-def _search(v: Verification, wanted: list[str], budget_s: float, count: int = 0) -> None:
+@dataclass
+class _Trial:
+    """The search's launches, kept for the memo: the rows its compute made and the studies it ran."""
+
+    rows: list[SearchRow] = field(default_factory=list)
+    studies: list[Study] = field(default_factory=list)
+
+
+def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_words: str, wanted: list[str],
+            budget_s: float, count: int, verify_lead: bool) -> Search:
     """Coarse grid at the load's highest level, one launch per setting (and one of the combined configuration, the
     reference), within budget_s and at most count settings (0: no limit); then the best setting against the combined
-    configuration at the suite's load, with repetitions until resolved."""
-    ctx = v.ctx
-    ld = ctx.load
-    level = _search_level(v)
-    one = ctx.with_(load=ld.model_copy(update={"concurrency": (level,)}) if level else ld,
+    configuration at the suite's load, with repetitions until resolved (unless verify_lead is False)."""
+    level = _search_level(ctx)
+    base = tune_base(study, baseline_words)
+    one = ctx.with_(load=ctx.load.model_copy(update={"concurrency": (level,)}) if level else ctx.load,
                     plan=RepetitionPlan(1, 1), profile=ProfileSpec())
-    cands = candidates(ctx, v.combined, wanted)
+    cands = candidates(ctx, combined, wanted)
     arms = [Arm(f"tune {s}", k, s) for s, k in cands]
     # asked at the search's own load: offline without the engine, the store is asked for the point the search
     # launched (one level), not one at the suite's load
-    ex = expressible(one, arms) if arms else pd.DataFrame(columns=["arm", "expressible", "flags", "reason"])
-    # the reference: the combined configuration at that level, as the verification measured it (its launches at
-    # the suite's load reach that level too: one launch per configuration), or one launch of its own
-    ref_tok, ref_n = _at_level(v.study, COMBINED, level) if v.study is not None and level else (float("nan"), 0)
-    if ref_n:
-        ref, ref_note = v.study, (f"the combined configuration at c={level}: the median of the verification's "
-                                  f"{ref_n} repetitions (no launch of its own)")
-    else:
-        ref = run_study(THREAD, one, [Arm(f"tune {COMBINED}", v.combined, "the combined configuration")])
-        v.searched.append(ref)
-        ref_tok, ref_note = _tok(ref, f"tune {COMBINED}"), "one launch of the combined configuration"
-    rows: list[dict[str, Any]] = [{"setting": f"({v.tune_base})", "flags": "", "output_tok_s": ref_tok,
-                                   "vs_combined_pct": 0.0, "status": "measured" if ref_tok == ref_tok else "failed"}]
+    ex = expressible(one, arms) if arms else pd.DataFrame(columns=["arm", "expressible", "flags", "reason", "asked"])
+    ref, ref_tok, ref_note = _reference(one, study, combined, level)
+    studies: list[Study] = [ref] if ref is not study else []
+    reference = SearchRow(f"({base})", "measured" if ref_tok == ref_tok else "failed", output_tok_s=ref_tok,
+                          vs_combined_pct=0.0, reference=True)
     # which settings the measuring run tried is kept: an offline render (or a rerun) reads the same ones, and says
     # of the others what that run said (a budget spent is not seen from the data)
     parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "load": one.load.model_dump(mode="json"),
-             "around": v.combined.model_dump(mode="json", exclude_defaults=True), "search": wanted,
+             "around": combined.model_dump(mode="json", exclude_defaults=True), "search": wanted,
              "budget_s": budget_s}
     if count:  # only where asked: the recorded searches of earlier runs keep their keys
         parts["settings"] = count
-    tried: dict[str, list[dict[str, Any]]] = {}
+    trial = _Trial()
 
     def measure() -> dict[str, Any]:
-        tried["rows"] = _try(v, one, arms, ex, ref_tok, budget_s, None, count)
+        trial.rows, trial.studies = _try(one, arms, ex, ref_tok, budget_s, None, count)
         unread = ctx.adapter.unread_knobs(ref.install) if ref.install is not None else {}
-        return {"tried": [r["setting"] for r in tried["rows"] if r["status"].startswith(LAUNCHED)],
-                "skipped": {r["setting"]: r["status"] for r in tried["rows"]
-                            if r["status"] in (BUDGET_SPENT, COUNT_REACHED)},
+        return {"tried": [r.setting for r in trial.rows if r.state in LAUNCHED],
+                "skipped": {r.setting: SKIPPED_WORDS[r.state] for r in trial.rows if r.state in SKIPPED_WORDS},
                 "unread": unread}
 
     # a search that ran out of budget goes on where it stopped when run again online: the settings it launched come
     # back from the store at no cost, the budget then goes to those it had no time for
     kept, _ = ctx.memo("verify_search", parts, measure, keep=lambda _: not ctx.offline, compute_offline=True,
                        unfinished=lambda k: BUDGET_SPENT in (k.get("skipped") or {}).values())
-    found = pd.DataFrame(rows + (tried["rows"] if "rows" in tried else _try(v, one, arms, ex, ref_tok, budget_s,
-                                                                             kept, count)))
-    # a knob the version accepts but never reads: said beside what its launches measured
+    if not trial.rows and not trial.studies:
+        trial.rows, trial.studies = _try(one, arms, ex, ref_tok, budget_s, kept, count)
+    rows = [reference, *trial.rows]
+    studies += trial.studies
+    note = (f"coarse grid, one knob at a time around the combined configuration, at c={level}, one launch per "
+            f"setting, {f'at most {count} settings, ' if count else ''}within search_budget_s={budget_s:.0f}; the "
+            f"reference: {ref_note}")
+    floor_pct, floor_why, spread = _floor_of(ctx, study, level)
+    tried = [r for r in rows if r.state == "measured" and not r.reference and r.vs_combined_pct == r.vs_combined_pct]
+    lead = max(tried, key=lambda r: r.vs_combined_pct) if tried else None
     unread = (kept or {}).get("unread") or {}
-    found["source_says"] = [next((w for k, w in unread.items() if str(s).startswith(f"{k}=")), "")
-                            for s in found["setting"]]
-    v.search = found
-    at_most = f"at most {count} settings, " if count else ""
-    v.search_note = (f"coarse grid, one knob at a time around the combined configuration, at c={level}, one launch "
-                     f"per setting, {at_most}within search_budget_s={budget_s:.0f}; the reference: {ref_note}")
-    _verify_best(v, cands)
+    if lead is None or not lead.vs_combined_pct > floor_pct:
+        return Search(rows, note, level, floor_pct, floor_why, spread, None, unread, studies)
+    found = Search(rows, note, level, floor_pct, floor_why, spread, (lead.setting, lead.vs_combined_pct), unread,
+                   studies)
+    if not verify_lead:  # a screen: its verification (repetitions of the suite's whole load) is not paid for here
+        return found
+    knobs = next(k for s, k in cands if s == lead.setting)
+    tuned = run_study(THREAD, ctx, [Arm(base, combined, "the combined configuration"),
+                                    Arm(lead.setting, knobs, f"{base} with {lead.setting}")],
+                      headlines=[(base, lead.setting)])
+    return replace(found, tuned=tuned, tuned_knobs=knobs, tuned_setting=lead.setting)
 
 
-def _try(v: Verification, one: RunContext, arms: list[Arm], ex: pd.DataFrame, ref_tok: float, budget_s: float,
-         kept: dict[str, Any] | None, count: int = 0) -> list[dict[str, Any]]:
+def _reference(one: RunContext, study: Study | None, combined: Knobs, level: int | None) -> tuple[Study, float, str]:
+    """The search's reference: the combined configuration at the search's level, as the verification measured it
+    (its launches at the suite's load reach that level too: one launch per configuration), or one launch of its own:
+    (the study it is read from, its output tok/s, how it was had)."""
+    ref_tok, ref_n = _at_level(study, COMBINED, level) if study is not None and level else (float("nan"), 0)
+    if ref_n and study is not None:
+        return study, ref_tok, (f"the combined configuration at c={level}: the median of the verification's {ref_n} "
+                                "repetitions (no launch of its own)")
+    ref = run_study(THREAD, one, [Arm(f"tune {COMBINED}", combined, "the combined configuration")])
+    return ref, _tok(ref, f"tune {COMBINED}"), "one launch of the combined configuration"
+
+
+def _try(one: RunContext, arms: list[Arm], ex: pd.DataFrame, ref_tok: float, budget_s: float,
+         kept: dict[str, Any] | None, count: int = 0) -> tuple[list[SearchRow], list[Study]]:
     """One launch per expressible setting while the budget lasts and fewer than count (0: any number) have launched
-    (or, kept, the settings the measuring run tried, the others with what it said of them)."""
+    (or, kept, the settings the measuring run tried, the others with what it said of them): the rows and studies."""
     ok = dict(zip(ex["arm"], ex["expressible"], strict=True))
     why = dict(zip(ex["arm"], ex["reason"], strict=True))
-    rows: list[dict[str, Any]] = []
+    asked = dict(zip(ex["arm"], ex["asked"], strict=True)) if "asked" in ex else {}
+    said = {words: state for state, words in SKIPPED_WORDS.items()}
+    rows: list[SearchRow] = []
+    studies: list[Study] = []
     t0, took = time.monotonic(), 0.0
     for a in arms:
         flags = str(ex.loc[ex["arm"] == a.name, "flags"].iloc[0]) if a.name in ok else ""
-        nan = {"output_tok_s": float("nan"), "vs_combined_pct": float("nan")}
         if kept is not None and a.note in kept["skipped"]:  # what the measuring run said of it (a spent budget)
-            rows.append({"setting": a.note, "flags": flags, **nan, "status": kept["skipped"][a.note]})
+            rows.append(SearchRow(a.note, said[kept["skipped"][a.note]], flags=flags))
             continue
         if not ok.get(a.name, False):
-            reason = why.get(a.name, "")
             # offline without the engine, a setting the store lacks cannot be asked about: not measured, not refused
-            word = "not measured" if reason.startswith("not in the store") else "not expressible"
-            rows.append({"setting": a.note, "flags": "", **nan, "status": f"{word}: {reason}"})
+            state: SearchState = "not expressible" if asked.get(a.name, True) else "not measured"
+            rows.append(SearchRow(a.note, state, why.get(a.name, "")))
             continue
-        launched = sum(r["status"].startswith(LAUNCHED) for r in rows)
+        launched = sum(r.state in LAUNCHED for r in rows)
         # a count makes the settings tried the same from run to run; a clock alone depends on how fast launches were
-        skip = ("not tried by the measuring run" if a.note not in kept["tried"] else "") if kept is not None else \
-            COUNT_REACHED if count and launched >= count else \
-            BUDGET_SPENT if time.monotonic() - t0 + took > budget_s else ""
-        if skip:
-            rows.append({"setting": a.note, "flags": flags, **nan, "status": skip})
+        skip: SearchState | None = ("not tried by the measuring run" if a.note not in kept["tried"] else None) \
+            if kept is not None else "count reached" if count and launched >= count else \
+            "budget spent" if time.monotonic() - t0 + took > budget_s else None
+        if skip is not None:
+            rows.append(SearchRow(a.note, skip, flags=flags))
             continue
         t1 = time.monotonic()
         st = run_study(THREAD, one, [a])
-        v.searched.append(st)
+        studies.append(st)
         took = max(took, time.monotonic() - t1) if st.results.points.shape[0] else took
         tok = _tok(st, a.name)
-        rows.append({"setting": a.note, "flags": flags, "output_tok_s": tok,
-                     "vs_combined_pct": round(100 * (tok / ref_tok - 1), 1) if tok == tok and ref_tok else float("nan"),
-                     "status": "measured" if tok == tok else "failed: " + _first_error(st)})
-    return rows
+        rows.append(SearchRow(a.note, "measured", flags=flags, output_tok_s=tok,
+                              vs_combined_pct=round(100 * (tok / ref_tok - 1), 1) if ref_tok else float("nan"))
+                    if tok == tok else SearchRow(a.note, "failed", _first_error(st), flags=flags))
+    return rows, studies
 
 
-def _verify_best(v: Verification, cands: list[tuple[str, Knobs]]) -> None:
-    """The search's fastest setting, if its one launch led by more than the equivalence band, against the combined
-    configuration at the suite's load with repetitions until resolved."""
-    tried = v.search[(v.search["status"] == "measured") & (v.search["setting"] != f"({v.tune_base})")]
-    # one launch each: a lead inside the equivalence band is noise, not worth repetitions; so is a lead inside
-    # the spread the reference itself showed over its launches at that level (on a busy 2-core host one launch at
-    # c=16 varies by a factor of 3: no single launch there can lead by more than chance)
-    v.search_floor_pct = float(v.ctx.equivalence_pct)
-    v.search_floor_why = "the equivalence band"
-    spread, n = _spread_at_level(v.study, COMBINED, _search_level(v)) if v.study is not None else (0.0, 0)
-    if spread > v.search_floor_pct:
-        v.search_floor_pct = spread
-        v.search_floor_why = (f"the spread of the combined configuration's own {n} launches at that level, "
-                              "highest over lowest")
-    if tried.empty or not (tried["vs_combined_pct"] > v.search_floor_pct).any():
-        return
-    best = tried.sort_values("vs_combined_pct", ascending=False).iloc[0]
-    v.lead = (str(best["setting"]), float(best["vs_combined_pct"]))
-    if not v.verify_lead:  # a screen: its verification (repetitions of the suite's whole load) is not paid for here
-        return
-    v.tuned_setting = str(best["setting"])
-    v.tuned_knobs = next(k for s, k in cands if s == v.tuned_setting)
-    base = v.tune_base
-    v.tuned = run_study(THREAD, v.ctx, [Arm(base, v.combined, "the combined configuration"),
-                                        Arm(v.tuned_setting, v.tuned_knobs, f"{base} with {v.tuned_setting}")],
-                        headlines=[(base, v.tuned_setting)])
+def _floor_of(ctx: RunContext, study: Study | None, level: int | None) -> tuple[float, str, bool]:
+    """The lead a one-launch setting needs to be verified, where it comes from, and whether that is the reference's
+    own spread. One launch each: a lead inside
+    the equivalence band is noise, not worth repetitions; so is a lead inside the spread the reference itself showed
+    over its launches at that level (on a busy 2-core host one launch at c=16 varies by a factor of 3: no single
+    launch there can lead by more than chance)."""
+    spread, n = _spread_at_level(study, COMBINED, level) if study is not None else (0.0, 0)
+    if spread > ctx.equivalence_pct:
+        return (spread, f"the spread of the combined configuration's own {n} launches at that level, highest over "
+                "lowest", True)
+    return float(ctx.equivalence_pct), "the equivalence band", False
 
 
-def _search_level(v: Verification) -> int | None:
+def _search_level(ctx: RunContext) -> int | None:
     """The level the search runs at: the load's highest (closed loop), else None."""
-    ld = v.ctx.load
+    ld = ctx.load
     return max(ld.concurrency) if ld.mode == "closed" and ld.concurrency else None
 
 
@@ -564,23 +667,25 @@ def findings(v: Verification) -> list[Finding]:
 
 def _combined_finding(v: Verification) -> Finding:
     left = [c for c in v.changes if c.excluded]
-    left_words = (" Left out: " + "; ".join(f"{c.label} ({c.excluded})" for c in left) + ".") if left else ""
+    left_words = ("Left out: " + "; ".join(f"{c.label} ({c.excluded})" for c in left) + ".") if left else ""
     ev: dict[str, Any] = {"changes": v.changes_table().to_dict("records"), "baseline": v.baseline_words}
     if not v.changes:
-        line = "Not verified: this run recommends no change to verify (no High or Medium finding names one)"
-        return Finding(thread=THREAD, title="Nothing to verify: no recommended change", applies=True,
-                       confidence="none", claim=line + ".", evidence=ev | {"front_line": line})
+        words = "this run recommends no change to verify (no High or Medium finding names one)"
+        return Finding(thread=THREAD, kind="verification", title="Nothing to verify: no recommended change",
+                       applies=True, confidence="none", headline=f"Not verified: {words}", evidence=ev,
+                       verdict=Verdict(verified=False, words=words))
     if v.study is None:
-        line = "Not verified: the recommended changes could not be combined"
-        return Finding(thread=THREAD, title="Recommended changes: not combined", applies=False, confidence="none",
-                       claim=line + "." + left_words, reason="no change joined the combination",
-                       evidence=ev | {"front_line": line})
+        words = "the recommended changes could not be combined"
+        return Finding(thread=THREAD, kind="verification", title="Recommended changes: not combined", applies=False,
+                       confidence="none", headline=f"Not verified: {words}", detail=left_words,
+                       reason="no change joined the combination", evidence=ev,
+                       verdict=Verdict(verified=False, words=words))
     cmp = v.compare()
     # the deployment is the baseline: where the combination is the engine's defaults, the change is to drop the
     # baseline's own flags, never "already optimal"
     f = cmp.finding("Recommended changes combined", "The combination", better=v.combined, worse=v.baseline,
-                    deployed=v.baseline)
-    f.claim = f.claim.replace("the effect is The combination's", "the effect is the combination's")
+                    deployed=v.baseline, named="the combination")
+    f.kind = "verification"
     flags = " ".join(f.recommended_flags)
     labels = "; ".join(c.label for c in v.included)
     how = f"with {flags}" if flags else f"by the change{'s' if len(v.included) > 1 else ''} ({labels})"
@@ -597,64 +702,62 @@ def _combined_finding(v: Verification) -> Finding:
     extra += (" Worse with the changes: " + "; ".join(worse) + ".") if worse else \
         " No latency metric got resolvedly worse (TTFT, TPOT)."
     extra += v.memory_words() or " Memory: not read for these points."
-    f.claim += extra + left_words
+    f.add(extra + (f" {left_words}" if left_words else ""))
     f.evidence |= ev
     eff = f.effect
     if f.applies and eff is not None and f.direction == "better" and f.confidence in ("high", "medium"):
-        line = f"Verified: {eff.text()} {how}, against {v.baseline_words}"
+        f.verdict = Verdict(verified=True, words=f"{eff.text()} {how}, against {v.baseline_words}")
         f.title = f"Verified: the recommended changes together, {eff.value_pct:+.1f}% output tok/s"
     elif eff is not None and f.applies:
-        line = f"Not verified: the recommended changes together measured {eff.text()} against {v.baseline_words}"
+        f.verdict = Verdict(verified=False, words=f"the recommended changes together measured {eff.text()} against "
+                                                  f"{v.baseline_words}")
         f.title = f"Not verified: the recommended changes together ({f.direction or 'unresolved'})"
     else:
-        line = f"Not verified: {f.title}"
-    f.evidence["front_line"] = line
+        f.verdict = Verdict(verified=False, words=f.title)
     return f
 
 
 def _tuning_finding(v: Verification) -> Finding:
-    ev: dict[str, Any] = {"search": v.search.to_dict("records"), "method": v.search_note}
-    if v.search.empty:
-        return Finding(thread=THREAD, title="Scheduler tuning: not searched", applies=False, confidence="none",
-                       claim="The scheduler knobs were not searched (search_budget_s=0 or no knob to search).",
-                       reason="not searched", evidence=ev)
-    measured = v.search[v.search["status"] == "measured"]
+    s = v.tuning
+    if s is None or not s.rows:
+        return Finding(thread=THREAD, kind="search", title="Scheduler tuning: not searched", applies=False,
+                       confidence="none", headline="The scheduler knobs were not searched (search_budget_s=0 or no "
+                       "knob to search)", reason="not searched", evidence={"search": [], "method": ""})
+    ev: dict[str, Any] = {"search": v.search.to_dict("records"), "method": s.note}
+    measured = s.measured
     if len(measured) <= 1:
-        return Finding(thread=THREAD, title="Scheduler tuning: nothing measured", applies=False, confidence="none",
-                       claim=f"No scheduler setting was measured ({v.search_note}): " + "; ".join(
-                           f"{r.setting}: {r.status}" for r in v.search.itertuples()) + ".",
-                       reason="no setting measured", evidence=ev)
-    tried = "; ".join(f"{r.setting} {r.vs_combined_pct:+.1f}%" for r in measured.itertuples()
-                      if r.setting != f"({v.tune_base})")
-    skipped = v.search[v.search["status"] != "measured"]
-    sk = (" Not tried: " + "; ".join(f"{r.setting} ({r.status})" for r in skipped.itertuples()) + ".") \
-        if len(skipped) else ""
+        return Finding(thread=THREAD, kind="search", title="Scheduler tuning: nothing measured", applies=False,
+                       confidence="none", headline=f"No scheduler setting was measured ({s.note}): " + "; ".join(
+                           f"{r.setting}: {r.status}" for r in s.rows), reason="no setting measured", evidence=ev)
+    tried = "; ".join(f"{r.setting} {r.vs_combined_pct:+.1f}%" for r in measured if not r.reference)
+    skipped = [r for r in s.rows if r.state != "measured"]
+    sk = ("Not tried: " + "; ".join(f"{r.setting} ({r.status})" for r in skipped) + ".") if skipped else ""
     against = "the recommended changes combined" if v.study is not None else v.baseline_words
-    if v.tuned is None and not v.verify_lead:
-        return _screened(v, measured, tried, sk, against, ev)
-    if v.tuned is None:
-        line = _none_verified(v, len(measured) - 1, against)
-        return Finding(thread=THREAD, title=f"Scheduler tuning: no setting beat {against}",
+    if s.tuned is None and not v.verify_lead:
+        return _screened(v, s, len(measured) - 1, tried, sk, against, ev)
+    if s.tuned is None:
+        return Finding(thread=THREAD, kind="search", title=f"Scheduler tuning: no setting beat {against}",
                        applies=True, confidence="low",
-                       claim=f"One launch per setting ({v.search_note}); output tok/s against {against}: {tried}. "
-                             f"None led by more than {_floor(v)}, so none was verified.{sk}",
-                       evidence=ev | {"front_line": line})
-    base, setting = v.tune_base, v.tuned_setting
-    cmp = v.tuned.compare(base, setting, (), _fields(v.tuned, base, setting))
-    f = cmp.finding(f"Scheduler: {setting}", setting, better=v.tuned_knobs, worse=v.combined)
-    f.claim += (f" Found by the search ({v.search_note}): {tried}; the lead of one launch is verified with "
-                f"repetitions before it counts, and {base}'s side reads any launch of the same configuration the "
-                f"store already holds (another thread's points of this run) instead of launching it again.{sk}")
+                       headline=f"One launch per setting ({s.note}); output tok/s against {against}: {tried}",
+                       detail=f"None led by more than {_floor(s)}, so none was verified. {sk}".strip(), evidence=ev,
+                       verdict=Verdict(verified=False, words=_none_verified(s, len(measured) - 1, against)))
+    base, setting = v.tune_base, s.tuned_setting
+    cmp = s.tuned.compare(base, setting, (), _fields(s.tuned, base, setting))
+    f = cmp.finding(f"Scheduler: {setting}", setting, better=s.tuned_knobs, worse=v.combined)
+    f.kind = "search"
+    f.add(f"Found by the search ({s.note}): {tried}; the lead of one launch is verified with repetitions before it "
+          f"counts, and {base}'s side reads any launch of the same configuration the store already holds (another "
+          f"thread's points of this run) instead of launching it again.{f' {sk}' if sk else ''}")
     f.evidence |= ev | {"tuned_setting": setting}
-    worse = _worse(v.tuned, base, setting)
+    worse = _worse(s.tuned, base, setting)
     if worse:
-        f.claim += " Worse with it: " + "; ".join(worse) + "."
+        f.add("Worse with it: " + "; ".join(worse) + ".")
     eff = f.effect
     # a search picks the fastest of several one-launch settings, so its lead is biased upward: it counts only when
     # its verified interval clears the equivalence band ('high'), not merely zero (a stub's +4.5% at one level did)
     if eff is not None and f.direction == "better" and f.confidence == "high":
         f.title = f"Verified scheduler setting: {setting}, {eff.value_pct:+.1f}% over {against}"
-        f.evidence["front_line"] = f"Verified: {eff.text()} with {' '.join(f.recommended_flags)}, against {against}"
+        f.verdict = Verdict(verified=True, words=f"{eff.text()} with {' '.join(f.recommended_flags)}, against {against}")
     elif eff is not None and f.applies:
         if f.direction == "worse" and f.confidence in ("high", "medium"):
             held = "hurts"
@@ -663,58 +766,40 @@ def _tuning_finding(v: Verification) -> Finding:
         else:
             held = "not resolved" if f.direction in ("unresolved", "mixed", "") else f.direction
         f.title = f"Scheduler tuning: the search's lead {setting} did not hold up ({held} when verified)"
-        f.evidence["front_line"] = (f"{NONE_VERIFIED}the search's lead, {setting}, did not hold up when verified "
-                                    f"({eff.text()} against {against})")
+        f.verdict = Verdict(verified=False, words=f"the search's lead, {setting}, did not hold up when verified "
+                                                  f"({eff.text()} against {against})")
     return f
 
 
-def _screened(v: Verification, measured: pd.DataFrame, tried: str, sk: str, against: str,
-              ev: dict[str, Any]) -> Finding:
+def _screened(v: Verification, s: Search, n: int, tried: str, sk: str, against: str, ev: dict[str, Any]) -> Finding:
     """The search as a screen (verify_lead False): what each setting measured in its one launch, and the lead worth
     verifying elsewhere, if one led by more than the floor; the front line is the same whether one did or not."""
-    n = len(measured) - 1
-    lead = (f"{v.lead[0]} led by {v.lead[1]:+.1f}% in its one launch, more than {_floor(v)}: worth verifying with "
-            f"repetitions (verify_lead: true), not verified here." if v.lead is not None else
-            f"None led by more than {_floor(v)}.")
-    line = NONE_VERIFIED + (f"this suite's search only screens ({n} setting{'s' if n != 1 else ''}{_at(v)}, one launch "
-                            "each, verify_lead: false)")
-    return Finding(thread=THREAD, title="Scheduler tuning: screened, not verified", applies=True, confidence="low",
-        claim=f"One launch per setting ({v.search_note}); output tok/s against {against}: {tried}. {lead}{sk}",
-        evidence=ev | {"front_line": line, "lead": list(v.lead) if v.lead is not None else None})
+    lead = (f"{s.lead[0]} led by {s.lead[1]:+.1f}% in its one launch, more than {_floor(s)}: worth verifying with "
+            f"repetitions (verify_lead: true), not verified here." if s.lead is not None else
+            f"None led by more than {_floor(s)}.")
+    words = (f"this suite's search only screens ({n} setting{'s' if n != 1 else ''}{_at(s)}, one launch each, "
+             "verify_lead: false)")
+    return Finding(thread=THREAD, kind="search", title="Scheduler tuning: screened, not verified", applies=True,
+                   confidence="low", headline=f"One launch per setting ({s.note}); output tok/s against {against}: "
+                   f"{tried}", detail=f"{lead} {sk}".strip(), verdict=Verdict(verified=False, words=words),
+                   evidence=ev | {"lead": list(s.lead) if s.lead is not None else None})
 
 
-def _floor(v: Verification) -> str:
+def _floor(s: Search) -> str:
     """The lead a one-launch setting needed, in words: where it comes from and its size."""
-    return f"{v.search_floor_why or 'the equivalence band'} ({v.search_floor_pct:.0f}%)"
+    return f"{s.floor_why} ({s.floor_pct:.0f}%)"
 
 
-def _at(v: Verification) -> str:
+def _at(s: Search) -> str:
     """' at c=16': the search's level, where it has one."""
-    level = _search_level(v)
-    return f" at c={level}" if level else ""
+    return f" at c={s.level}" if s.level else ""
 
 
-def _none_verified(v: Verification, n: int, against: str) -> str:
+def _none_verified(s: Search, n: int, against: str) -> str:
     """The front line's scheduler half when no setting led by more than the floor."""
-    at = _at(v)
-    return NONE_VERIFIED + (f"none of the {n} tried{at} beat {against} by more than {v.search_floor_pct:.0f}%"
-                            if v.search_floor_why in ("", "the equivalence band") else
-                            f"none of the {n} tried{at} led {against} by more than the combination's own launches "
-                            f"spread there ({v.search_floor_pct:.0f}%), so none could be told from noise")
-
-
-def front_line(fs: list[Finding]) -> str:
-    """The report's first line from this thread's findings: the verified answer, with the scheduler setting where
-    one was verified too."""
-    lines = [f.evidence.get("front_line", "") for f in fs]
-    head, tune = (lines + ["", ""])[:2]
-    if not tune:
-        return head
-    if not tune.startswith("Verified"):
-        return f"{head}; {tune}"
-    if head.startswith("Verified"):
-        return f"{head}; scheduler tuning on top: {tune[len('Verified: '):]}"
-    return f"{tune} ({head[0].lower() + head[1:]})" if head else tune
+    return (f"none of the {n} tried{_at(s)} led {against} by more than the combination's own launches spread there "
+            f"({s.floor_pct:.0f}%), so none could be told from noise" if s.floor_from_spread else
+            f"none of the {n} tried{_at(s)} beat {against} by more than {s.floor_pct:.0f}%")
 
 
 def _slug(words: str) -> str:
@@ -760,10 +845,10 @@ def documents(v: Verification, fs: list[Finding]) -> dict[str, str]:
         text = "\n".join([
             f"# Change {i}: {c.label}", "",
             f"Rank {i} of {len(kept)} ({c.tier}), from [{c.thread}](../{c.thread}.html#Answer).", "",
-            "## What was found", "", f"**{c.title}.** {c.claim}", "",
+            "## What was found", "", f"**{c.title}.** {c.finding.claim}", "",
             "## The change", "", change, "",
             "## Effect", "", f"- Alone (its own thread, against its own baseline): {c.effect or 'no measured effect'}"
-            f" ({c.confidence} confidence).", f"- Together: {together}", "",
+            f" ({c.finding.confidence} confidence).", f"- Together: {together}", "",
             "## What it excludes or risks", "", *(f"- {r}" for r in risks or
                                                    ["Nothing this run measured: no exclusion rule, no latency "
                                                     "metric resolvedly worse."]), "",
