@@ -86,6 +86,11 @@ class Results:
         reps = sorted(r for c, r in self.stored if c == config and (rep is None or r == rep))
         return self.stored[(config, reps[0])] if reps else None
 
+    def engine_default_configs(self) -> set[str]:
+        """The configurations that set no knob (the engine's defaults, profiled or not), by name."""
+        pts = self.points
+        return set(pts.loc[pts["engine_defaults"].astype(bool), "config"]) if "engine_defaults" in pts else set()
+
     def select(self, configs: Sequence[str]) -> Results:
         """The same tables holding only these configurations (planned counts the points kept)."""
         keep = set(configs)

@@ -260,8 +260,7 @@ def _cpu_headline(ps: PowerStudy) -> tuple[str, str, dict[str, str]] | None:
         return None
     cfgs = list(dict.fromkeys(i["config"] for i, _ in cpu))
     # the engine's defaults, else their profiled launch (the default suite's 02 is one), else the first
-    pts = ps.study.results.points
-    defaults = set(pts.loc[pts["engine_defaults"], "config"]) if "engine_defaults" in pts else set()
+    defaults = ps.study.results.engine_default_configs()
     cfg = "engine defaults" if "engine defaults" in cfgs else next((c for c in cfgs if c in defaults), cfgs[0])
     per: dict[str, dict[str, int]] = {}
     for i, r in cpu:

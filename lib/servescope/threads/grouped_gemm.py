@@ -233,8 +233,7 @@ def _profiled(res: Results) -> tuple[Results, list[Arm]] | None:
     if res.kernels.empty:
         return None
     names = sorted(set(res.kernels["config"]))
-    pts = res.points
-    defaults = set(pts.loc[pts["engine_defaults"], "config"]) if "engine_defaults" in pts else set()
+    defaults = res.engine_default_configs()
     pick = next((n for n in names if n in defaults), names[0])
     one = res.select([pick])
     one.kernels = one.kernels[one.kernels["rep"] == one.kernels["rep"].min()]

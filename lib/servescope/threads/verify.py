@@ -84,15 +84,20 @@ class SearchRow:
 
 @dataclass
 class Candidate:
-    """One recommended change of the run: the finding behind it, its typed change, and whether it joined the
+    """One recommended change of the run: the finding behind it (its typed change), and whether it joined the
     combination (excluded: why not)."""
 
     thread: str
     finding: Finding
     tier: str
-    change: FindingChange
     excluded: str = ""
     alternative_to: str = ""  # the higher-ranked change that sets the same knob otherwise (an alternative, not a change)
+
+    @property
+    def change(self) -> FindingChange:
+        """The change the finding recommends (changes() takes only findings that name one)."""
+        assert self.finding.change is not None
+        return self.finding.change
 
     @property
     def title(self) -> str:
@@ -146,7 +151,7 @@ def changes(by_thread: dict[str, list[Finding]]) -> list[Candidate]:
         for f in fs:
             t = tier(f, failed)
             if t in TIERS and f.change is not None and f.change.knob_settings:
-                out.append(Candidate(thread, f, t, f.change))
+                out.append(Candidate(thread, f, t))
     # a setting its thread measured but did not pick (a graph mode not told apart from the one it chose) ranks after
     # the pick, so that the pick, not the larger point estimate, takes the knob
     out.sort(key=lambda c: (TIERS.index(c.tier), bool(c.alternative_of), -c.effect_pct))
@@ -167,12 +172,11 @@ def exclusion_rules(by_thread: dict[str, list[Finding]]) -> list[Rule]:
     """Pairs of knob settings this engine cannot run together, with the rule, as the run's findings carry them (the
     excludes of their changes: thread 05's compile and piecewise graphs)."""
     out: list[Rule] = []
-    for fs in by_thread.values():
-        for f in fs:
-            for x in f.change.excludes if f.change is not None else []:
-                rule = (f.change.knob_settings, dict(x.knobs), x.why)  # type: ignore[union-attr]
-                if not any(r[:2] == rule[:2] for r in out):
-                    out.append(rule)
+    for c in (f.change for fs in by_thread.values() for f in fs):
+        for x in c.excludes if c is not None else []:
+            rule = (c.knob_settings, dict(x.knobs), x.why)
+            if not any(r[:2] == rule[:2] for r in out):
+                out.append(rule)
     return out
 
 
