@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
 from servescope.findings import read_findings
 from servescope.report import run_suite
+from servescope.study import Comparison
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "data" / "suites" / "default.yaml"
@@ -60,3 +63,26 @@ def test_a_side_that_stalled_at_half_its_points_is_no_one_sided_stall(tmp_path):
     assert "stalled on one side" not in f.claim, f.claim
     assert f.direction == "better" and f.confidence in ("medium", "high"), f.claim
     assert f.change is not None and f.change.knob_settings, f.claim
+
+
+def _lags(split: dict[str, list[float]]) -> Comparison:
+    """A comparison whose results hold only the client's event-loop lag p99 per point (c=4), side by side."""
+    rows = [{"config": cfg, "rep": i, "point": "c=4", "loop_lag_ms_p99": lag}
+            for cfg, lags in split.items() for i, lag in enumerate(lags)]
+    results = SimpleNamespace(client_health=lambda: pd.DataFrame(rows))
+    return Comparison(SimpleNamespace(results=results), "eager", "compiled", ("compile",))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("eager, compiled, one_sided", [
+    # the known answers (thread 04's cold runs: one server starves the client at every point, replicas never do)
+    ([820, 640, 1200], [5, 4, 19], True),
+    ([1200, 820, 640, 2600], [4, 5, 9, 19], True),
+    # both sides stalled at random (a CI end-to-end run's compile read 13-822 ms p99 on either side): 3 of 4 against
+    # 0 or 1 of 4 happens by chance (p = 0.07); a share rule (over half against a quarter at most) called it one-sided
+    ([822, 523, 208, 67], [13, 22, 67, 88], False),
+    ([822, 523, 208, 67], [13, 207, 22, 88], False),
+    ([822, 523, 67], [13, 207, 168], False),
+])
+def test_a_one_sided_stall_is_one_chance_does_not_explain(eager, compiled, one_sided):
+    got = _lags({"eager": eager, "compiled": compiled}).lopsided_levels()
+    assert (4.0 in got.index) is one_sided, got
