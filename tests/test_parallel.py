@@ -15,6 +15,7 @@ from servescope.context import context
 from servescope.errors import KnobError, NotMeasuredError, SpecError
 from servescope.experiment import Config, measure
 from servescope.load.runner import Router
+from servescope.probes.run import Skipped
 from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
 from servescope.store import Store, export_points
 from servescope.threads import parallelism as t04
@@ -91,7 +92,7 @@ def test_thread04_on_the_stub_compares_layouts_and_shows_refusals(tmp_path, stub
     assert over.loc["2 replicas, least-outstanding", "status"].startswith("measured")
     assert over.loc["tp=2", "status"] == "refused before launch: tensor parallelism is measured where there are " \
                                          "GPUs for it"
-    assert "needs two or more GPUs" in ps.allreduce_info["skipped"]
+    assert isinstance(ps.allreduce.outcome, Skipped) and "needs two or more GPUs" in ps.allreduce.why_not
     t = ps.table()
     assert {"output_tok_s_per_core", "cores"} <= set(t.columns)
     b = ps.balance()
@@ -105,7 +106,7 @@ def test_thread04_on_the_stub_compares_layouts_and_shows_refusals(tmp_path, stub
     # offline: the layouts' checks and the probe's answer come from the store
     again = t04.run(context(stub_engine, {"path": "stub"}, LOAD, repetitions=2, store_dir=str(tmp_path), offline=True,
                             progress=False))
-    assert again.overview().equals(ps.overview()) and again.allreduce_info == ps.allreduce_info
+    assert again.overview().equals(ps.overview()) and again.allreduce.outcome == ps.allreduce.outcome
     exported = tmp_path / "exported"  # store-export carries the notes with the points
     export_points(Store(tmp_path), exported)
     assert (exported / "_notes" / "layouts").is_dir()

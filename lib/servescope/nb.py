@@ -11,6 +11,7 @@ from IPython.display import HTML, Markdown
 from .context import RunContext, context  # noqa: F401  (notebooks build their run context through nb)
 from .experiment import Results
 from .findings import Finding, Outcome, write_findings, write_outcome
+from .probes.run import Failed, ProbeRun
 from .study import Study
 from .util import atomic_write_text
 
@@ -156,12 +157,12 @@ def telemetry_metrics(study: Study) -> Markdown | pd.DataFrame:
                          sort=False).reset_index()
 
 
-def probe_result(table: pd.DataFrame, info: dict) -> Markdown | pd.DataFrame:
+def probe_result(probe: ProbeRun) -> Markdown | pd.DataFrame:
     """A probe's table, or why it did not run (skipped or failed), in one line."""
-    if len(table):
-        return table
-    why = info.get("skipped") or info.get("failed") or "not run"
-    return Markdown(f"Not run: {why}.")
+    if probe.ran:
+        return probe.rows
+    state = "Failed" if isinstance(probe.outcome, Failed) else "Not run"
+    return Markdown(f"{state}: {probe.why_not}.")
 
 
 def text(words: str) -> Markdown:

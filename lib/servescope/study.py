@@ -32,6 +32,9 @@ from .findings import Change, Confidence, Direction, Effect, Failure, Finding, O
 from .launch import find_install
 from .load.health import LOOP_LAG_LIMIT_MS
 from .plots import Figure
+from .probes.run import ProbeRun
+from .probes.run import failed as probe_failed
+from .probes.run import skipped as probe_skipped
 from .spec import EngineSpec, Knobs
 
 # a load client held up this long (event-loop lag p99) lost ten times the host's scheduling slack: its figures carry
@@ -772,24 +775,21 @@ def _ci(r: Any) -> str:
 
 # -- one mechanism for "read what the store holds, or measure" -----------------------------------------------------
 def kept_probe(ctx: RunContext, kind: str, parts: dict[str, Any], install: EngineInstall | None,
-               run: Callable[[EngineInstall], tuple[pd.DataFrame, dict[str, Any]]]) -> tuple[pd.DataFrame,
-                                                                                             dict[str, Any]]:
+               run: Callable[[EngineInstall], tuple[pd.DataFrame, dict[str, Any]]]) -> ProbeRun:
     """A probe run under the engine's interpreter (run(install) -> rows, what ran), kept in the store like a point
-    so that offline renders read the kept answer: (rows, info), or (empty, {'skipped' | 'failed': why})."""
+    so that offline renders read the kept answer; where it did not run, why (skipped or failed)."""
     def compute() -> dict[str, Any]:
         if install is None:
-            return {"skipped": "nothing was measured, so the engine's environment is not known"}
+            return probe_skipped("nothing was measured, so the engine's environment is not known").to_kept()
         try:
             rows, info = run(install)
         except ServescopeError as ex:
-            return {"failed": str(ex)}
-        return {"rows": rows.to_dict("records"), "info": info}
-    got, _ = ctx.memo(kind, parts, compute, keep=lambda a: "rows" in a)
+            return probe_failed(str(ex)).to_kept()
+        return ProbeRun(rows, info).to_kept()
+    got, _ = ctx.memo(kind, parts, compute, keep=lambda a: "outcome" not in a)  # only what measured is kept
     if got is None:
-        return pd.DataFrame(), {"skipped": "offline, and the measuring run kept no probe"}
-    if "rows" in got:
-        return pd.DataFrame(got["rows"]), got["info"]
-    return pd.DataFrame(), got
+        return probe_skipped("offline, and the measuring run kept no probe")
+    return ProbeRun.from_kept(got)
 
 
 # how an attempt stopped from outside is recorded: not a failure of its configuration

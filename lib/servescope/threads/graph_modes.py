@@ -9,7 +9,6 @@ engine-defaults point that thread 1 measures."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import pandas as pd
 
@@ -19,6 +18,8 @@ from ..engines.base import EngineInstall
 from ..findings import Change, Finding, best_of, sentences
 from ..models import model_config
 from ..plots import Figure
+from ..probes.run import ProbeRun
+from ..probes.run import skipped as probe_skipped
 from ..spec import Knobs, ModelSpec
 from ..study import Arm, Comparison, Study, expressible, kept_probe, run_study
 from .graph_disable import audit_for, explain_state, server_log
@@ -53,13 +54,13 @@ class GraphStudy:
 
     modes: pd.DataFrame
     study: Study
-    ceiling: pd.DataFrame = field(default_factory=pd.DataFrame)  # the probe's rows: form, batch, ms_per_step, ...
-    ceiling_info: dict[str, Any] = field(default_factory=dict)  # what ran (device, dtype, MoE method), or why not
+    # the ceiling probe: rows (form, batch, ms_per_step, ...), what ran (device, dtype, MoE method), or why not
+    ceiling: ProbeRun = field(default_factory=ProbeRun)
 
     def ceiling_gains(self) -> pd.DataFrame:
         """Per batch size and form of the probe: ms per step (median of its runs), and the gain over eager with its
         range over the paired runs (the forms ran interleaved, run by run); resolved where every pair agrees."""
-        c = self.ceiling
+        c = self.ceiling.rows
         if c.empty:
             return pd.DataFrame()
         rows = []
@@ -187,14 +188,14 @@ def _ceiling(gs: GraphStudy, ctx: RunContext) -> None:
     renders read the kept answer)."""
     shape, install = stack_shape(ctx.model), gs.study.install
     if shape is None:
-        gs.ceiling_info = {"skipped": "the model's layer shapes are not readable here"}
+        gs.ceiling = probe_skipped("the model's layer shapes are not readable here")
         return
     device = "cuda" if install is not None and install.platform == "cuda" else "cpu"
     batches = ceiling_batches(device, ctx)
     parts = {"engine": ctx.engine_identity, "shape": shape, "batches": batches}
 
     # bf16 on a GPU as served; fp32 on a CPU, where bf16 products without AMX time the CPU's emulation of them
-    gs.ceiling, gs.ceiling_info = kept_probe(ctx, "graph_ceiling", parts, install, lambda inst: probes.graph_ceiling(
+    gs.ceiling = kept_probe(ctx, "graph_ceiling", parts, install, lambda inst: probes.graph_ceiling(
         inst.python, shape, batches, device=device,
         dtype="bfloat16" if device == "cuda" else "float32", timeout_s=300, env=inst.env))
 
@@ -348,12 +349,12 @@ def _no_modes(gs: GraphStudy) -> Finding:
 def _ceiling_finding(gs: GraphStudy, measured: Finding | None) -> Finding | None:
     """What graphs (and compile) could give at most on this hardware, beside the measured effect."""
     g = gs.ceiling_gains()
-    info = gs.ceiling_info
+    info = gs.ceiling.info
     if g.empty:
-        why = info.get("skipped") or info.get("failed") or "the probe did not run"
+        why = gs.ceiling.why_not
         return Finding(thread=THREAD, kind="measurement", title="Graph ceiling: not measured", applies=False,
                        confidence="none", **sentences(f"The engine-free ceiling probe did not run: {why}"), reason=why,
-                       evidence={"ceiling_info": info})
+                       evidence={"ceiling": gs.ceiling.to_kept()})
     gains = g[g["form"] != "eager"]
     if gains.empty:
         return None

@@ -25,6 +25,7 @@ from ..experiment import Results
 from ..findings import Change, Finding
 from ..launch import find_install
 from ..models import EXPERT_KEYS, TOP_K_KEYS, model_config
+from ..probes.run import ProbeRun
 from ..profile.window import window_load
 from ..spec import Knobs, LoadSpec, ModelSpec, ProfileSpec
 from ..study import Arm, Study, drop_empty, kept_probe, read_or_run
@@ -146,8 +147,7 @@ class MoeStudy:
     study: Study
     shape: MoeShape | None
     output_len: int = 64  # tokens per request of the load (and of its profiled window)
-    probe: pd.DataFrame = field(default_factory=pd.DataFrame)
-    probe_info: dict[str, Any] = field(default_factory=dict)
+    probe: ProbeRun = field(default_factory=ProbeRun)  # the ceiling probe: its rows and what ran, or why not
 
     def kernels(self) -> pd.DataFrame:
         """The stored kernel table(s) of the profiled point, with categories and MoE path."""
@@ -258,7 +258,7 @@ def _probe(ms: MoeStudy, ctx: RunContext) -> None:
 
     device = "cuda" if install is not None and install.platform == "cuda" else "cpu"
     dtype = s.dtype if s.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
-    ms.probe, ms.probe_info = kept_probe(ctx, "moe_ceiling", parts, install, lambda inst: probes.moe_ceiling(
+    ms.probe = kept_probe(ctx, "moe_ceiling", parts, install, lambda inst: probes.moe_ceiling(
         inst.python, s.experts, s.top_k, s.hidden, s.inter, sorted(set(load.concurrency)), device=device,
         dtype=dtype, env=inst.env))
 
@@ -269,8 +269,10 @@ def findings(ms: MoeStudy) -> list[Finding]:
     i = ms.info()
     s = ms.shape
     probe = _probe_words(ms)
-    ev: dict[str, Any] = {"verdict": v, "shape": s.__dict__ if s else None, "probe": ms.probe.to_dict("records"),
-                          "probe_info": ms.probe_info}
+    ev: dict[str, Any] = {"verdict": v, "shape": s.__dict__ if s else None, "probe": ms.probe.rows.to_dict("records"),
+                          "probe_info": ms.probe.info}
+    if ms.probe.outcome is not None:
+        ev["probe_outcome"] = ms.probe.to_kept()["outcome"]
     if i is not None:
         ev |= {"categories": i["categories"].to_dict("records"), "paths": i["paths"].to_dict("records"),
                "launches": ms.launches().to_dict("records")}
@@ -317,12 +319,11 @@ def findings(ms: MoeStudy) -> list[Finding]:
 
 
 def _probe_words(ms: MoeStudy) -> str:
-    p = ms.probe
+    p, info = ms.probe.rows, ms.probe.info
     if p.empty:
-        why = ms.probe_info.get("skipped") or ms.probe_info.get("failed") or "not run"
-        return f"Ceiling probe: not run ({why})."
+        return f"Ceiling probe: not run ({ms.probe.why_not})."
     rows = "; ".join(f"{int(r.tokens)} tokens: loop {r.loop_ms:.3f} ms vs grouped {r.grouped_ms:.3f} ms "
                      f"({r.speedup:.1f}x, {int(r.launches_loop)} vs {int(r.launches_grouped)} launches)"
                      for r in p.itertuples())
-    return (f"Ceiling probe on these expert shapes ({ms.probe_info.get('grouped_method', 'grouped')}, "
-            f"{ms.probe_info.get('device', '')}): {rows}.")
+    return (f"Ceiling probe on these expert shapes ({info.get('grouped_method', 'grouped')}, "
+            f"{info.get('device', '')}): {rows}.")

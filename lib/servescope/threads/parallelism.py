@@ -28,6 +28,9 @@ from ..findings import Change, Finding, best_of, sentences, weakest
 from ..launch import Prepared, find_install, prepare
 from ..load.metrics import per_request_tpot
 from ..models import model_config, tiny_model_ready
+from ..probes.run import ProbeRun
+from ..probes.run import failed as probe_failed
+from ..probes.run import skipped as probe_skipped
 from ..spec import Knobs, LoadSpec
 from ..study import Arm, Study, drop_empty, run_study
 
@@ -62,8 +65,7 @@ class ParallelStudy:
     study: Study
     device_kind: str  # 'GPUs' | 'cores' | 'devices'
     device_count: int
-    allreduce: pd.DataFrame = field(default_factory=pd.DataFrame)
-    allreduce_info: dict[str, Any] = field(default_factory=dict)
+    allreduce: ProbeRun = field(default_factory=ProbeRun)  # the all-reduce probe: rows and what ran, or why not
     tp_comm: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def layout(self, name: str) -> Layout:
@@ -391,27 +393,25 @@ def _probe(ps: ParallelStudy, prep: Prepared | None, ctx: RunContext, parts: dic
     def compute() -> dict[str, Any]:
         assert prep is not None
         _run_probe(ps, prep, ctx.load)
-        return {"rows": ps.allreduce.to_dict("records"), "info": ps.allreduce_info,
-                "tp_comm": ps.tp_comm.to_dict("records")}
+        return ps.allreduce.to_kept() | {"tp_comm": ps.tp_comm.to_dict("records")}
     if prep is None and not ctx.offline:
         return
     got, _ = ctx.memo("allreduce", parts, compute, reuse_online=False)
     if got is None:
-        ps.allreduce_info = {"skipped": "offline render, and the measuring run kept no probe"}
+        ps.allreduce = probe_skipped("offline render, and the measuring run kept no probe")
         return
-    ps.allreduce, ps.allreduce_info, ps.tp_comm = pd.DataFrame(got["rows"]), got["info"], pd.DataFrame(got["tp_comm"])
+    ps.allreduce, ps.tp_comm = ProbeRun.from_kept(got), pd.DataFrame(got["tp_comm"])
 
 
 def _run_probe(ps: ParallelStudy, prep: Prepared, load: LoadSpec) -> None:
     if prep.install.platform != "cuda" or ps.device_count < 2:
-        ps.allreduce_info = {"skipped": f"needs two or more GPUs; {ps.device_count} {ps.device_kind} here"}
+        ps.allreduce = probe_skipped(f"needs two or more GPUs; {ps.device_count} {ps.device_kind} here")
         return
     try:
         table, info = probes.allreduce(prep.install.python, ps.device_count, "nccl", env=prep.install.env)
     except ServescopeError as e:
-        ps.allreduce_info = {"failed": str(e)}
+        ps.allreduce = probe_failed(str(e))
         return
-    ps.allreduce, ps.allreduce_info = table, info
     cfg = model_config(prep.model_path)
     hidden, layers = cfg.get("hidden_size"), cfg.get("num_hidden_layers")
     if hidden and layers:
@@ -419,7 +419,8 @@ def _run_probe(ps: ParallelStudy, prep: Prepared, load: LoadSpec) -> None:
                                     dtype_bytes=2 if str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))) in (
                                         "bfloat16", "float16") else 4)
     else:
-        ps.allreduce_info["tp_comm"] = "the model's hidden size and layer count are not known here"
+        info["tp_comm"] = "the model's hidden size and layer count are not known here"
+    ps.allreduce = ProbeRun(table, info)
 
 
 def findings(ps: ParallelStudy) -> list[Finding]:
@@ -583,10 +584,10 @@ def _balance_words(ps: ParallelStudy, name: str) -> str:
 
 def _tp_finding(ps: ParallelStudy) -> Finding:
     t = ps.tp_comm
-    info = ps.allreduce_info
+    info = ps.allreduce.info
     per = "; ".join(f"{int(r.tokens)} tokens: {r.per_layer_ms:.3f} ms per layer, {r.per_step_ms:.2f} ms per step"
                     for r in t.itertuples() if r.per_layer_ms == r.per_layer_ms)
-    big = ps.allreduce.sort_values("bytes").iloc[-1]
+    big = ps.allreduce.rows.sort_values("bytes").iloc[-1]
     gpus = ", ".join(dict.fromkeys(info.get("devices", [])))
     return Finding(thread=THREAD, kind="measurement", title=f"TP={int(t['tp'].iloc[0])} communication per layer",
                    applies=True, confidence="medium",
@@ -594,7 +595,7 @@ def _tp_finding(ps: ParallelStudy) -> Finding:
                             f"reached {big.busbw_gbps:.0f} GB/s bus bandwidth at {big.bytes / 2**20:.0f} MiB",
                    detail=f"For this model two all-reduces per layer per step cost: {per} (decode batch = "
                           "concurrency; interpolated from the probe).",
-                   evidence={"allreduce": ps.allreduce.to_dict("records"), "tp_comm": t.to_dict("records"),
+                   evidence={"allreduce": ps.allreduce.rows.to_dict("records"), "tp_comm": t.to_dict("records"),
                              "info": info})
 
 
