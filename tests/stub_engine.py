@@ -11,10 +11,10 @@ from servescope.engines import register
 from servescope.engines.base import EngineAdapter, EngineInstall, LaunchPlan
 from servescope.engines.http import get_json
 from servescope.engines.sglang import SglangAdapter
-from servescope.engines.state import GRAPH_PHASES, ResolvedState
 from servescope.errors import KnobError
 from servescope.server import ReadyCheck
 from servescope.spec import Knobs
+from servescope.state import GRAPH_PHASES, ResolvedState
 
 STUB = Path(__file__).with_name("stub_server.py")
 # the stub's inter-token gap factor per graph mode (a known answer for thread 2: piecewise is best); an unset mode

@@ -16,7 +16,7 @@ LIB = Path(__file__).resolve().parents[1] / "lib" / "servescope"
 LAYERS: list[tuple[str, ...]] = [
     ("servescope", "errors", "util", "paths", "hostcpu", "pipsources", "deaths", "spec", "plots", "_reaper",
      "_build_tiny_model", "engine_site"),
-    ("server", "findings", "models", "store", "telemetry", "load", "probes", "mps"),
+    ("server", "findings", "models", "store", "telemetry", "load", "probes", "mps", "install", "state"),
     ("analysis",),
     ("engines",),
     ("context", "launch", "profile"),
@@ -237,3 +237,27 @@ def test_the_words_rule_catches_an_injected_violation(violation):
     clean = (LIB / "threads" / "verify.py").read_text()
     assert not string_tests(clean)
     assert string_tests(clean + "\n\ndef _injected(f):\n" + "\n".join("    " + ln for ln in violation.splitlines()))
+
+
+def _calls_of(name: str) -> set[str]:
+    """Where a function of that name is called: module.function (module-level code as module.<module>)."""
+    out = set()
+    for mod, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call) and name in (getattr(node.func, "id", None), getattr(node.func, "attr", None)):
+                    out.add(f"{mod}.{fn.name}")
+    return out
+
+
+def test_only_a_launch_being_prepared_creates_an_engine_environment():
+    """One way to find an install (launch.find_install, which never creates one); the environment is created by
+    launch.create_env, called where a launch is prepared and by the CLI verbs that ask for exactly that."""
+    assert _calls_of("ensure_engine_env") == {"launch.create_env"}
+    assert _calls_of("create_env") == {"launch._install_for_launch", "cli._cmd_engine_env", "cli._cmd_make_model"}
+    assert _calls_of("_install_for_launch") == {"launch.prepare"}
+    import inspect
+
+    from servescope.launch import find_install
+    assert list(inspect.signature(find_install).parameters) == ["engine", "adapter"]

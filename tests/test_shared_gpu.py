@@ -169,7 +169,7 @@ def test_a_fault_leaves_no_daemon_and_no_folder(fault, mps_box, gpu_engine, tmp_
         if fault == "interrupt":
             prep = prepare(eng, MODEL, say=lambda m: None)
             with pytest.raises(KeyboardInterrupt), serve(prep, Knobs(**SHARE, gpu_share="mps"), tmp_path / "log") as t:
-                assert t.gpu_share["clients"] == {"0": True, "1": True}
+                assert t.gpu_share is not None and t.gpu_share.clients == {0: True, 1: True}
                 assert len(list(mps_box.glob("servescope-mps-*"))) == 1
                 raise KeyboardInterrupt
         else:
@@ -193,9 +193,9 @@ def test_a_daemon_already_serving_is_used_and_left_running(mps_box, gpu_engine, 
         assert res.errors.empty, res.errors["summary"].tolist()
         pts = {c: Store(tmp_path / "s").get(k) for c, k in zip(res.points["config"], res.points["key"], strict=True)}
         mine = pts["mps"].gpu_share
-        assert mine["daemon"] == "already running" and "neither started nor stopped it" in mine["note"]
-        assert mine["clients"] == {"0": True, "1": True}
-        assert "kept off it" in pts["ts"].gpu_share["note"]
+        assert mine is not None and mine.daemon == "already running" and "neither started nor stopped it" in mine.note
+        assert mine.clients == {0: True, 1: True}
+        assert "kept off it" in pts["ts"].gpu_share.note
         assert theirs.pid is not None and psutil.pid_exists(theirs.pid) and theirs.pipe_dir.is_dir()
         assert len(theirs.clients()) == 2  # the MPS replicas only: the time-sliced ones never connected
     finally:

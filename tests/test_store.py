@@ -51,14 +51,15 @@ def test_a_point_is_an_object_with_its_record_replicas_and_logs_read_once(tmp_pa
         w.manifest["target"] = {"flags": ["--x", "1"], "install": {"python": "p", "version": "1"},
                                 "replicas": [{"replica": 1, "placement": "replica 1: cores 1", "base_url": "u1"},
                                              {"replica": 0, "placement": "replica 0: cores 0", "base_url": "u0"}]}
-        w.manifest["resolved"] = {"graphs": "off"}
+        w.manifest["resolved"] = {"engine": "vllm", "graph_decode": "off", "graph_prefill": "off", "later": 1}
     pt = s.get("k")
     assert pt.log() == "out line\n\nerr line\n" and pt.log(stderr_first=True) == "err line\n\nout line\n"
     assert pt.log(replica=1) == "replica one\n" and pt.has_log(1)
     assert [(r.index, r.placement) for r in pt.replicas] == [(0, "replica 0: cores 0"), (1, "replica 1: cores 1")]
     assert pt.replicas[1].log_dir == pt.path / "replica-1"
-    assert pt.resolved_config == {"graphs": "off"} == pt.resolved and pt.flags == ["--x", "1"]
-    assert pt.install == {"python": "p", "version": "1"}
+    assert pt.resolved_config == {"graphs": "off"} and pt.flags == ["--x", "1"]
+    assert pt.resolved is not None and pt.resolved.graphs == "off" and pt.resolved.engine == "vllm"  # "later": unknown
+    assert pt.install is not None and (pt.install.python, pt.install.version, pt.install.platform) == ("p", "1", "")
     (pt.path / "server.stdout.log").unlink()
     (pt.path / "resolved_config.json").unlink()
     assert pt.log() == "out line\n\nerr line\n" and pt.resolved_config == {"graphs": "off"}  # read once, kept

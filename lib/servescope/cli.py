@@ -68,12 +68,12 @@ def _cmd_engines(a: argparse.Namespace) -> int:
 
 def _cmd_engine_env(a: argparse.Namespace) -> int:
     from .engines import get_engine
-    from .engines.envs import ensure_engine_env
+    from .launch import create_env
 
-    env = get_engine(a.engine).managed_env(a.version)
-    if env is None:
+    ad = get_engine(a.engine)
+    if ad.managed_env(a.version) is None:
         raise ServescopeError(f"engine {a.engine!r} has no managed environment")
-    print(ensure_engine_env(env, _progress))
+    print(create_env(ad, a.version, _progress))
     return 0
 
 
@@ -84,16 +84,14 @@ def _progress(msg: str) -> None:
 
 def _cmd_make_model(a: argparse.Namespace) -> int:
     from .engines import get_engine
-    from .engines.envs import ensure_engine_env
+    from .launch import create_env
     from .models import ensure_tiny_model
     from .spec import TinyModelSpec, parse
 
     spec = parse(TinyModelSpec, json.loads(a.spec) if a.spec else {}, "tiny model spec")
     python = a.python
     if not python:
-        env = get_engine("vllm").managed_env(None)
-        assert env is not None
-        python = str(ensure_engine_env(env, _progress))
+        python = str(create_env(get_engine("vllm"), None, _progress))
     print(ensure_tiny_model(spec, python))
     return 0
 

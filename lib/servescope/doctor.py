@@ -105,7 +105,7 @@ def check_engine(engine: EngineSpec, adapter: EngineAdapter) -> tuple[Check, str
     if not adapter.launches:
         return _check_external(engine), f"external-{stable_hash(engine.url or '', n=8)}", None
     try:
-        install = find_install(engine, adapter, create=False)
+        install = find_install(engine, adapter)
     except ServescopeError as e:
         return Check("engine environment", "fail", str(e).splitlines()[0]), "", None
     assert install is not None

@@ -16,9 +16,10 @@ import psutil
 from . import mps
 from .engines import get_engine
 from .engines.base import EngineAdapter, EngineInstall, LaunchPlan
-from .engines.envs import ensure_engine_env
+from .engines.envs import EngineEnvSpec, ensure_engine_env
 from .errors import KnobError, PortInUseError, ServescopeError, SpecError
 from .models import resolve_model
+from .mps import SharedGpu
 from .server import ManagedServer, free_port, replica_log_dir, write_resolved
 from .spec import EngineSpec, Knobs, ModelSpec
 from .util import redact_mapping
@@ -57,7 +58,7 @@ class Target:
     placement: str = ""  # where this server runs when it is one replica of several ('replica 1: cores 1')
     replica: int = 0  # its index among them
     replicas: list[Target] = field(default_factory=list)  # every replica, this one first, when there are several
-    gpu_share: dict[str, Any] = field(default_factory=dict)  # replicas on one GPU: how they shared it (mps.Sharing)
+    gpu_share: SharedGpu | None = None  # replicas on one GPU: how they shared it
 
     @property
     def base_urls(self) -> list[str]:
@@ -77,8 +78,8 @@ class Target:
         if self.replicas:
             d["replicas"] = [{"replica": r.replica, "base_url": r.base_url, "placement": r.placement, "command": r.command,
                               "startup": r.startup, "pid": r.pid} for r in self.replicas]
-        if self.gpu_share:
-            d["gpu_share"] = self.gpu_share
+        if self.gpu_share is not None:
+            d["gpu_share"] = self.gpu_share.to_dict()
         return d
 
 
@@ -103,8 +104,7 @@ def prepare(engine: EngineSpec, model: ModelSpec, say: Callable[[str], None] = p
         return Prepared(engine, adapter.probe(""), model.path or "", served, adapter)
     if engine.url:
         raise SpecError(f"engine.url is only for engine 'external'; {engine.name!r} is launched by servescope")
-    install = find_install(engine, adapter, create=True, say=say)
-    assert install is not None
+    install = _install_for_launch(engine, adapter, say)
     check_base_args(engine, adapter, install)
     path, served = resolve_model(model, install.python, install.env)
     return Prepared(engine, install, path, adapter.served_name(path, served), adapter)
@@ -140,10 +140,10 @@ def check_env_paths(env: dict[str, str]) -> None:
                             "site folder there first, or correct the path")
 
 
-def find_install(engine: EngineSpec, adapter: EngineAdapter, create: bool = True,
-                 say: Callable[[str], None] = print) -> EngineInstall | None:
-    """The engine as installed: under engine.python, else in its managed environment (created when missing if
-    create, else a ServescopeError saying so); None for an engine servescope does not launch."""
+def find_install(engine: EngineSpec, adapter: EngineAdapter) -> EngineInstall | None:
+    """The engine as installed, the one way every part finds it (nothing is created here: prepare does that): under
+    engine.python, else in its managed environment (a ServescopeError where that is not created yet); None for an
+    engine servescope does not launch."""
     if not adapter.launches:
         return None
     check_env_paths(engine.env)
@@ -152,16 +152,40 @@ def find_install(engine: EngineSpec, adapter: EngineAdapter, create: bool = True
         if not Path(python).exists():
             raise SpecError(f"engine.python {python!r} does not exist")
     else:
-        env_spec = adapter.managed_env(engine.version)
-        if env_spec is None:
-            raise SpecError(f"engine {engine.name!r} has no managed environment; set engine.python")
-        if not create and not env_spec.is_ready():
+        env_spec = _managed(engine, adapter)
+        if not env_spec.is_ready():
             raise ServescopeError(f"the {env_spec.key} environment is not created yet (make engine, or any run "
                                   "creates it)")
-        python = str(ensure_engine_env(env_spec, say))
+        python = str(env_spec.python())
     install = adapter.probe(python, dict(engine.env))
     if engine.version and install.version != engine.version:
         raise SpecError(f"engine.version is {engine.version} but {python} has {engine.name} {install.version}")
+    return install
+
+
+def _managed(engine: EngineSpec, adapter: EngineAdapter) -> EngineEnvSpec:
+    env_spec = adapter.managed_env(engine.version)
+    if env_spec is None:
+        raise SpecError(f"engine {engine.name!r} has no managed environment; set engine.python")
+    return env_spec
+
+
+def create_env(adapter: EngineAdapter, version: str | None, say: Callable[[str], None] = print) -> Path:
+    """The engine's managed environment for version, created where missing (under a lock); its interpreter. Called
+    by a launch being prepared, and by the CLI verbs that ask for exactly this (`engine-env`, `make-model`)."""
+    env_spec = adapter.managed_env(version)
+    if env_spec is None:
+        raise SpecError(f"engine {adapter.name!r} has no managed environment; set engine.python")
+    return ensure_engine_env(env_spec, say)
+
+
+def _install_for_launch(engine: EngineSpec, adapter: EngineAdapter, say: Callable[[str], None]) -> EngineInstall:
+    """find_install, creating the engine's managed environment first where it is missing."""
+    if adapter.launches and not engine.python:
+        check_env_paths(engine.env)
+        create_env(adapter, engine.version, say)
+    install = find_install(engine, adapter)
+    assert install is not None
     return install
 
 
@@ -202,7 +226,7 @@ def _serve_replicas(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[st
         reps = sorted((t for _, t in entered), key=lambda t: t.replica)
         if share is not None:
             share.check({r.replica: _tree(r.pid) for r in reps})
-        head = dataclasses.replace(reps[0], replicas=reps, gpu_share=share.describe() if share is not None else {})
+        head = dataclasses.replace(reps[0], replicas=reps, gpu_share=share.record() if share is not None else None)
 
         def check_alive() -> None:
             for r in reps:

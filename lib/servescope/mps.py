@@ -240,6 +240,37 @@ class MpsDaemon:
         self.stop()
 
 
+@dataclass(frozen=True)
+class SharedGpu:
+    """How the replicas of one launch shared their GPU, as the point's manifest keeps it: the mode and, with MPS, who
+    started the daemon, its thread share, its servers and whether each replica was its client."""
+
+    mode: str  # 'time_slicing' | 'mps'
+    daemon: str = ""  # MPS: 'servescope' | 'already running'
+    active_thread_pct: int | None = None
+    mps_servers: tuple[int, ...] = ()
+    clients: dict[int, bool] = field(default_factory=dict)  # replica -> a client of the daemon
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """For the point's manifest (the shape the stores have always held)."""
+        d: dict[str, Any] = {"mode": self.mode}
+        if self.daemon:
+            d |= {"daemon": self.daemon, "active_thread_pct": self.active_thread_pct,
+                  "mps_servers": list(self.mps_servers), "clients": {str(r): ok for r, ok in sorted(self.clients.items())}}
+        if self.note:
+            d["note"] = self.note
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SharedGpu:
+        """Read back what to_dict wrote."""
+        pct = d.get("active_thread_pct")
+        return cls(str(d.get("mode") or ""), str(d.get("daemon") or ""), int(pct) if pct is not None else None,
+                   tuple(int(x) for x in d.get("mps_servers") or ()),
+                   {int(r): bool(ok) for r, ok in (d.get("clients") or {}).items()}, str(d.get("note") or ""))
+
+
 @dataclass
 class Sharing:
     """How the replicas of one launch share their GPU: the environment each replica gets and, with MPS, the daemon
@@ -270,15 +301,12 @@ class Sharing:
         """Where the daemon listens."""
         return f"pipe directory {self.daemon.pipe_dir}" if self.daemon is not None else "no daemon"
 
-    def describe(self) -> dict[str, Any]:
-        """For the point's manifest: the mode, the daemon and who started it, its servers and each replica's check."""
-        d: dict[str, Any] = {"mode": self.mode}
-        if self.daemon is not None:
-            d |= {"daemon": self.origin, "active_thread_pct": self.daemon.active_thread_pct, "mps_servers": self.servers,
-                  "clients": {str(r): ok for r, ok in sorted(self.clients.items())}}
-        if self.note:
-            d["note"] = self.note
-        return d
+    def record(self) -> SharedGpu:
+        """What the point's manifest keeps: the mode, the daemon and who started it, its servers, each replica's check."""
+        if self.daemon is None:
+            return SharedGpu(self.mode, note=self.note)
+        return SharedGpu(self.mode, self.origin, self.daemon.active_thread_pct, tuple(self.servers), dict(self.clients),
+                         self.note)
 
 
 @contextlib.contextmanager

@@ -25,9 +25,9 @@ from . import summary
 from .engines import get_engine
 from .errors import KnobError, SpecError
 from .findings import Finding, Outcome, read_findings, read_outcome
-from .launch import find_install
+from .launch import prepare
 from .paths import default_reports_dir, default_store_dir
-from .spec import EngineSpec, Knobs, parse
+from .spec import EngineSpec, Knobs, ModelSpec, parse
 from .store import Store
 from .suite import QUESTIONS, Suite, load_suite, notebook_file
 from .threads import verify
@@ -196,8 +196,9 @@ def check_baseline(suite: Suite) -> None:
     adapter = get_engine(engine.name)
     if not adapter.launches:
         raise SpecError(f"baseline {suite.baseline}: an external server runs as it was started; leave baseline empty")
-    install = find_install(engine, adapter, create=True, say=lambda m: print(m, flush=True))
-    assert install is not None
+    # the first launch's preparation, done here: it creates the engine's environment where it is missing
+    install = prepare(engine, parse(ModelSpec, suite.model, "model"), say=lambda m: print(m, flush=True),
+                      adapter=adapter).install
     for knob, value in suite.baseline.items():
         try:
             adapter.knob_flags(Knobs(**{knob: value}), install)

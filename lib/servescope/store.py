@@ -21,9 +21,12 @@ import pandas as pd
 import psutil
 
 from . import __version__
+from .install import EngineInstall
+from .mps import SharedGpu
 from .paths import default_store_dir
 from .server import STDERR_LOG, STDOUT_LOG, has_logs, read_logs, read_resolved, replica_log_dir
 from .spec import stable_hash
+from .state import ResolvedState
 from .util import atomic_write_json
 
 MANIFEST = "manifest.json"
@@ -65,9 +68,10 @@ class Point:
         return self.manifest.get("target") or {}
 
     @property
-    def resolved(self) -> dict[str, Any] | None:
-        """The engine-neutral resolved record written at launch (ResolvedState.to_dict), None in older stores."""
-        return self.manifest.get("resolved")
+    def resolved(self) -> ResolvedState | None:
+        """The engine-neutral resolved record written at launch, None in older stores."""
+        d = self.manifest.get("resolved")
+        return ResolvedState.from_dict(d) if isinstance(d, dict) else None
 
     @cached_property
     def resolved_config(self) -> dict[str, Any] | None:
@@ -75,10 +79,10 @@ class Point:
         return read_resolved(self.path)
 
     @property
-    def install(self) -> dict[str, Any] | None:
-        """The engine install the point ran on (EngineInstall fields), as its manifest recorded it."""
+    def install(self) -> EngineInstall | None:
+        """The engine install the point ran on, as its manifest recorded it (None where it recorded none)."""
         inst = self.target.get("install")
-        return inst if isinstance(inst, dict) else None
+        return EngineInstall.from_dict(inst) if isinstance(inst, dict) and inst else None
 
     @property
     def cpu_count(self) -> int | None:
@@ -101,11 +105,11 @@ class Point:
                       key=lambda r: r.index)
 
     @property
-    def gpu_share(self) -> dict[str, Any]:
-        """How its replicas shared one GPU ({} where they did not): mode, and with MPS the daemon, who started it and
+    def gpu_share(self) -> SharedGpu | None:
+        """How its replicas shared one GPU (None where they did not): mode, and with MPS the daemon, who started it and
         whether each replica was its client."""
         share = self.target.get("gpu_share")
-        return share if isinstance(share, dict) else {}
+        return SharedGpu.from_dict(share) if isinstance(share, dict) and share else None
 
     def log(self, replica: int = 0, stderr_first: bool = False) -> str:
         """The server log (both streams) a replica left ('' where none was kept, as in exported stores)."""

@@ -25,17 +25,17 @@ from .analysis.ab import MIN_PAIRS, Headline, headline_effect, higher_is_better,
 from .analysis.regime import Regime, point_regimes, regime_table
 from .context import RepetitionPlan, RunContext
 from .engines.base import EngineAdapter, EngineInstall
-from .engines.state import FIELDS, ResolvedState, differences, verify
 from .errors import KnobError, ServescopeError, SpecError
 from .experiment import Config, Results, point_parts, read_store, run_configs
 from .findings import Change, Confidence, Direction, Effect, Failure, Finding, Outcome, capped, sentences
-from .launch import find_install
+from .launch import find_install, prepare
 from .load.health import LOOP_LAG_LIMIT_MS
 from .plots import Figure
 from .probes.run import ProbeRun
 from .probes.run import failed as probe_failed
 from .probes.run import skipped as probe_skipped
 from .spec import EngineSpec, Knobs
+from .state import FIELDS, ResolvedState, differences, verify
 
 # a load client held up this long (event-loop lag p99) lost ten times the host's scheduling slack: its figures carry
 # the stall; where one side of a comparison ran so and the other did not, the difference is partly the client's
@@ -247,7 +247,7 @@ class Study:
                 "replayed") else str(row["gpu"])) for _, row in r.telemetry_status.iterrows()}
         # a server that computes on the CPU: its cores are the device its regime is read from
         cpu = {key: pt.cpu_count for key, pt in r.stored.items()
-               if (pt.install or {}).get("platform") == "cpu" and pt.cpu_count}
+               if pt.install is not None and pt.install.platform == "cpu" and pt.cpu_count}
         return point_regimes(summary, self.gpu_points(), self.host_points(), r.kernels, r.runtime, r.profiles,
                              status, cpu_cores=cpu)
 
@@ -358,10 +358,7 @@ class Study:
         """The engine install the points ran on, as their manifests recorded it (None if nothing was measured)."""
         pts = self.results.points
         pt = self.results.point(str(pts["config"].iloc[0])) if len(pts) else None
-        try:
-            return EngineInstall(**pt.install) if pt is not None and pt.install else None
-        except TypeError:
-            return None
+        return pt.install if pt is not None else None
 
     def spell(self, knobs: Knobs) -> tuple[list[str], str]:
         """Flags for knobs in this engine version's own spelling, and '' or why they could not be spelled here."""
@@ -854,8 +851,9 @@ def expressible(ctx: RunContext, arms: Sequence[Arm], install: EngineInstall | N
     Offline where the engine is not installed here: the arms whose first repetition the store holds."""
     adapter = ctx.adapter
     try:
-        if install is None and adapter.launches:
-            install = find_install(ctx.engine, adapter, create=True, say=lambda m: None)
+        if install is None and adapter.launches:  # online, as a launch would: prepared (created where missing)
+            install = find_install(ctx.engine, adapter) if ctx.offline else \
+                prepare(ctx.engine, ctx.model, say=lambda m: None, adapter=adapter).install
     except ServescopeError as ex:
         if not ctx.offline:
             raise

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -16,47 +15,17 @@ import pandas as pd
 
 from .. import mps
 from ..errors import KnobError, ProfilingUnavailable, ServescopeError, SpecError
+from ..install import EngineInstall, interpreter_env
 from ..models import weights_bytes
 from ..server import ReadyCheck
 from ..spec import Knobs
+from ..state import FIELDS, FactRule, ResolvedState, expected_state
 from .devices import core_blocks, core_words, device_ids, gpu_facts, visible_devices
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
 from .helpcheck import _help_cached, _scan_cached, known_release, reconcile_flags
 from .logs import LogPattern
 from .source import SourceTree
-from .state import FIELDS, FactRule, ResolvedState, expected_state
-
-
-@dataclass(frozen=True)
-class EngineInstall:
-    """An installed engine: which interpreter, which version, which build."""
-
-    python: str
-    version: str
-    distribution: str
-    platform: str  # "cuda", "cpu", "rocm", ... as far as the install tells
-    source: str = ""  # where the engine's source is read from (a wheel, or the folder holding the package)
-    # the interpreter's own environment (engine.env: PYTHONPATH of a site folder, ...): every process run under
-    # python (the server, its --help, the probes) gets it
-    env: dict[str, str] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dict for manifests (the environment's secret-looking values hidden)."""
-        from ..util import redact_mapping
-
-        out: dict[str, Any] = {"python": self.python, "version": self.version, "distribution": self.distribution,
-                               "platform": self.platform}
-        return out | ({"env": redact_mapping(dict(self.env))} if self.env else {})
-
-    def environ(self) -> dict[str, str]:
-        """The environment a process run under this interpreter gets: this one's, with the install's on top."""
-        return interpreter_env(self.env)
-
-
-def interpreter_env(env: dict[str, str] | None) -> dict[str, str]:
-    """os.environ with an engine's own variables on top."""
-    return {**os.environ, **(env or {})}
 
 
 @dataclass(frozen=True)
@@ -206,7 +175,7 @@ class EngineAdapter(ABC):
                                                          "from this engine" for f in (*FIELDS, "device")})
 
     def expected_state(self, knobs: Knobs) -> dict[str, Any]:
-        """What a request must resolve to on this engine, field by field (see engines.state.expected_state)."""
+        """What a request must resolve to on this engine, field by field (see state.expected_state)."""
         return expected_state(knobs)
 
     def recommended_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:

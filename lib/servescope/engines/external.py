@@ -6,11 +6,11 @@ from typing import Any
 
 from ..errors import SpecError
 from ..spec import Knobs
+from ..state import FIELDS, ResolvedState
 from .base import EngineAdapter, EngineInstall, LaunchPlan
 from .envs import EngineEnvSpec
 from .http import get_json
 from .sglang import SglangAdapter
-from .state import FIELDS, ResolvedState
 from .vllm import VllmAdapter
 
 

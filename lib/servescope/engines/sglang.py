@@ -23,12 +23,12 @@ from ..errors import KnobError
 from ..models import config_dtype, short_dtype
 from ..server import ReadyCheck
 from ..spec import Knobs
+from ..state import FactRule, ResolvedState
 from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version, mps_recipe, version_tuple
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
 from .http import get_json_patiently, post
 from .logs import LogPattern, patterns_for
-from .state import FactRule, ResolvedState
 
 # old per-backend switches, before --moe-runner-backend existed
 _OLD_MOE_FLAGS = {"flashinfer_cutlass": "--enable-flashinfer-cutlass-moe",

@@ -11,10 +11,10 @@ from ..errors import KnobError
 from ..models import config_dtype, short_dtype
 from ..server import ReadyCheck
 from ..spec import Knobs
+from ..state import FactRule, ResolvedState
 from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version, interpreter_env
 from .envs import EngineEnvSpec
 from .logs import LogPattern, patterns_for
-from .state import FactRule, ResolvedState
 
 
 class TransformersAdapter(EngineAdapter):

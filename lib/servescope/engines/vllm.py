@@ -13,11 +13,11 @@ from ..errors import KnobError, ServescopeError
 from ..models import config_dtype, is_moe, short_dtype
 from ..server import ReadyCheck
 from ..spec import Knobs
+from ..state import FactRule, ResolvedState
 from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version, version_tuple
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
 from .http import get_json_patiently, post
-from .state import FactRule, ResolvedState
 
 EMBEDDED_VERSION = "0.32.0"
 

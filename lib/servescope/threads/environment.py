@@ -49,7 +49,7 @@ def gpus() -> tuple[pd.DataFrame, str]:
 
 
 def _install(ctx: RunContext) -> EngineInstall | None:
-    return find_install(ctx.engine, ctx.adapter, create=False)  # describing the environment never installs one
+    return find_install(ctx.engine, ctx.adapter)  # describing the environment never installs one
 
 
 def engine_info(ctx: RunContext) -> pd.DataFrame:
@@ -84,7 +84,7 @@ def model_facts(ctx: RunContext) -> pd.DataFrame:
         ident: str | None = ctx.engine_identity
     except ServescopeError:
         ident = None
-    served = [d for pt in ctx.store.points(ident, ctx.model_key) if (d := (pt.resolved or {}).get("dtype"))]
+    served = [d for pt in ctx.store.points(ident, ctx.model_key) if pt.resolved is not None and (d := pt.resolved.dtype)]
     if served:
         kinds = sorted(set(served))
         changed = f" (the engine changed it from {declared})" if declared and kinds != [declared] else ""

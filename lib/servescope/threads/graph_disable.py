@@ -20,11 +20,11 @@ from ..engines.audit import graph_disable_audit
 from ..engines.base import EngineInstall
 from ..engines.logs import analyze_log
 from ..engines.matrix import source_tree as published_source
-from ..engines.state import FactRule, ResolvedState
 from ..errors import KnobError, ServescopeError, SpecError
 from ..findings import Change, Failure, Finding, sentences
 from ..launch import find_install
 from ..spec import Knobs, ProfileSpec, parse
+from ..state import FactRule, ResolvedState
 from ..study import Arm, Study, run_study, stored_failures, stored_points
 
 THREAD = "01_cuda_graph_disable_reason"
@@ -113,7 +113,7 @@ def audit_for(ctx: RunContext, install: EngineInstall | None = None) -> pd.DataF
         return pd.DataFrame()
     if install is None:
         try:
-            install = find_install(ctx.engine, ad, create=False)
+            install = find_install(ctx.engine, ad)
         except ServescopeError:  # not installed here (yet): nothing to read
             return pd.DataFrame()
         assert install is not None

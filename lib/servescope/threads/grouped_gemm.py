@@ -243,7 +243,7 @@ def _profiled(res: Results) -> tuple[Results, list[Arm]] | None:
 def default_profile(ctx: RunContext) -> str:
     """nsys for an engine on CUDA (every engine runs under it), the PyTorch profiler for a CPU build."""
     try:
-        install = find_install(ctx.engine, ctx.adapter, create=False)
+        install = find_install(ctx.engine, ctx.adapter)
     except ServescopeError as ex:
         raise SpecError(f"thread 06 needs a kernel profile and cannot tell which kind suits this engine ({ex}): "
                         "give profile {kind: torch} or {kind: nsys}") from None

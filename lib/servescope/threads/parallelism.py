@@ -191,14 +191,13 @@ class ParallelStudy:
         rows = []
         for (config, rep), pt in sorted(self.study.results.stored.items()):
             share = pt.gpu_share
-            if not share:
+            if share is None:
                 continue
-            clients = share.get("clients") or {}
-            rows.append({"config": config, "rep": rep, "mode": share.get("mode"), "daemon": share.get("daemon", ""),
-                         "active_thread_pct": share.get("active_thread_pct"),
-                         "mps_servers": ", ".join(map(str, share.get("mps_servers") or [])),
-                         "clients": ", ".join(f"replica {r}: {'yes' if ok else 'NO'}" for r, ok in clients.items()),
-                         "note": share.get("note", "")})
+            rows.append({"config": config, "rep": rep, "mode": share.mode, "daemon": share.daemon,
+                         "active_thread_pct": share.active_thread_pct,
+                         "mps_servers": ", ".join(map(str, share.mps_servers)),
+                         "clients": ", ".join(f"replica {r}: {'yes' if ok else 'NO'}" for r, ok in share.clients.items()),
+                         "note": share.note})
         return drop_empty(pd.DataFrame(rows))
 
     def memory(self) -> pd.DataFrame:
@@ -374,7 +373,7 @@ def _prepared(ctx: RunContext) -> Prepared:
         return prepare(ctx.engine, ctx.model, say=lambda msg: None, adapter=ctx.adapter)
     try:  # nothing is installed or generated offline
         m = ctx.model
-        if find_install(ctx.engine, ctx.adapter, create=False) is not None and (m.path or tiny_model_ready(m.tiny)):
+        if find_install(ctx.engine, ctx.adapter) is not None and (m.path or tiny_model_ready(m.tiny)):
             return prepare(ctx.engine, m, say=lambda msg: None, adapter=ctx.adapter)
     except ServescopeError:
         pass

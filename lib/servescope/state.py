@@ -7,12 +7,12 @@ verification never treats an unreported field as equal to the request.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, NamedTuple
 
 import pandas as pd
 
-from ..spec import Knobs
+from .spec import Knobs
 
 # graph intent -> (decode phase, prefill/mixed phase); 'piecewise' graphs attention and leaves the rest (MoE) eager
 GRAPH_PHASES: dict[str, tuple[str, str]] = {"off": ("off", "off"), "decode_only": ("full", "off"),
@@ -85,6 +85,12 @@ class ResolvedState:
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (manifests, findings evidence)."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ResolvedState:
+        """Read back what to_dict wrote (a manifest's record); keys this version does not know are left out."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{"engine": "", **{k: v for k, v in d.items() if k in known}})
 
     def row(self) -> dict[str, Any]:
         """The state as one table row: each field shown, 'not reported' where missing."""
