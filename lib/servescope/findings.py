@@ -235,9 +235,11 @@ class Finding(BaseModel):
         backed by evidence (a confidence); False for 'not measured' and the like."""
         return self.applies or self.confidence != "none"
 
-    def add(self, sentences: str) -> None:
-        """Append sentences to the detail."""
-        self.detail = f"{self.detail} {sentences.strip()}".strip()
+    def extended(self, more: str = "", evidence: dict[str, Any] | None = None, **fields: Any) -> Finding:
+        """A copy with sentences appended to its detail, evidence merged in and the given fields set (a thread that
+        builds on a comparison's finding builds its own, leaving that one as it was)."""
+        return self.model_copy(update={"detail": f"{self.detail} {more.strip()}".strip(),
+                                       "evidence": {**self.evidence, **(evidence or {})}, **fields})
 
 
 def sentences(headline: str, detail: str = "") -> dict[str, str]:

@@ -485,17 +485,19 @@ def _layout_finding(ps: ParallelStudy, x: Layout, base: str) -> tuple[Finding, s
                            else (), controls=CONTROLS)
     words, worse_lat = _latency(cmp)
     f = cmp.finding(name, name, better=x.arm.knobs, worse=Knobs(), extra=words)
-    f.title = f"{name} vs {base}" if f.applies else f.title
-    if x.kind in ("replicas", *SHARED_KINDS) and f.applies and f.direction == "better":
+    if not f.applies:
+        return f, words
+    title, ev, change = f"{name} vs {base}", {}, f.change
+    if x.kind in ("replicas", *SHARED_KINDS) and f.direction == "better":
         recipe = _replica_recipe(ps, x)
         if worse_lat:
             lat = " and ".join(worse_lat)
-            f.title += f": a trade, more throughput for a higher {lat}"
-            f.evidence["trade"] = {"better": "output_tok_s", "worse": worse_lat}
+            title += f": a trade, more throughput for a higher {lat}"
+            ev["trade"] = {"better": "output_tok_s", "worse": worse_lat}
             recipe = (f"for throughput, where {lat} has room under its target: {recipe}. Where {lat} targets bind, "
                       f"keep {base}")
-        f.change = Change(knobs=x.arm.knobs, words=recipe)
-    return f, words
+        change = Change(knobs=x.arm.knobs, words=recipe)
+    return f.extended(evidence=ev, title=title, change=change), words
 
 
 def _latency(cmp: Any) -> tuple[str, list[str]]:
@@ -529,12 +531,14 @@ def _mps_findings(ps: ParallelStudy, base: str, per: list[Finding]) -> list[Find
         words, _ = _latency(cmp)
         f = cmp.finding(f"MPS with {k.replicas} replicas on 1 GPU", f"MPS with {k.replicas} replicas on 1 GPU",
                         extra=words)
-        if f.applies:
-            f.title = f"MPS vs time-slicing: {x.arm.name}"
         if f.applies and f.direction == "better" and x.arm.name in beat:
-            f.change = Change(words="start the replicas under an MPS control daemon: " + _replica_recipe(ps, x))
+            f = f.extended(title=f"MPS vs time-slicing: {x.arm.name}", change=Change(
+                words="start the replicas under an MPS control daemon: " + _replica_recipe(ps, x)))
         elif f.applies and x.arm.name not in beat:
-            f.add(f"Neither was resolved as better than {base}, so this says how to share a GPU, not to share one.")
+            f = f.extended(f"Neither was resolved as better than {base}, so this says how to share a GPU, not to share "
+                           "one.", title=f"MPS vs time-slicing: {x.arm.name}")
+        elif f.applies:
+            f = f.extended(title=f"MPS vs time-slicing: {x.arm.name}")
         out.append(f)
     return out
 

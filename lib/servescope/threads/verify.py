@@ -689,7 +689,6 @@ def _combined_finding(v: Verification) -> Finding:
     # baseline's own flags, never "already optimal"
     f = cmp.finding("Recommended changes combined", "The combination", better=v.combined, worse=v.baseline,
                     deployed=v.baseline, named="the combination")
-    f.kind = "verification"
     flags = " ".join(f.recommended_flags)
     labels = "; ".join(c.label for c in v.included)
     how = f"with {flags}" if flags else f"by the change{'s' if len(v.included) > 1 else ''} ({labels})"
@@ -706,19 +705,19 @@ def _combined_finding(v: Verification) -> Finding:
     extra += (" Worse with the changes: " + "; ".join(worse) + ".") if worse else \
         " No latency metric got resolvedly worse (TTFT, TPOT)."
     extra += v.memory_words() or " Memory: not read for these points."
-    f.add(extra + (f" {left_words}" if left_words else ""))
-    f.evidence |= ev
     eff = f.effect
     if f.applies and eff is not None and f.direction == "better" and f.confidence in ("high", "medium"):
-        f.verdict = Verdict(verified=True, words=f"{eff.text()} {how}, against {v.baseline_words}")
-        f.title = f"Verified: the recommended changes together, {eff.value_pct:+.1f}% output tok/s"
+        verdict = Verdict(verified=True, words=f"{eff.text()} {how}, against {v.baseline_words}")
+        title = f"Verified: the recommended changes together, {eff.value_pct:+.1f}% output tok/s"
     elif eff is not None and f.applies:
-        f.verdict = Verdict(verified=False, words=f"the recommended changes together measured {eff.text()} against "
-                                                  f"{v.baseline_words}")
-        f.title = f"Not verified: the recommended changes together ({f.direction or 'unresolved'})"
+        verdict = Verdict(verified=False, words=f"the recommended changes together measured {eff.text()} against "
+                                                f"{v.baseline_words}")
+        title = f"Not verified: the recommended changes together ({f.direction or 'unresolved'})"
     else:
-        f.verdict = Verdict(verified=False, words=f.title)
-    return f
+        title = f.title
+        verdict = Verdict(verified=False, words=title)
+    return f.extended(extra + (f" {left_words}" if left_words else ""), ev, kind="verification", title=title,
+                      verdict=verdict)
 
 
 def _tuning_finding(v: Verification) -> Finding:
@@ -748,20 +747,18 @@ def _tuning_finding(v: Verification) -> Finding:
     base, setting = v.tune_base, s.tuned_setting
     cmp = s.tuned.compare(base, setting, (), _fields(s.tuned, base, setting))
     f = cmp.finding(f"Scheduler: {setting}", setting, better=s.tuned_knobs, worse=v.combined)
-    f.kind = "search"
-    f.add(f"Found by the search ({s.note}): {tried}; the lead of one launch is verified with repetitions before it "
-          f"counts, and {base}'s side reads any launch of the same configuration the store already holds (another "
-          f"thread's points of this run) instead of launching it again.{f' {sk}' if sk else ''}")
-    f.evidence |= ev | {"tuned_setting": setting}
+    more = (f"Found by the search ({s.note}): {tried}; the lead of one launch is verified with repetitions before it "
+            f"counts, and {base}'s side reads any launch of the same configuration the store already holds (another "
+            f"thread's points of this run) instead of launching it again.{f' {sk}' if sk else ''}")
     worse = _worse(s.tuned, base, setting)
     if worse:
-        f.add("Worse with it: " + "; ".join(worse) + ".")
-    eff = f.effect
+        more += " Worse with it: " + "; ".join(worse) + "."
+    eff, title, verdict = f.effect, f.title, f.verdict
     # a search picks the fastest of several one-launch settings, so its lead is biased upward: it counts only when
     # its verified interval clears the equivalence band ('high'), not merely zero (a stub's +4.5% at one level did)
     if eff is not None and f.direction == "better" and f.confidence == "high":
-        f.title = f"Verified scheduler setting: {setting}, {eff.value_pct:+.1f}% over {against}"
-        f.verdict = Verdict(verified=True, words=f"{eff.text()} with {' '.join(f.recommended_flags)}, against {against}")
+        title = f"Verified scheduler setting: {setting}, {eff.value_pct:+.1f}% over {against}"
+        verdict = Verdict(verified=True, words=f"{eff.text()} with {' '.join(f.recommended_flags)}, against {against}")
     elif eff is not None and f.applies:
         if f.direction == "worse" and f.confidence in ("high", "medium"):
             held = "hurts"
@@ -769,10 +766,10 @@ def _tuning_finding(v: Verification) -> Finding:
             held = f"{eff.value_pct:+.1f}%, inside the {v.ctx.equivalence_pct:.0f}% equivalence band"
         else:
             held = "not resolved" if f.direction in ("unresolved", "mixed", "") else f.direction
-        f.title = f"Scheduler tuning: the search's lead {setting} did not hold up ({held} when verified)"
-        f.verdict = Verdict(verified=False, words=f"the search's lead, {setting}, did not hold up when verified "
-                                                  f"({eff.text()} against {against})")
-    return f
+        title = f"Scheduler tuning: the search's lead {setting} did not hold up ({held} when verified)"
+        verdict = Verdict(verified=False, words=f"the search's lead, {setting}, did not hold up when verified "
+                                                f"({eff.text()} against {against})")
+    return f.extended(more, ev | {"tuned_setting": setting}, kind="search", title=title, verdict=verdict)
 
 
 def _screened(v: Verification, s: Search, n: int, tried: str, sk: str, against: str, ev: dict[str, Any]) -> Finding:
