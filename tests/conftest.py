@@ -31,7 +31,7 @@ ENGINE_WHEELS = {"sglang-0.4.10": ("sglang", "0.4.10"), "sglang-0.5.9": ("sglang
                  "vllm-0.32.0": ("vllm", "0.32.0"), "transformers-5.17.0": ("transformers", "5.17.0"),
                  "transformers-5.23.0": ("transformers", "5.23.0")}
 # releases read from their source archive (vLLM's sdist is 47 MB against a 336 MB wheel), unpacked once per user
-ENGINE_SDISTS = {"vllm-0.33.0": ("vllm", "0.33.0")}
+ENGINE_SDISTS = {"vllm-0.33.0": ("vllm", "0.33.0"), "vllm-0.26.0": ("vllm", "0.26.0")}
 
 
 @pytest.fixture(scope="session")

@@ -117,3 +117,46 @@ def test_rerender_keeps_00s_html_and_json_but_never_its_executed_notebook(tmp_pa
     report.mkdir()
     rerender.take_kept(tmp_path / "reports.tgz", report)
     assert sorted(p.name for p in report.iterdir()) == ["00_environment.findings.json", "00_environment.html"]
+
+
+def test_a_file_larger_than_a_call_travels_in_pieces_and_is_joined_whole(tmp_path, monkeypatch):
+    """The slim vLLM wheel's transport pieces (35 MiB) are larger than what a call carries beside a 50 MiB tree: pack
+    cuts them, each piece travels in its own part, and on_gpu joins them once all are here, checking the whole."""
+    pack, gpu = _load("pack"), _load("on_gpu")
+    big = tmp_path / "v.whl.xz.part-00"
+    big.write_bytes(bytes(range(256)) * 10)  # 2,560 bytes against a budget of 1,000
+    (tmp_path / "s.whl").write_bytes(b"s")
+    files, of = pack.cut([("vllm", big), ("suite", tmp_path / "s.whl")], 1000, tmp_path / "pieces")
+    assert [f.name for _, f in files] == ["v.whl.xz.part-00.piece-00", "v.whl.xz.part-00.piece-01",
+                                          "v.whl.xz.part-00.piece-02", "s.whl"]
+    parts = pack.split(files, 1000)
+    manifest = {"parts": len(parts), "files": [
+        {"name": f.name, "kinds": [k], "part": n, "bytes": f.stat().st_size, "sha256": pack.sha256(f)}
+        | ({"of": of[f.name]} if f.name in of else {}) for n, part in enumerate(parts, 1) for k, f in part]}
+    monkeypatch.setattr(gpu, "WORK", tmp_path / "work")
+    monkeypatch.setattr(gpu, "ROOT", tmp_path / "repo")
+    sent = []
+    for n, part in enumerate(parts, 1):  # one call per part, back to back
+        d = tmp_path / "repo" / ".device" / "parts" / f"{n:02d}"
+        if d.parent.exists():
+            for old in d.parent.iterdir():
+                for f in old.iterdir():
+                    f.unlink()
+                old.rmdir()
+        d.mkdir(parents=True)
+        for _, f in part:
+            (d / f.name).write_bytes(f.read_bytes())
+        have, missing = gpu.gather(manifest)
+        sent.append(n)
+    assert (have, missing) == (sent, [])
+    joined = tmp_path / "work" / "files" / "v.whl.xz.part-00"
+    assert joined.read_bytes() == big.read_bytes() and not list(joined.parent.glob("*.piece-*"))
+    assert gpu.gather(manifest) == (sent, [])  # joined once: a later call still counts every part as here
+    files_by_kind = {}
+    for f in manifest["files"]:
+        files_by_kind.setdefault(f["kinds"][0], set()).add(f["of"]["name"] if "of" in f else f["name"])
+    assert files_by_kind == {"vllm": {"v.whl.xz.part-00"}, "suite": {"s.whl"}}
+
+
+def test_the_vllm_suite_needs_its_engine_set():
+    assert _load("pack").needs(ROOT / "data" / "suites" / "vllm-h200.yaml") == ["suite", "nsys", "vllm"]

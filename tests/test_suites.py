@@ -100,6 +100,38 @@ def test_sglang_h200_is_valid_for_sglang_0_5_17(wheel_install):
         assert not both, f"{k.label()} sets {both}, which the suite's base arguments set too"
 
 
+def test_vllm_h200_is_valid_for_vllm_0_26(wheel_install):
+    """data/suites/vllm-h200.yaml: its base arguments and every configuration its threads launch are spelled by vLLM
+    0.26.0's own flags (its published source), the baseline is --enforce-eager, and 02's graph modes are the four
+    cudagraph_mode values 0.26 has (NONE, FULL_DECODE_ONLY, FULL, FULL_AND_PIECEWISE)."""
+    suite = load_suite(ROOT / "data" / "suites" / "vllm-h200.yaml")
+    engine = EngineSpec(**suite.engine)
+    install = wheel_install("vllm-0.26.0")
+    adapter = get_engine("vllm")
+    adapter.check_flags(list(engine.args), install)
+    assert adapter.knob_flags(Knobs(**suite.baseline), install) == ["--enforce-eager"]
+    ctx = context(engine, {"tiny": {}}, suite.load)
+    modes = graph_modes.modes(ctx, install)
+    can = dict(zip(modes["mode"], modes["expressible"], strict=True))
+    assert all(can[m] for m in ("off", "decode_only", "full", "piecewise")), modes
+    spelled = {m: " ".join(adapter.knob_flags(Knobs(cuda_graph=m), install)) for m in ("off", "decode_only", "full",
+                                                                                      "piecewise")}
+    for m, mode in (("off", "NONE"), ("decode_only", "FULL_DECODE_ONLY"), ("full", "FULL"),
+                    ("piecewise", "FULL_AND_PIECEWISE")):
+        assert f'"cudagraph_mode": "{mode}"' in spelled[m], spelled
+    knobs = [Knobs(cuda_graph=m) for m in modes["mode"] if can[m]]
+    knobs += [a.knobs for a in torch_compile.arms(ctx)]
+    (entry,) = [n for n in suite.notebooks if n.id == "07_verified_changes"]
+    tuning = [k for _, k in verify.candidates(ctx, Knobs(), entry.parameters["search"])]
+    assert {k.max_running_requests for k in tuning} - {None} and {k.chunked_prefill_size for k in tuning} - {None}
+    assert {k.cuda_graph_max_bs for k in tuning} - {None}
+    knobs += tuning
+    for k in knobs:
+        flags = adapter.knob_flags(k, install)
+        adapter.check_flags(flags, install)
+        assert not {f for f in flags if f.startswith("--")} & set(engine.args), k.label()
+
+
 def test_a_baseline_the_version_cannot_express_is_refused_before_anything_runs(tmp_path):
     """The stub engine has one piecewise form: a suite whose baseline asks for the other is refused, naming the knob,
     before any notebook runs or anything launches (no report folder is made)."""

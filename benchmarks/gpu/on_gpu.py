@@ -73,8 +73,33 @@ def gather(manifest: dict) -> tuple[list[int], list[int]]:
     have, missing = set(), set()
     for name, meta in want.items():
         p = files / name
-        (have if p.is_file() and p.stat().st_size == meta["bytes"] else missing).add(meta["part"])
+        whole = files / meta["of"]["name"] if "of" in meta else None
+        here = (p.is_file() and p.stat().st_size == meta["bytes"]) or (whole is not None and whole.is_file())
+        (have if here else missing).add(meta["part"])
+    if not missing:
+        join(manifest, files)
     return sorted(have - missing), sorted(missing)
+
+
+def join(manifest: dict, files: Path) -> None:
+    """Files pack.py cut into pieces (NAME.piece-NN), joined once every piece is here and checked as a whole."""
+    wholes: dict[str, dict] = {}
+    for f in manifest["files"]:
+        if "of" in f:
+            wholes.setdefault(f["of"]["name"], f["of"] | {"pieces": []})["pieces"].append(f["name"])
+    for name, w in wholes.items():
+        target = files / name
+        if target.is_file() and target.stat().st_size == w["bytes"]:
+            continue
+        with open(target.with_suffix(target.suffix + ".tmp"), "wb") as out:
+            for piece in sorted(w["pieces"]):
+                out.write((files / piece).read_bytes())
+        target.with_suffix(target.suffix + ".tmp").replace(target)
+        if sha(target) != w["sha256"]:
+            raise SystemExit(f"{name}: joined from {len(w['pieces'])} pieces, its sha256 differs from parts.json")
+        for piece in w["pieces"]:
+            (files / piece).unlink()
+        say(f"joined {name} from {len(w['pieces'])} pieces")
 
 
 def check_machine(sent: list[int]) -> None:
@@ -97,12 +122,16 @@ def install(manifest: dict, suite: dict) -> dict[str, str]:
     files = WORK / "files"
     kinds: dict[str, list[Path]] = {}
     for f in manifest["files"]:
+        path = files / (f["of"]["name"] if "of" in f else f["name"])
         for kind in f.get("kinds") or [f["kind"]]:
-            kinds.setdefault(kind, []).append(files / f["name"])
+            if path not in kinds.setdefault(kind, []):
+                kinds[kind].append(path)
     site = "/tmp/site"
     engine_site = ((suite.get("engine") or {}).get("env") or {}).get("PYTHONPATH", "")
     if not (WORK / "installed").is_file():
         t0 = time.monotonic()
+        if kinds.get("vllm"):
+            _install_vllm(kinds["vllm"], engine_site, (suite.get("engine") or {}).get("python") or sys.executable)
         for kind, target in (("suite", site), ("sglang", engine_site)):
             wheels = [str(w) for w in kinds.get(kind, []) if w.suffix == ".whl"]
             if not wheels:
@@ -128,6 +157,22 @@ def install(manifest: dict, suite: dict) -> dict[str, str]:
             # NVLink multicast stays off on these machines (KINDS.md), for every process the suite starts
             "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     return env
+
+
+def _install_vllm(files: list[Path], target: str, python: str) -> None:
+    """The slim vLLM set (../shared/tools/vllm-gpu: pieces of an xz'd wheel, its dependencies, SHA256SUMS and
+    install_on_gpu.sh) joined, checked and installed into the engine's site folder, under the engine's interpreter."""
+    if not target:
+        raise SystemExit("vllm files travelled, but the suite names no site folder (engine.env PYTHONPATH) for them")
+    folder = WORK / "vllm-set"
+    folder.mkdir(exist_ok=True)
+    for f in files:
+        if not (folder / f.name).exists():
+            os.link(f, folder / f.name)
+    t0 = time.monotonic()
+    subprocess.run(["bash", str(folder / "install_on_gpu.sh"), str(folder), target], check=True,
+                   env={**os.environ, "PY": python})
+    say(f"installed vLLM into {target} in {time.monotonic() - t0:.0f} s")
 
 
 def save(src: Path, name: str, exclude_logs_over: int = 8 * 2**20) -> None:

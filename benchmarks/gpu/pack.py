@@ -32,7 +32,10 @@ MARGIN = 3 * 2**20  # for files the tree gains before the calls are made (a stor
 # where each kind of file lands on the GPU machine (on_gpu.py installs by kind)
 SOURCES = {"suite": ("wheels", ["gpu-wheels.sh", "{dest}", "ijson"]),
            "nsys": ("nsys-lib", ["gpu-nsys-libs.sh", "{dest}"]),
-           "sglang": ("sglang", ["gpu-sglang-wheels.sh", "{dest}"])}
+           "sglang": ("sglang", ["gpu-sglang-wheels.sh", "{dest}"]),
+           # the slim sm_90 vLLM wheel (xz'd, in pieces) and its missing dependencies, with the script that joins,
+           # checks and installs them there (vllm-gpu/build.sh writes chunk1/ and chunk2/: they travel as one set)
+           "vllm": ("vllm", ["vllm-gpu/build.sh", "{dest}"])}
 
 
 def tree_bytes() -> int:
@@ -47,8 +50,8 @@ def needs(suite: Path) -> list[str]:
     spec = yaml.safe_load(suite.read_text())
     engine = spec.get("engine") or {}
     kinds = ["suite", "nsys"]
-    if engine.get("name") == "sglang" and (engine.get("env") or {}).get("PYTHONPATH"):
-        kinds.append("sglang")
+    if engine.get("name") in ("sglang", "vllm") and (engine.get("env") or {}).get("PYTHONPATH"):
+        kinds.append(engine["name"])
     elif (engine.get("env") or {}).get("PYTHONPATH"):
         raise SystemExit(f"{suite}: engine {engine.get('name')!r} lives in a site folder, but pack.py knows no wheel "
                          "builder for it")
@@ -63,12 +66,40 @@ def build(kind: str) -> Path:
         tool = TOOLS / cmd[0]
         print(f"building {kind} files with {tool.name} into {dest.relative_to(ROOT)} ...", flush=True)
         subprocess.run(["bash", str(tool), *[a.format(dest=dest) for a in cmd[1:]]], check=True)
+    chunks = sorted(dest.glob("chunk[0-9]"))
+    if chunks:  # a tool that cut its set into chunk folders: one flat set (the chunks never share a name)
+        for c in chunks:
+            for f in c.iterdir():
+                if (dest / f.name).exists() and sha256(dest / f.name) != sha256(f):
+                    raise SystemExit(f"{f.name} differs between the chunk folders of {dest}")
+                shutil.move(str(f), dest / f.name)
+            shutil.rmtree(c)
     return dest
 
 
 def sha256(f: Path) -> str:
     """sha256 of a file."""
     return hashlib.sha256(f.read_bytes()).hexdigest()
+
+
+def cut(files: list[tuple[str, Path]], budget: int, into: Path) -> tuple[list[tuple[str, Path]], dict[str, dict]]:
+    """Files larger than one call's budget cut into pieces NAME.piece-NN of at most budget bytes (on_gpu.py joins
+    them and checks the whole): the files to split into parts, and per piece the whole it belongs to."""
+    out, of = [], {}
+    for kind, f in files:
+        size = f.stat().st_size
+        if size <= budget:
+            out.append((kind, f))
+            continue
+        into.mkdir(parents=True, exist_ok=True)
+        whole = {"name": f.name, "bytes": size, "sha256": sha256(f)}
+        with open(f, "rb") as fh:
+            for i in range(-(-size // budget)):
+                piece = into / f"{f.name}.piece-{i:02d}"
+                piece.write_bytes(fh.read(budget))
+                out.append((kind, piece))
+                of[piece.name] = whole
+    return out, of
 
 
 def split(files: list[tuple[str, Path]], budget: int) -> list[list[tuple[str, Path]]]:
@@ -79,7 +110,7 @@ def split(files: list[tuple[str, Path]], budget: int) -> list[list[tuple[str, Pa
         size = f.stat().st_size
         if size > budget:
             raise SystemExit(f"{f} is {size / 2**20:.1f} MiB, more than one call carries beside the tree "
-                             f"({budget / 2**20:.1f} MiB)")
+                             f"({budget / 2**20:.1f} MiB): cut it first (cut)")
         i = next((i for i, r in enumerate(room) if r >= size), None)
         if i is None:
             parts.append([])
@@ -113,6 +144,7 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     # whole MiB: the manifest is part of the tree, and a budget that moved with it by a few bytes repacked every run
     budget = (LIMIT - tree_bytes() - MARGIN) // 2**20 * 2**20
+    files, of = cut(files, budget, DEVICE / "pieces")
     parts = split(files, budget)
     manifest = {"suite": str(a.suite), "parts": len(parts), "files": []}
     for n, part in enumerate(parts, 1):
@@ -121,7 +153,8 @@ def main() -> None:
         for kind, f in part:
             shutil.copy2(f, d / f.name)
             manifest["files"].append({"name": f.name, "kinds": kind.split(","), "part": n, "bytes": f.stat().st_size,
-                                      "sha256": sha256(f)})
+                                      "sha256": sha256(f)} | ({"of": of[f.name]} if f.name in of else {}))
+    shutil.rmtree(DEVICE / "pieces", ignore_errors=True)
     # the manifest travels in the tree (not ignored) so every call can check what it has against it
     target = ROOT / "benchmarks" / "gpu" / "parts.json"
     target.write_text(json.dumps(manifest, indent=1) + "\n")
