@@ -1,0 +1,82 @@
+"""vLLM 0.26 on the H200 (data/reference/vllm-h200, recorded cold through benchmarks/gpu/on_gpu.py; gpu-logs/ keeps
+what each device call printed), rendered offline here. Known answers recorded on real hardware: the eager launch's
+own flag turns graphs off; every graph mode 0.26 expresses (NONE, FULL_DECODE_ONLY, FULL, FULL_AND_PIECEWISE) ran as
+asked, read back from each server's own /server_info; each beats graphs off by far more than the noise, and the
+modes that gain most are not told apart (so 02 picks the engine's default, piecewise, by its fixed rule)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from servescope.findings import read_findings
+from servescope.report import run_suite
+from servescope.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = ROOT / "data" / "reference" / "vllm-h200"
+SUITE = ROOT / "data" / "suites" / "vllm-h200.yaml"
+MODES = {"off": "NONE", "decode_only": "FULL_DECODE_ONLY", "full": "FULL", "piecewise": "FULL_AND_PIECEWISE"}
+
+
+@pytest.fixture(scope="module")
+def offline_run(tmp_path_factory):
+    """Threads 01, 02 and 03 of the suite rendered offline from a copy of the H200 store."""
+    tmp = tmp_path_factory.mktemp("vllm-h200")
+    shutil.copytree(REF / "store", tmp / "store")
+    done = run_suite(SUITE, only=["01", "02", "03"], offline=True, reports_dir=tmp / "r", store_dir=tmp / "store",
+                     run_id="t", progress=False)
+    return done.out_dir
+
+
+def test_every_point_ran_on_vllm_0_26_on_the_h200_and_resolved_as_asked():
+    """Each point's manifest: the slim vLLM 0.26.0 under the GPU machine's torch, CUDA, and the graph mode vLLM
+    itself reported (the resolved record written at launch) is the one asked for."""
+    pts = [Store(REF / "store").get(p.name) for p in (REF / "store").iterdir() if not p.name.startswith("_")]
+    assert len(pts) >= 13
+    for pt in pts:
+        assert pt.install is not None and (pt.install.version, pt.install.platform) == ("0.26.0", "cuda"), pt.key
+        assert pt.resolved is not None and pt.resolved.source, pt.key
+        knobs = pt.target["knobs"]
+        if knobs.get("cuda_graph") in MODES:
+            assert pt.resolved.graph_mode == MODES[knobs["cuda_graph"]], (knobs, pt.resolved)
+        if knobs.get("torch_compile") is False:
+            assert pt.resolved.eager is True and pt.resolved.graph_mode == "NONE" and pt.resolved.compile == "off"
+    assert "NVIDIA H200" in (REF / "gpu-logs" / "gpu.txt").read_text()
+
+
+def test_thread01_names_the_eager_flag(offline_run):
+    (f,) = read_findings(offline_run / "01_cuda_graph_disable_reason.findings.json")
+    assert f.title == "CUDA graphs are off because of the launch's own flag" and f.confidence == "high"
+    assert "`--enforce-eager` turns off decode and prefill graphs" in f.claim
+
+
+def test_thread02_every_mode_beats_graphs_off_and_the_pick_follows_the_fixed_rule(offline_run):
+    fs = read_findings(offline_run / "02_piecewise_cuda_graphs.findings.json")
+    head = fs[0]
+    assert head.title == "Use CUDA graphs: piecewise" and head.confidence == "high"
+    assert head.effect.n == 3 and head.effect.ci_low_pct > 200  # +294% (90% CI +285..+303%) on the H200
+    assert "not told apart" in head.claim and "the engine's own default on 0.26.0" in head.claim
+    per_mode = {f.effect.treatment: f for f in fs if f.kind == "effect" and f.effect is not None and
+                f.effect.baseline == "off" and f.title.startswith("CUDA graphs ")}
+    assert set(per_mode) == {"decode_only", "full", "piecewise"}
+    for mode, f in per_mode.items():
+        assert f.direction == "better" and f.confidence == "high" and f.effect.ci_low_pct > 100, (mode, f.claim)
+        assert f"CUDA graphs {mode} ({MODES[mode]})" in f.claim and "CUDA graphs off (NONE)" in f.claim
+
+
+def test_thread03_reads_the_h200_as_not_throttled_and_host_bound_at_eager(offline_run):
+    fs = read_findings(offline_run / "03_clocks_power.findings.json")
+    assert fs[0].title.startswith("Not throttled") and fs[0].confidence == "high"
+    eager = next(f for f in fs if f.title.startswith("torch_compile=False at c=32"))
+    assert eager.title.endswith("host-bound") and eager.confidence == "high"
+
+
+def test_committed_reference_report_says_the_same(offline_run):
+    for name in ("01_cuda_graph_disable_reason", "02_piecewise_cuda_graphs"):
+        ours = [f["claim"] for f in json.loads((offline_run / f"{name}.findings.json").read_text())]
+        kept = [f["claim"] for f in json.loads((REF / "report" / f"{name}.findings.json").read_text())]
+        assert ours == kept, name
