@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 
 import pandas as pd
-from IPython.display import HTML, Markdown
+from IPython.display import HTML, Markdown, display
 
 from .context import RunContext, context  # noqa: F401  (notebooks build their run context through nb)
 from .experiment import Results
@@ -199,3 +199,18 @@ def ranked_table(ranked: pd.DataFrame) -> Markdown | HTML:
     df["evidence"] = ranked["evidence"].map(lambda h: f'<a href="{html.escape(h)}">{html.escape(h.split("#")[0])}</a>')
     style = "<style>table.servescope-ranked td, table.servescope-ranked th { text-align: left; }</style>"
     return HTML(style + df.to_html(index=False, escape=False, classes="servescope-ranked"))
+
+
+def engines_side_by_side(store_dir: str) -> Markdown | pd.DataFrame:
+    """Two engines serving this run's model under the same load, side by side (analysis.engines), or one line saying
+    why there is nothing to compare."""
+    from .analysis import engines
+    from .store import Store
+
+    if not store_dir or not Path(store_dir).is_dir():
+        return Markdown("Not compared: this run names no store.")
+    t = engines.side_by_side(Store(store_dir))
+    if t.empty:
+        return Markdown("Not compared: the store holds this model under this load on one engine only.")
+    display(Markdown(engines.words(t)))
+    return t.drop(columns=["model", "load", "configs_a", "configs_b"]).round(1)

@@ -1,0 +1,100 @@
+"""Two engines serving the same model under the same load, side by side: which serves it better at each level.
+
+Each engine's best measured configuration at a level (the highest median output tok/s among its configurations with
+at least MIN_REPS repetitions) against the other engine's, with a 90% interval of the ratio from the two sides'
+repetitions (Welch's t on log tok/s: the launches of two engines are not paired). Picking the best of several
+configurations favours the side with more of them: the words say how many each side had.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import combinations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from ..spec import Knobs
+from ..store import Store
+
+MIN_REPS = 3
+LEVEL = 0.90
+
+
+def _engine_name(pt) -> str:  # noqa: ANN001 (a store.Point)
+    inst = pt.install
+    return f"{inst.distribution} {inst.version}" if inst is not None else str(pt.parts.get("engine", "?"))
+
+
+def measured(store: Store) -> pd.DataFrame:
+    """One row per point and level: engine, configuration, model and load (as keys), repetition, output tok/s."""
+    rows = []
+    for pt in store.points():
+        s = pt.table("summary")
+        if s.empty or "output_tok_s" not in s or "concurrency" not in s:
+            continue
+        knobs = Knobs(**(pt.parts.get("knobs") or {}))
+        if knobs.replicas > 1:  # several servers behind a balancer: not one engine's server
+            continue
+        for r in s.itertuples():
+            rows.append({"model": json.dumps(pt.parts.get("model"), sort_keys=True),
+                         "load": json.dumps(pt.parts.get("load"), sort_keys=True), "engine": _engine_name(pt),
+                         "config": knobs.label(), "rep": pt.parts.get("rep"), "concurrency": int(r.concurrency),
+                         "output_tok_s": float(r.output_tok_s)})
+    return pd.DataFrame(rows, columns=["model", "load", "engine", "config", "rep", "concurrency", "output_tok_s"])
+
+
+def _best(g: pd.DataFrame) -> tuple[str, np.ndarray, int] | None:
+    """The configuration with the highest median among those with enough repetitions, its values, how many
+    configurations had enough."""
+    enough = {c: x["output_tok_s"].to_numpy() for c, x in g.groupby("config") if len(x) >= MIN_REPS}
+    if not enough:
+        return None
+    best = max(enough, key=lambda c: float(np.median(enough[c])))
+    return best, enough[best], len(enough)
+
+
+def side_by_side(store: Store) -> pd.DataFrame:
+    """Per model and load the store holds on two or more engines, per level and pair of engines: each side's best
+    configuration, its median and repetitions, the ratio (second against first, %) with its 90% interval, and which
+    serves the model better ('no resolved difference' where the interval holds 0)."""
+    m = measured(store)
+    out = []
+    for (model, load), g in m.groupby(["model", "load"], sort=False):
+        engines = sorted(g["engine"].unique())
+        if len(engines) < 2:
+            continue
+        for a, b in combinations(engines, 2):
+            for level in sorted(set(g["concurrency"])):
+                sa = _best(g[(g["engine"] == a) & (g["concurrency"] == level)])
+                sb = _best(g[(g["engine"] == b) & (g["concurrency"] == level)])
+                if sa is None or sb is None:
+                    continue
+                la, lb = np.log(sa[1]), np.log(sb[1])
+                ci = stats.ttest_ind(lb, la, equal_var=False).confidence_interval(LEVEL)
+                ratio = float(np.median(sb[1]) / np.median(sa[1]))
+                lo, hi = 100 * (np.exp(ci.low) - 1), 100 * (np.exp(ci.high) - 1)
+                better = b if lo > 0 else a if hi < 0 else "no resolved difference"
+                out.append({"model": model, "load": load, "concurrency": level, "engine_a": a, "config_a": sa[0],
+                            "output_tok_s_a": float(np.median(sa[1])), "n_a": len(sa[1]), "configs_a": sa[2],
+                            "engine_b": b, "config_b": sb[0], "output_tok_s_b": float(np.median(sb[1])),
+                            "n_b": len(sb[1]), "configs_b": sb[2], "b_vs_a_pct": 100 * (ratio - 1),
+                            "ci_low_pct": float(lo), "ci_high_pct": float(hi), "better": better})
+    return pd.DataFrame(out)
+
+
+def words(t: pd.DataFrame) -> str:
+    """The comparison in sentences, one per level ('' where the store holds one engine)."""
+    if t.empty:
+        return ""
+    said = []
+    for r in t.itertuples():
+        who = (f"{r.better} serves it better" if r.better != "no resolved difference" else
+               "neither is resolved as better")
+        said.append(f"At c={r.concurrency}, {who}: {r.engine_b} ({r.config_b}) {r.output_tok_s_b:,.0f} output tok/s "
+                    f"against {r.engine_a} ({r.config_a}) {r.output_tok_s_a:,.0f}, {r.b_vs_a_pct:+.1f}% (90% CI "
+                    f"{r.ci_low_pct:+.1f}..{r.ci_high_pct:+.1f}%, n={r.n_b} and {r.n_a})")
+    first = t.iloc[0]
+    return ("; ".join(said) + f". Each side is its best measured configuration at that level (of {first.configs_b} "
+            f"and {first.configs_a} with {MIN_REPS} or more repetitions): the best of several reads a little high.")

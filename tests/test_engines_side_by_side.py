@@ -1,0 +1,57 @@
+"""The same model under the same load on two engines, side by side: the H200 recordings of SGLang 0.5.17
+(data/reference/sglang-h200) and vLLM 0.26 (data/reference/vllm-h200) share the model shape and the load, so a store
+holding both says which engine serves that model better at each level, with intervals, in the summary (99)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from servescope.analysis.engines import side_by_side, words
+from servescope.report import run_suite
+from servescope.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory) -> Path:
+    """One store holding both recordings' complete points."""
+    store = tmp_path_factory.mktemp("both") / "store"
+    store.mkdir()
+    for ref in ("sglang-h200", "vllm-h200"):
+        for p in (ROOT / "data" / "reference" / ref / "store").iterdir():
+            if not p.name.startswith("_"):
+                shutil.copytree(p, store / p.name)
+    return store
+
+
+def test_sglang_serves_the_h200_model_better_than_vllm_at_every_level(both):
+    """Known answer recorded on the H200: SGLang 0.5.17's best graph mode beats vLLM 0.26's at c=1, 8 and 32 (-30%,
+    -40%, -29% for vLLM; each 90% interval below zero), each side's best of its four graph modes."""
+    t = side_by_side(Store(both))
+    assert list(t["concurrency"]) == [1, 8, 32]
+    assert set(t["engine_a"]) == {"sglang 0.5.17"} and set(t["engine_b"]) == {"vllm 0.26.0"}
+    assert (t["better"] == "sglang 0.5.17").all(), t
+    assert (t["ci_high_pct"] < 0).all() and (t["n_a"] >= 3).all() and (t["n_b"] >= 3).all()
+    assert set(t["configs_a"]) == {4} and set(t["configs_b"]) == {4}
+    said = words(t)
+    assert said.startswith("At c=1, sglang 0.5.17 serves it better: vllm 0.26.0 (cuda_graph=") and "90% CI" in said
+
+
+def test_one_engine_alone_is_not_compared():
+    t = side_by_side(Store(ROOT / "data" / "reference" / "vllm-h200" / "store"))
+    assert t.empty and words(t) == ""
+
+
+def test_the_summary_shows_the_comparison(both, tmp_path):
+    done = run_suite(ROOT / "data" / "suites" / "vllm-h200.yaml", only=["99"], offline=True, reports_dir=tmp_path / "r",
+                     store_dir=both, run_id="t", progress=False)
+    page = (done.out_dir / "99_summary.html").read_text()
+    assert "Engines side by side" in page and "sglang 0.5.17 serves it better" in page
+    alone = run_suite(ROOT / "data" / "suites" / "vllm-h200.yaml", only=["99"], offline=True,
+                      reports_dir=tmp_path / "r2", store_dir=ROOT / "data" / "reference" / "vllm-h200" / "store",
+                      run_id="t", progress=False)
+    assert "on one engine only" in (alone.out_dir / "99_summary.html").read_text()
