@@ -128,3 +128,41 @@ def test_the_armed_torch_profiler_is_inert_only_where_its_source_was_read():
     assert "first /start_profile" in vllm.idle_profiler_inert(CPU, "torch")
     assert vllm.idle_profiler_inert(CPU, "nsys") == ""
     assert vllm.idle_profiler_inert(dataclasses.replace(GPU, version="0.26.0"), "torch") == ""
+
+
+def _fake_vllm(root, fa: tuple[int, ...] = (), flashinfer: bool = False):
+    """A site folder whose vllm package holds only the FlashAttention kernels named (as the slim sm_90 build holds
+    FA3 alone), and flashinfer where asked."""
+    (root / "vllm" / "vllm_flash_attn").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("")
+    for v in fa:
+        (root / "vllm" / "vllm_flash_attn" / f"_vllm_fa{v}_C.abi3.so").write_bytes(b"")
+    if flashinfer:
+        (root / "flashinfer").mkdir()
+        (root / "flashinfer" / "__init__.py").write_text("")
+    return {"PYTHONPATH": str(root)}
+
+
+@pytest.mark.parametrize("flags, kernels, refused", [
+    (["--attention-backend", "FLASH_ATTN"], {"fa": (3,)}, None),  # the H200 recording's launch: FA3 serves it
+    (["--attention-backend", "FLASH_ATTN", "--attention-config", '{"flash_attn_version": 2}'], {"fa": (3,)},
+     "has no FlashAttention-2 kernels"),
+    (["--attention-config", '{"backend": "FLASH_ATTN", "flash_attn_version": 2}'], {"fa": (3,)},
+     "has no FlashAttention-2 kernels"),
+    (["--attention-backend", "FLASH_ATTN", "--attention-config", '{"flash_attn_version": 2}'], {"fa": (2, 3)}, None),
+    (["--attention-backend", "FLASH_ATTN"], {"fa": ()}, "has no FlashAttention kernels"),
+    (["--attention-backend", "FLASHINFER"], {"fa": (3,)}, "cannot import flashinfer"),
+    (["--attention-backend", "FLASHINFER"], {"fa": (3,), "flashinfer": True}, None),
+])
+def test_an_attention_backend_whose_kernels_are_not_installed_is_refused_before_launch(
+        wheel_install, tmp_path, flags, kernels, refused):
+    """vLLM 0.26's own flags (its source), checked against what the install holds: the slim sm_90 wheel that served
+    on the H200 (data/reference/vllm-h200) drops FA2 and flashinfer."""
+    install = dataclasses.replace(wheel_install("vllm-0.26.0"), env=_fake_vllm(tmp_path, **kernels))
+    ad = get_engine("vllm")
+    if refused is None:
+        ad.check_flags(flags, install)
+    else:
+        with pytest.raises(KnobError, match=refused) as e:
+            ad.check_flags(flags, install)
+        assert "\n" not in str(e.value)

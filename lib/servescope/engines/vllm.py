@@ -39,6 +39,49 @@ _GRAPH_ROW = re.compile(r"^\|\s*\d+\s*\|\s*\d+\s*\|\s*\d+\s*\|\s*(?P<mode>[A-Za-
                         re.MULTILINE)
 
 
+def _attention_asked(flags: list[str]) -> tuple[str | None, int | None]:
+    """The attention backend and FlashAttention version a command asks for (None where it does not say)."""
+    backend = fa = None
+    for i, f in enumerate(flags):
+        name, _, value = f.partition("=")
+        if not value and i + 1 < len(flags) and not flags[i + 1].startswith("-"):
+            value = flags[i + 1]
+        if name == "--attention-backend":
+            backend = value.upper()
+        elif name in ("--attention-config.flash_attn_version", "-ac.flash_attn_version"):
+            fa = int(value) if value.isdigit() else None
+        elif name in ("--attention-config", "-ac"):
+            try:
+                cfg = json.loads(value)
+            except ValueError:
+                continue
+            if isinstance(cfg, dict):
+                fa = cfg.get("flash_attn_version", fa)
+                backend = str(cfg["backend"]).upper() if cfg.get("backend") else backend
+    return backend, fa
+
+
+_FIND = ("import importlib.util, json, sys; out = {}\n"
+         "for m in sys.argv[1:]:\n"
+         "    s = importlib.util.find_spec(m)\n"
+         "    if s is not None and s.submodule_search_locations: out[m] = list(s.submodule_search_locations)[0]\n"
+         "print(json.dumps(out))")
+
+
+def _modules_here(python: str, env: dict[str, str], names: tuple[str, ...]) -> dict[str, str]:
+    """Where each of these packages lies under that interpreter and environment (found, not imported)."""
+    import subprocess
+
+    from .base import interpreter_env
+
+    try:
+        res = subprocess.run([python, "-c", _FIND, *names], capture_output=True, text=True, timeout=60,
+                             env=interpreter_env(env))
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else {}
+
+
 def mode_name(table: dict[Any, str], value: Any) -> str | None:
     """A compilation or CUDA-graph mode as vLLM names it, from the number (or [decode, mixed] pair) it serves."""
     if value is None:
@@ -98,6 +141,33 @@ class VllmAdapter(EngineAdapter):
                             "core dies at startup (the CPU communicator has no all_gatherv for the DP/EP MoE "
                             "dispatch); use replicas (one server per core set) instead")
         return flags
+
+    def check_flags(self, flags: list[str], install: EngineInstall) -> None:
+        """As the base, plus an attention backend whose kernels this install does not have, refused before launch:
+        FlashAttention-2 asked for (`--attention-config.flash_attn_version=2` or its JSON form) where
+        vllm_flash_attn/_vllm_fa2_C is missing (the slim sm_90 build drops it: FA3 serves Hopper), FlashAttention
+        with no FlashAttention kernels at all, FlashInfer where the flashinfer package is not importable."""
+        super().check_flags(flags, install)
+        if install.platform != "cuda" or not any(f.startswith(("--attention-", "-ac")) for f in flags):
+            return
+        backend, fa_version = _attention_asked(flags)
+        if backend is None and fa_version is None:
+            return
+        where = _modules_here(install.python, install.env, ("vllm", "flashinfer"))
+        if "vllm" not in where:
+            return  # the source is read from elsewhere (a published release): nothing installed to look at
+        fa = Path(where["vllm"]) / "vllm_flash_attn"
+        have = {v for v in (2, 3) if any(fa.glob(f"_vllm_fa{v}_C*.so"))}
+        v = f"vLLM {install.version} under {install.python}"
+        if fa_version == 2 and 2 not in have:
+            raise KnobError(f"{v} has no FlashAttention-2 kernels ({fa / '_vllm_fa2_C.abi3.so'} is not there): drop "
+                            "flash_attn_version=2 (on Hopper FA3 serves FLASH_ATTN), or install a build with FA2")
+        if backend == "FLASH_ATTN" and not have:
+            raise KnobError(f"{v} has no FlashAttention kernels (no _vllm_fa2_C or _vllm_fa3_C in {fa}): choose "
+                            "another --attention-backend (TRITON_ATTN)")
+        if backend == "FLASHINFER" and "flashinfer" not in where:
+            raise KnobError(f"{v} cannot import flashinfer, which --attention-backend FLASHINFER needs: install it "
+                            "there, or choose FLASH_ATTN or TRITON_ATTN")
 
     def default_graph_mode(self, install: EngineInstall) -> str | None:
         """FULL_AND_PIECEWISE ('piecewise') on CUDA from 0.11 (vLLM PR #25444; before it PIECEWISE for every batch,
