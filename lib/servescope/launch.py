@@ -152,7 +152,7 @@ def find_install(engine: EngineSpec, adapter: EngineAdapter) -> EngineInstall | 
         if not Path(python).exists():
             raise SpecError(f"engine.python {python!r} does not exist")
     else:
-        env_spec = _managed(engine, adapter)
+        env_spec = _managed(adapter, engine.version)
         if not env_spec.is_ready():
             raise ServescopeError(f"the {env_spec.key} environment is not created yet (make engine, or any run "
                                   "creates it)")
@@ -163,20 +163,17 @@ def find_install(engine: EngineSpec, adapter: EngineAdapter) -> EngineInstall | 
     return install
 
 
-def _managed(engine: EngineSpec, adapter: EngineAdapter) -> EngineEnvSpec:
-    env_spec = adapter.managed_env(engine.version)
+def _managed(adapter: EngineAdapter, version: str | None) -> EngineEnvSpec:
+    env_spec = adapter.managed_env(version)
     if env_spec is None:
-        raise SpecError(f"engine {engine.name!r} has no managed environment; set engine.python")
+        raise SpecError(f"engine {adapter.name!r} has no managed environment; set engine.python")
     return env_spec
 
 
 def create_env(adapter: EngineAdapter, version: str | None, say: Callable[[str], None] = print) -> Path:
     """The engine's managed environment for version, created where missing (under a lock); its interpreter. Called
     by a launch being prepared, and by the CLI verbs that ask for exactly this (`engine-env`, `make-model`)."""
-    env_spec = adapter.managed_env(version)
-    if env_spec is None:
-        raise SpecError(f"engine {adapter.name!r} has no managed environment; set engine.python")
-    return ensure_engine_env(env_spec, say)
+    return ensure_engine_env(_managed(adapter, version), say)
 
 
 def _install_for_launch(engine: EngineSpec, adapter: EngineAdapter, say: Callable[[str], None]) -> EngineInstall:

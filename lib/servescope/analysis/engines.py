@@ -16,13 +16,13 @@ import pandas as pd
 from scipy import stats
 
 from ..spec import Knobs
-from ..store import Store
+from ..store import Point, Store
 
 MIN_REPS = 3
 LEVEL = 0.90
 
 
-def _engine_name(pt) -> str:  # noqa: ANN001 (a store.Point)
+def _engine_name(pt: Point) -> str:
     inst = pt.install
     return f"{inst.distribution} {inst.version}" if inst is not None else str(pt.parts.get("engine", "?"))
 

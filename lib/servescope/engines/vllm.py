@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from ..errors import KnobError, ServescopeError
+from ..install import interpreter_env
 from ..models import config_dtype, is_moe, short_dtype
 from ..server import ReadyCheck
 from ..spec import Knobs
@@ -70,10 +72,6 @@ _FIND = ("import importlib.util, json, sys; out = {}\n"
 
 def _modules_here(python: str, env: dict[str, str], names: tuple[str, ...]) -> dict[str, str]:
     """Where each of these packages lies under that interpreter and environment (found, not imported)."""
-    import subprocess
-
-    from .base import interpreter_env
-
     try:
         res = subprocess.run([python, "-c", _FIND, *names], capture_output=True, text=True, timeout=60,
                              env=interpreter_env(env))

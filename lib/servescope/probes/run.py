@@ -60,7 +60,8 @@ class ProbeRun:
         """Read back what to_kept wrote; also the older shape, where a probe that did not run was kept as
         {'skipped' | 'failed': why} in place of, or inside, its info."""
         info = dict(kept.get("info") or {})
-        out, old = kept.get("outcome"), {k: kept.get(k, info.pop(k, None)) for k in ("skipped", "failed")}
+        out = kept.get("outcome")
+        old = {k: info.pop(k, None) or kept.get(k) for k in ("skipped", "failed")}  # the older shape, out of info
         outcome: Outcome | None = None
         if isinstance(out, dict):
             outcome = (Failed if out.get("state") == "failed" else Skipped)(str(out.get("why") or ""))
