@@ -160,3 +160,60 @@ def test_a_file_larger_than_a_call_travels_in_pieces_and_is_joined_whole(tmp_pat
 
 def test_the_vllm_suite_needs_its_engine_set():
     assert _load("pack").needs(ROOT / "data" / "suites" / "vllm-h200.yaml") == ["suite", "nsys", "vllm"]
+
+
+def test_a_file_that_goes_while_the_store_is_saved_is_left_out_not_fatal(tmp_path, monkeypatch):
+    """The H200 call of 2026-12-04 died in save(): a point moved out of _partial between the listing and the read,
+    the driver raised, and the suite went on alone. A file that goes is left out of that copy; the rest is saved."""
+    import os
+    import tarfile
+
+    gpu = _load("on_gpu")
+    monkeypatch.setattr(gpu, "OUT", tmp_path / "out")
+    src = tmp_path / "store"
+    (src / "_partial" / "p1" / "levels").mkdir(parents=True)
+    (src / "_partial" / "p1" / "levels" / "telemetry_gpu.parquet").write_bytes(b"x")
+    (src / "p0").mkdir()
+    (src / "p0" / "manifest.json").write_text("{}")
+    real = tarfile.TarFile.gettarinfo
+
+    def racing(self, name=None, arcname=None, fileobj=None):
+        if str(name).endswith("telemetry_gpu.parquet"):
+            os.remove(name)  # the store completes the point now
+        return real(self, name, arcname, fileobj)
+
+    monkeypatch.setattr(tarfile.TarFile, "gettarinfo", racing)
+    gpu.save(src, "store.tgz")
+    with tarfile.open(tmp_path / "out" / "store.tgz") as tf:
+        names = tf.getnames()
+    assert "store/p0/manifest.json" in names and "store/_partial/p1/levels" in names
+    assert not any(n.endswith("telemetry_gpu.parquet") for n in names)
+
+
+def test_a_driver_that_fails_stops_its_suite_first(tmp_path, monkeypatch):
+    """Whatever ends the driver while the suite runs, the suite's process group is stopped before it returns."""
+    import subprocess
+    import sys
+
+    gpu = _load("on_gpu")
+    monkeypatch.setattr(gpu, "OUT", tmp_path / "out")
+    monkeypatch.setattr(gpu, "WORK", tmp_path / "work")
+    monkeypatch.setattr(gpu, "ROOT", tmp_path)
+    (tmp_path / "out").mkdir()
+    pid_file = tmp_path / "pid"
+    monkeypatch.setattr(gpu, "suite_command", lambda *a: [
+        sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"])
+
+    def failing_save(src, name, exclude_logs_over=0):
+        for _ in range(100):  # the suite is up (its pid written) before the driver fails
+            if pid_file.is_file() and pid_file.read_text():
+                break
+            subprocess.run(["sleep", "0.1"])
+        raise RuntimeError("driver bug")
+
+    monkeypatch.setattr(gpu, "save", failing_save)
+    monkeypatch.setattr(gpu.time, "sleep", lambda s: subprocess.run(["sleep", "0.2"]))
+    with pytest.raises(RuntimeError, match="driver bug"):
+        gpu.run_suite("suite.yaml", "s", {}, 540, [])
+    pid = int(pid_file.read_text())
+    assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0

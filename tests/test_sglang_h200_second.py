@@ -29,6 +29,7 @@ from servescope.threads import verify
 ROOT = Path(__file__).resolve().parents[1]
 FIRST, SECOND = (ROOT / "data" / "reference" / n for n in ("sglang-h200", "sglang-h200-second"))
 PIECEWISE = ["--cuda-graph-backend-decode", "full", "--cuda-graph-backend-prefill", "breakable"]
+SEED = ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]  # cuda_graph=off on 0.5.17
 
 
 def _graph_study(name: str, tmp: Path) -> t02.GraphStudy:
@@ -87,7 +88,7 @@ def test_both_recordings_rank_and_verify_the_same_first_change(ref):
     assert v.title.startswith("Verified: the recommended changes together") and v.confidence == "high"
     assert v.recommended_flags == PIECEWISE and v.effect.ci_low_pct > 100
     recs = recommendations(rank(by_thread))
-    assert recs.iloc[0]["change"] == " ".join(PIECEWISE)
+    assert recs.iloc[0]["change"] == " ".join(PIECEWISE) + "; drop " + " ".join(SEED)
     (summary,) = read_findings(ref / "report" / "99_summary.findings.json")
     assert summary.title == "First change: Use CUDA graphs: piecewise"
 

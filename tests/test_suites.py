@@ -152,11 +152,12 @@ def test_a_baseline_the_version_cannot_express_is_refused_before_anything_runs(t
     assert not (tmp_path / "r" / "x").exists()
 
 
-def test_the_second_sglang_recording_repeats_the_first_but_for_the_search():
+@pytest.mark.parametrize("name", ["sglang-h200", "vllm-h200"])
+def test_a_second_recording_repeats_the_first_but_for_the_search(name):
     """A second recording shows a headline holds only if it measures the same thing: engine, model, load, baseline
     and the parameters of 02 and 07's verification are the first recording's."""
-    first = load_suite(ROOT / "data" / "suites" / "sglang-h200.yaml")
-    second = load_suite(ROOT / "data" / "suites" / "sglang-h200-second.yaml")
+    first = load_suite(ROOT / "data" / "suites" / f"{name}.yaml")
+    second = load_suite(ROOT / "data" / "suites" / f"{name}-second.yaml")
     assert second.name != first.name  # a store of its own: on_gpu.py continues data/reference/<name>/store
     for part in ("engine", "model", "load", "telemetry", "baseline"):
         assert getattr(second, part) == getattr(first, part), part

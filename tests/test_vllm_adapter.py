@@ -166,3 +166,29 @@ def test_an_attention_backend_whose_kernels_are_not_installed_is_refused_before_
         with pytest.raises(KnobError, match=refused) as e:
             ad.check_flags(flags, install)
         assert "\n" not in str(e.value)
+
+
+def test_piecewise_graphs_without_compile_are_refused_before_launch():
+    """vLLM overrides FULL_AND_PIECEWISE when its compile is off (0.26 to NONE: the recorded H200 point of
+    tests/test_vllm_h200.py), so asking for both is refused, naming the rule; with breakable graphs in engine.env it
+    is spelled, and graph modes that need no compile are not refused."""
+    with pytest.raises(KnobError, match="requires_piecewise_compilation.*VLLM_USE_BREAKABLE_CUDAGRAPH"):
+        vllm.knob_flags(Knobs(torch_compile=False, cuda_graph="piecewise"), GPU)
+    breakable = dataclasses.replace(GPU, env={"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"})
+    assert _cc(vllm.knob_flags(Knobs(torch_compile=False, cuda_graph="piecewise"), breakable)) == {
+        "mode": 0, "cudagraph_mode": "FULL_AND_PIECEWISE"}
+    for mode in ("decode_only", "full"):
+        assert _cc(vllm.knob_flags(Knobs(torch_compile=False, cuda_graph=mode), GPU))["mode"] == 0
+
+
+def test_a_piecewise_change_carries_the_compile_it_needs():
+    """Thread 02 measures piecewise graphs with compile at vLLM's default (on): the change it hands to 07 says so,
+    and is spelled as measured; elsewhere (CPU build, breakable graphs, other modes, SGLang) nothing is added."""
+    piecewise = Knobs(cuda_graph="piecewise")
+    assert vllm.with_needs(piecewise, GPU) == Knobs(cuda_graph="piecewise", torch_compile=True)
+    assert vllm.knob_flags(vllm.with_needs(piecewise, GPU), GPU) == vllm.knob_flags(piecewise, GPU)
+    assert vllm.with_needs(piecewise, CPU) == piecewise
+    assert vllm.with_needs(piecewise, dataclasses.replace(GPU, env={"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"})) == piecewise
+    assert vllm.with_needs(Knobs(cuda_graph="full"), GPU) == Knobs(cuda_graph="full")
+    sglang = EngineInstall(python="/x/python", version="0.5.17", distribution="sglang", platform="cuda")
+    assert get_engine("sglang").with_needs(piecewise, sglang) == piecewise

@@ -24,10 +24,10 @@ MODES = {"off": "NONE", "decode_only": "FULL_DECODE_ONLY", "full": "FULL", "piec
 
 @pytest.fixture(scope="module")
 def offline_run(tmp_path_factory):
-    """Threads 01, 02 and 03 of the suite rendered offline from a copy of the H200 store."""
+    """Threads 01, 02, 05, 06 and 03 of the suite rendered offline from a copy of the H200 store."""
     tmp = tmp_path_factory.mktemp("vllm-h200")
     shutil.copytree(REF / "store", tmp / "store")
-    done = run_suite(SUITE, only=["01", "02", "03"], offline=True, reports_dir=tmp / "r", store_dir=tmp / "store",
+    done = run_suite(SUITE, only=["01", "02", "05", "06", "03"], offline=True, reports_dir=tmp / "r", store_dir=tmp / "store",
                      run_id="t", progress=False)
     return done.out_dir
 
@@ -41,11 +41,35 @@ def test_every_point_ran_on_vllm_0_26_on_the_h200_and_resolved_as_asked():
         assert pt.install is not None and (pt.install.version, pt.install.platform) == ("0.26.0", "cuda"), pt.key
         assert pt.resolved is not None and pt.resolved.source, pt.key
         knobs = pt.target["knobs"]
+        if knobs.get("cuda_graph") == "piecewise" and knobs.get("torch_compile") is False:
+            continue  # 07's first combination asked for what 0.26 overrides: the next test
         if knobs.get("cuda_graph") in MODES:
             assert pt.resolved.graph_mode == MODES[knobs["cuda_graph"]], (knobs, pt.resolved)
         if knobs.get("torch_compile") is False:
             assert pt.resolved.eager is True and pt.resolved.graph_mode == "NONE" and pt.resolved.compile == "off"
     assert "NVIDIA H200" in (REF / "gpu-logs" / "gpu.txt").read_text()
+
+
+def test_piecewise_graphs_without_compile_resolved_to_none_so_they_are_refused_now():
+    """Known answer for the refusal: thread 07's first combination (02's piecewise pick put on the --enforce-eager
+    baseline as compile mode NONE) was launched 4 times on the H200 before the adapter knew the rule; vLLM 0.26 logged
+    the override and reported NONE each time (eager-speed throughput). The adapter refuses the pair now, and 02's
+    change carries the compile its points ran with."""
+    from servescope.engines import get_engine
+    from servescope.errors import KnobError
+    from servescope.spec import Knobs
+
+    store = Store(REF / "store")
+    pts = [store.get(p.name) for p in (REF / "store").iterdir() if not p.name.startswith("_")]
+    asked = [pt for pt in pts if pt.target["knobs"].get("cuda_graph") == "piecewise"
+             and pt.target["knobs"].get("torch_compile") is False]
+    assert len(asked) == 4
+    for pt in asked:
+        assert (pt.resolved.graph_mode, pt.resolved.compile) == ("NONE", "off"), pt.key
+        log = (REF / "store" / pt.key / "server.stdout.log").read_text()
+        assert "Cudagraph mode FULL_AND_PIECEWISE is not compatible with compilation mode 0" in log
+    with pytest.raises(KnobError, match="requires_piecewise_compilation"):
+        get_engine("vllm").knob_flags(Knobs(torch_compile=False, cuda_graph="piecewise"), asked[0].install)
 
 
 def test_thread01_names_the_eager_flag(offline_run):
@@ -60,6 +84,9 @@ def test_thread02_every_mode_beats_graphs_off_and_the_pick_follows_the_fixed_rul
     assert head.title == "Use CUDA graphs: piecewise" and head.confidence == "high"
     assert head.effect.n == 3 and head.effect.ci_low_pct > 200  # +294% (90% CI +285..+303%) on the H200
     assert "not told apart" in head.claim and "the engine's own default on 0.26.0" in head.claim
+    # the change as its points ran: piecewise graphs inside vLLM's compile (what 07 puts on the eager baseline)
+    assert head.change.knob_settings == {"cuda_graph": "piecewise", "torch_compile": True}
+    assert head.change.flags == ["--compilation-config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}']
     per_mode = {f.effect.treatment: f for f in fs if f.kind == "effect" and f.effect is not None and
                 f.effect.baseline == "off" and f.title.startswith("CUDA graphs ")}
     assert set(per_mode) == {"decode_only", "full", "piecewise"}
@@ -75,8 +102,33 @@ def test_thread03_reads_the_h200_as_not_throttled_and_host_bound_at_eager(offlin
     assert eager.title.endswith("host-bound") and eager.confidence == "high"
 
 
+def test_thread05_separates_compile_from_graphs_and_finds_compile_and_piecewise_together(offline_run):
+    """Compile with graphs off against --enforce-eager: both sides resolved as asked (VLLM_COMPILE against NONE, graphs
+    NONE on both), and at 4 repetitions the eager launches' spread (host-bound, +-23% from one launch to the next)
+    leaves compile's effect unresolved: said so, at low confidence, with no change. Compile with FULL_AND_PIECEWISE:
+    resolved together (0.26 runs its piecewise graphs inside its compile)."""
+    fs = read_findings(offline_run / "05_torch_compile.findings.json")
+    cmp, excl = fs[0], fs[1]
+    assert cmp.title == "torch.compile: compiled vs eager" and cmp.confidence == "low" and cmp.change is None
+    assert cmp.effect.n == 4 and cmp.effect.ci_low_pct < 0 < cmp.effect.ci_high_pct
+    assert "torch.compile is not resolved" in cmp.claim and "max_repetitions=4 reached" in cmp.claim
+    assert "eager ran as compile off, CUDA graphs off (NONE); compiled ran as compile on (VLLM_COMPILE), CUDA " \
+           "graphs off (NONE)" in cmp.claim
+    assert excl.title == "torch.compile and piecewise CUDA graphs run together here" and excl.confidence == "high"
+    assert "compile and piecewise graphs resolved together (FULL_AND_PIECEWISE)" in excl.claim
+
+
+def test_thread06_reads_the_triton_fused_moe_path_from_nsys(offline_run):
+    """vLLM 0.26's unquantized MoE on this model runs TritonExperts: nsys names fused_moe_kernel, which the kernel
+    classifier files as triton_fused_moe, the larger part of GPU time."""
+    (f,) = read_findings(offline_run / "06_grouped_gemm.findings.json")
+    assert f.title == "MoE already grouped: triton_fused_moe" and f.change is None
+    share = float(f.claim.split("triton_fused_moe (")[1].split("%")[0])
+    assert share > 50, f.claim
+
+
 def test_committed_reference_report_says_the_same(offline_run):
-    for name in ("01_cuda_graph_disable_reason", "02_piecewise_cuda_graphs"):
+    for name in ("01_cuda_graph_disable_reason", "02_piecewise_cuda_graphs", "05_torch_compile", "06_grouped_gemm"):
         ours = [f["claim"] for f in json.loads((offline_run / f"{name}.findings.json").read_text())]
         kept = [f["claim"] for f in json.loads((REF / "report" / f"{name}.findings.json").read_text())]
         assert ours == kept, name

@@ -12,7 +12,8 @@ part and sha256), one part per call, carried as .device/parts/NN. Each call:
    its suite names in engine.env PYTHONPATH, Nsight Systems' library), then runs the suite under BUDGET_S seconds,
    continuing /tmp/ssgpu/stores/<name> (started from the suite's committed reference store, data/reference/<name>/store,
    when there is one, so a recording continues across sessions), saving the store into $OUT every 15 s;
-4. leaves no server, engine process or MPS daemon behind (checked, and killed if found), and says what it found.
+4. leaves no suite, server, engine process or MPS daemon behind (checked, and killed if found, also when the driver
+   itself fails), and says what it found; a suite an earlier call left running is stopped before this one starts.
 $OUT gets store.tgz, reports.tgz, run.log, gpu.txt.
 """
 
@@ -33,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 WORK = Path("/tmp/ssgpu")
 NSYS = Path("/opt/nvidia/nsight-compute/2025.3.1/host")
 OUT = Path(os.environ.get("OUT", "/tmp/ssgpu-out"))
-LEFTOVERS = ("sglang.launch_server", "sglang::", "vllm.entrypoints", "transformers serve", "transformers.cli",
+LEFTOVERS = ("servescope.cli run", "sglang.launch_server", "sglang::", "vllm.entrypoints", "transformers serve",
+             "transformers.cli",
              "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 
 
@@ -176,13 +178,29 @@ def _install_vllm(files: list[Path], target: str, python: str) -> None:
 
 
 def save(src: Path, name: str, exclude_logs_over: int = 8 * 2**20) -> None:
-    """Tar a folder into $OUT atomically (server logs over the size left out: they are not data)."""
+    """Tar a folder into $OUT atomically (server logs over the size left out: they are not data). The suite writes
+    while this reads: a file that goes between the listing and the read (a point moved out of _partial when it
+    completes) is left out of this copy, and the next save, 15 s later, has it where it went."""
     OUT.mkdir(parents=True, exist_ok=True)
     tmp = OUT / f".{name}.part"
+    top = name.split(".")[0]  # store/, reports/: the same names whatever the suite
     with tarfile.open(tmp, "w:gz") as tf:
-        tf.add(src, arcname=name.split(".")[0],  # store/, reports/: the same names whatever the suite
-                filter=lambda ti: None if ti.isfile() and ti.size > exclude_logs_over and
-               ti.name.endswith(".log") else ti)
+        for folder, dirs, files in os.walk(src):
+            dirs.sort()
+            rel = Path(folder).relative_to(src)
+            for entry in [folder, *(os.path.join(folder, f) for f in sorted(files))]:
+                arc = str(Path(top) / rel) if entry == folder else str(Path(top) / rel / Path(entry).name)
+                try:
+                    ti = tf.gettarinfo(entry, arcname=arc)
+                    if ti.isfile():
+                        if ti.size > exclude_logs_over and entry.endswith(".log"):
+                            continue
+                        with open(entry, "rb") as fh:
+                            tf.addfile(ti, fh)
+                    else:
+                        tf.addfile(ti)
+                except FileNotFoundError:
+                    continue
     os.replace(tmp, OUT / name)
 
 
@@ -208,28 +226,48 @@ def suite_store(name: str) -> Path:
     return store
 
 
+def suite_command(suite_path: str, store: Path, reports: Path, only: list[str]) -> list[str]:
+    """The suite through servescope run, continuing the store, into the reports folder."""
+    return [sys.executable, "-m", "servescope.cli", "run", suite_path, "--store-dir", str(store), "--reports-dir",
+            str(reports), "--run-id", f"gpu-{time.strftime('%H%M%S')}", *only]
+
+
 def run_suite(suite_path: str, name: str, env: dict[str, str], budget_s: float, only: list[str]) -> int:
-    """The suite through servescope run, under the budget, the store saved every 15 s."""
+    """The suite through servescope run, under the budget, the store saved every 15 s. Whatever ends this driver
+    (an error here, an interrupt) stops the suite first: a suite left running would go on launching servers on the
+    warm machine after the call returned, its log gone with the call's $OUT."""
     store, reports = suite_store(name), WORK / "reports" / name
-    cmd = [sys.executable, "-m", "servescope.cli", "run", suite_path, "--store-dir", str(store), "--reports-dir",
-           str(reports), "--run-id", f"gpu-{time.strftime('%H%M%S')}", *only]
+    cmd = suite_command(suite_path, store, reports, only)
     say("running: " + " ".join(cmd))
     log = open(OUT / "run.log", "a")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
     t0, last = time.monotonic(), 0.0
     stopping = False
-    while proc.poll() is None:
-        time.sleep(1)
-        now = time.monotonic()
-        if now - last > 15:
-            save(store, "store.tgz")
-            last = now
-        if not stopping and now - t0 > budget_s:
-            say(f"budget of {budget_s:.0f} s spent: stopping the suite (SIGTERM; it writes the report of what ran)")
+    try:
+        while proc.poll() is None:
+            time.sleep(1)
+            now = time.monotonic()
+            if now - last > 15:
+                try:
+                    save(store, "store.tgz")
+                except OSError as e:  # a copy that failed loses nothing: the store is still on this machine
+                    say(f"saving the store failed this time ({e}); the next save tries again")
+                last = now
+            if not stopping and now - t0 > budget_s:
+                say(f"budget of {budget_s:.0f} s spent: stopping the suite (SIGTERM; it writes the report of what ran)")
+                os.killpg(proc.pid, signal.SIGTERM)
+                stopping = True
+            if stopping and now - t0 > budget_s + 60:
+                os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            say("the driver is ending with the suite still running: stopping it (SIGTERM, then SIGKILL after 60 s)")
             os.killpg(proc.pid, signal.SIGTERM)
-            stopping = True
-        if stopping and now - t0 > budget_s + 60:
-            os.killpg(proc.pid, signal.SIGKILL)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     say(f"suite ended with {proc.returncode} after {time.monotonic() - t0:.0f} s")
     save(store, "store.tgz")
     if reports.is_dir():
@@ -257,13 +295,19 @@ def main() -> int:
     env = install(manifest, suite)
     subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,power.limit,memory.total", "--format=csv"],
                    stdout=open(OUT / "gpu.txt", "w"), stderr=subprocess.STDOUT)
-    rc = run_suite(suite_path, suite["name"], env, budget_s, only)
-    time.sleep(5)  # the MPS daemon's reaper needs a moment after a kill
-    left = leftovers()
-    for ln in left:
+    earlier = leftovers()  # an earlier call's suite still running would write the same store
+    for ln in earlier:
         os.kill(int(ln.split()[0]), signal.SIGKILL)
-    say("left behind: none" if not left else f"left behind and killed now: {left}")
-    return rc
+    if earlier:
+        say(f"an earlier call left these running; killed before this run: {earlier}")
+    try:
+        return run_suite(suite_path, suite["name"], env, budget_s, only)
+    finally:
+        time.sleep(5)  # the MPS daemon's reaper needs a moment after a kill
+        left = leftovers()
+        for ln in left:
+            os.kill(int(ln.split()[0]), signal.SIGKILL)
+        say("left behind: none" if not left else f"left behind and killed now: {left}")
 
 
 if __name__ == "__main__":

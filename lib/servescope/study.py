@@ -511,12 +511,16 @@ class Comparison:
         detail += extra + cautions
         rec_knobs = better if direction == "better" else worse if direction == "worse" else None
         flags, note, reason, optimal = self._recommend(rec_knobs, direction, conf)
-        drop = self._drop(rec_knobs, deployed) if rec_knobs is not None and not flags and conf != "none" else []
-        if drop:  # the engine's default is the better side, and the deployment's own flags keep it from it
-            side = self.treatment if direction == "better" else self.baseline
+        drop, add = self._against(rec_knobs, deployed) if conf != "none" else ([], [])
+        side = self.treatment if direction == "better" else self.baseline
+        if drop and not flags:  # the engine's default is the better side, and the deployment's own flags keep it from it
             note = (f" The engine's defaults run as {side}; the deployment (the suite's baseline, "
                     f"{deployed.label() if deployed else ''}) turns that off with `{' '.join(drop)}`: drop it.")
             reason, optimal = "", False
+        elif drop:  # the deployment's own flags would override the better side's: they go, and what it needs comes
+            flags = add
+            note += (f" On the deployment (the suite's baseline, {deployed.label() if deployed else ''}), "
+                     f"`{' '.join(drop)}` overrides {side}: drop it" + (f" and add `{' '.join(add)}`." if add else "."))
         ev = self._evidence(states, errs) | ev | {"noise_pct": {"baseline": _r(peak.baseline_spread_pct),
                                                                 "treatment": _r(peak.treatment_spread_pct)}}
         # what a later thread composes (07 verifies them together); drop: what 07's improvement document says to
@@ -529,17 +533,21 @@ class Comparison:
                        **sentences(headline, detail + note), effect=effect, change=change, confidence=conf,
                        direction=direction, evidence=ev, reason=reason, failures=fails, optimal=optimal)
 
-    def _drop(self, knobs: Knobs | None, deployed: Knobs | None) -> list[str]:
-        """The deployment's flags that keep it from knobs, where knobs need no flag (the engine's default): what to
-        drop; [] where the deployment is not known, or runs as knobs already."""
+    def _against(self, knobs: Knobs | None, deployed: Knobs | None) -> tuple[list[str], list[str]]:
+        """(the deployment's flags to drop, the flags to add) to run knobs on the deployment: its launch spelled
+        against the same launch with knobs set, flag by flag with their values; ([], []) where the deployment is not
+        known, runs as knobs already, or either launch cannot be spelled."""
         if knobs is None or deployed is None:
-            return []
+            return [], []
         mine = knobs.model_dump(exclude_defaults=True)
         if all(deployed.model_dump().get(k) == v for k, v in mine.items()):
-            return []
+            return [], []
         theirs, why = self.study.spell(deployed)
-        ours, why2 = self.study.spell(knobs)
-        return [] if why or why2 else [f for f in theirs if f not in ours]
+        ours, why2 = self.study.spell(deployed.model_copy(update=mine))
+        if why or why2:
+            return [], []
+        before, after = _flag_groups(theirs), _flag_groups(ours)
+        return ([t for g in before if g not in after for t in g], [t for g in after if g not in before for t in g])
 
     def _dies(self, subject: str, dead: Failure, states: dict[str, ResolvedState], errs: list[dict[str, Any]],
               fails: list[Failure]) -> Finding:
@@ -729,6 +737,17 @@ class Comparison:
                 "checks": self.checks().to_dict("records"), "errors": errs,
                 "startup_first_token_s": dict(zip(start["config"], start["first_token_s"], strict=True))
                 if len(start) else {}}
+
+
+def _flag_groups(flags: list[str]) -> list[tuple[str, ...]]:
+    """A command line's flags, each with the values that follow it (`--compilation-config {...}` is one)."""
+    groups: list[list[str]] = []
+    for f in flags:
+        if f.startswith("-") or not groups:
+            groups.append([f])
+        else:
+            groups[-1].append(f)
+    return [tuple(g) for g in groups]
 
 
 def _headline_words(h: Headline, direction: str, words: str) -> tuple[str, str]:

@@ -287,6 +287,12 @@ class EngineAdapter(ABC):
         off, and the one the engine's developers test most."""
         return None
 
+    def with_needs(self, knobs: Knobs, install: EngineInstall) -> Knobs:
+        """The knobs with what their graph mode needs to resolve as asked, where they leave it to the engine's default
+        (vLLM's piecewise graphs need its torch.compile): a change measured under the default keeps that default when
+        it is put on a baseline that sets otherwise (thread 07)."""
+        return knobs
+
     def grouped_moe_advice(self) -> str:
         """How to make this engine run the experts as a grouped product, in words (thread 6's recommendation)."""
         return "Choose a fused or grouped MoE backend of the engine."

@@ -41,6 +41,11 @@ _GRAPH_ROW = re.compile(r"^\|\s*\d+\s*\|\s*\d+\s*\|\s*\d+\s*\|\s*(?P<mode>[A-Za-
                         re.MULTILINE)
 
 
+def _breakable(install: EngineInstall) -> bool:
+    """Whether the install's environment turns on vLLM's breakable CUDA graphs (piecewise graphs without compile)."""
+    return install.env.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "").strip().lower() in ("1", "true")
+
+
 def _attention_asked(flags: list[str]) -> tuple[str | None, int | None]:
     """The attention backend and FlashAttention version a command asks for (None where it does not say)."""
     backend = fa = None
@@ -174,6 +179,14 @@ class VllmAdapter(EngineAdapter):
             return None
         return "piecewise" if version_tuple(install.version) >= (0, 11) else None
 
+    def with_needs(self, knobs: Knobs, install: EngineInstall) -> Knobs:
+        """Piecewise graphs (FULL_AND_PIECEWISE) with compile left to the default: compile on, which they need on CUDA
+        (no breakable graphs asked for)."""
+        if knobs.cuda_graph == "piecewise" and knobs.torch_compile is None and install.platform == "cuda" \
+                and not _breakable(install):
+            return knobs.model_copy(update={"torch_compile": True})
+        return knobs
+
     def knob_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
         """Translate intent into vLLM flags; anything vLLM has no equivalent for raises KnobError."""
         v = f"vLLM {install.version}"
@@ -191,6 +204,12 @@ class VllmAdapter(EngineAdapter):
         if knobs.cuda_graph == "compiled_piecewise":
             raise KnobError(f"{v}'s piecewise graphs are always torch.compile's pieces: ask for cuda_graph "
                             "'piecewise' (FULL_AND_PIECEWISE)")
+        if knobs.torch_compile is False and knobs.cuda_graph == "piecewise" and install.platform == "cuda" \
+                and not _breakable(install):
+            raise KnobError(f"{v} runs piecewise graphs only inside its torch.compile: with compile mode NONE it "
+                            "overrides FULL_AND_PIECEWISE (vllm/config/vllm.py: requires_piecewise_compilation() and "
+                            "mode != VLLM_COMPILE; 0.26 to NONE, 0.32 to FULL); ask for piecewise graphs with compile "
+                            "on, or set VLLM_USE_BREAKABLE_CUDAGRAPH=1 in engine.env where the version has it")
         flags: list[str] = []
         cc: dict[str, Any] = {}
         eager = knobs.torch_compile is False and knobs.cuda_graph in (None, "off")

@@ -200,16 +200,23 @@ def _ceiling(gs: GraphStudy, ctx: RunContext) -> None:
         dtype="bfloat16" if device == "cuda" else "float32", timeout_s=300, env=inst.env))
 
 
-def findings(gs: GraphStudy) -> list[Finding]:
+def findings(gs: GraphStudy, baseline: dict | None = None) -> list[Finding]:
     """The graph mode to use (the verified mode with the best throughput gain over graphs off), then each mode's
-    effect; or, where the engine has no graph mode to choose, why, with its evidence."""
+    effect, each change said against the deployment (baseline: the suite's, how it runs today; its flags that would
+    override the mode are to drop); or, where the engine has no graph mode to choose, why, with its evidence."""
+    deployed = Knobs(**baseline) if baseline else None
     if not gs.compared:
         return [_no_modes(gs), *[f for f in [_ceiling_finding(gs, None)] if f is not None]]
     rates = gs.kernel_rates()
     per_mode = []
+    install = gs.study.install
     for mode, cmp in gs.comparisons().items():
-        f = cmp.finding(f"CUDA graphs {mode}", f"CUDA graphs {mode}", better=Knobs(cuda_graph=mode),
-                        worse=Knobs(cuda_graph=BASELINE))
+        # the change as measured: a mode that needs the engine's default (vLLM's piecewise graphs need its compile)
+        # keeps it, so that thread 07 does not put it on a baseline that turns that default off
+        better = Knobs(cuda_graph=mode) if install is None else gs.study.adapter.with_needs(Knobs(cuda_graph=mode),
+                                                                                             install)
+        f = cmp.finding(f"CUDA graphs {mode}", f"CUDA graphs {mode}", better=better, worse=Knobs(cuda_graph=BASELINE),
+                        deployed=deployed)
         seen = rates[rates["config"].isin([BASELINE, mode])] if len(rates) else rates
         if len(seen) == 2:
             f.detail += " Profiled windows: " + "; ".join(
@@ -235,8 +242,9 @@ def findings(gs: GraphStudy) -> list[Finding]:
         for f in per_mode:  # the modes the thread did not pick rank after its pick, whatever their point estimates
             if f.effect is not None and f.effect.treatment != mode and f.change is not None:
                 f.change.alternative_to = mode
-        # the pick's knobs and flags (a default that needs a flag dropped is said by its per-mode finding)
-        change = Change(knobs=chosen.change.knobs, flags=chosen.change.flags) if chosen.change is not None else None
+        # the pick's change as its per-mode finding states it: knobs, flags to add, the deployment's flags to drop
+        change = Change(knobs=chosen.change.knobs, flags=chosen.change.flags, drop_flags=chosen.change.drop_flags,
+                        words=chosen.change.words) if chosen.change is not None else None
         head = Finding(thread=THREAD, kind="effect", title=f"Use CUDA graphs: {mode}", confidence=chosen.confidence,
                        headline=why, detail=(more + (f" Other modes against off: {others}." if others else "")
                                              + _died(gs)).strip(),

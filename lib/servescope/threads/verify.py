@@ -836,11 +836,13 @@ def documents(v: Verification, fs: list[Finding]) -> dict[str, str]:
         worse = _worse(v.study, BASELINE, COMBINED) if v.study is not None and not c.excluded else []
         risks += [f"With the combination: {w}" for w in worse]
         dropped = " ".join(c.drop_flags)
-        rollback = (f"Remove `{' '.join(c.flags)}` from the launch command" if c.flags
+        rollback = (f"Remove `{' '.join(c.flags)}` from the launch command"
+                    + (f" and put `{dropped}` back" if dropped else "") if c.flags
                     else f"Add `{dropped}` back to the launch command" if dropped
                     else f"Set {', '.join(c.knobs)} back to {v.baseline_words}") + \
             f" and restart: the server then runs as {v.baseline_words} again."
-        change = (f"`{' '.join(c.flags)}`" if c.flags else
+        change = (f"Remove `{dropped}` from the launch command and add `{' '.join(c.flags)}`." if c.flags and dropped
+                  else f"`{' '.join(c.flags)}`" if c.flags else
                   f"Remove `{dropped}` from the launch command: the engine's defaults then run as "
                   f"{Knobs(**c.knobs).label()}." if dropped else f"Knobs: {Knobs(**c.knobs).label()}")
         text = "\n".join([
