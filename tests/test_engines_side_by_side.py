@@ -56,3 +56,18 @@ def test_the_summary_shows_the_comparison(both, tmp_path):
                       reports_dir=tmp_path / "r2", store_dir=ROOT / "data" / "reference" / "vllm-h200" / "store",
                       run_id="t", progress=False)
     assert "on one engine only" in (alone.out_dir / "99_summary.html").read_text()
+
+
+def test_only_the_runs_model_and_load_are_compared(both):
+    """The summary compares the engines on its own run's model and load: the recordings' suite model and load give
+    the same three levels; another load (04's timed 3 s levels) or another model gives nothing."""
+    from servescope.spec import LoadSpec, ModelSpec
+    from servescope.suite import load_suite
+
+    suite = load_suite(ROOT / "data" / "suites" / "vllm-h200.yaml")
+    model, load = ModelSpec(**suite.model), LoadSpec(**suite.load)
+    t = side_by_side(Store(both), model, load)
+    assert list(t["concurrency"]) == [1, 8, 32] and (t["better"] == "sglang 0.5.17").all()
+    assert side_by_side(Store(both), model, load.model_copy(update={"duration_s": 3.0})).empty
+    other = ModelSpec(**{**suite.model, "tiny": {**suite.model["tiny"], "num_layers": 4}})
+    assert side_by_side(Store(both), other, load).empty

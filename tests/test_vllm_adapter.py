@@ -153,6 +153,12 @@ def _fake_vllm(root, fa: tuple[int, ...] = (), flashinfer: bool = False):
     (["--attention-backend", "FLASH_ATTN"], {"fa": ()}, "has no FlashAttention kernels"),
     (["--attention-backend", "FLASHINFER"], {"fa": (3,)}, "cannot import flashinfer"),
     (["--attention-backend", "FLASHINFER"], {"fa": (3,), "flashinfer": True}, None),
+    # vLLM's dotted overrides of a config flag: read as that flag (the scan used to call them undefined)
+    (["--attention-backend", "FLASH_ATTN", "--attention-config.flash_attn_version=3"], {"fa": (3,)}, None),
+    (["--attention-backend", "FLASH_ATTN", "--attention-config.flash_attn_version=2"], {"fa": (3,)},
+     "has no FlashAttention-2 kernels"),
+    (["--compilation-config.mode", "3", "--attention-backend", "FLASH_ATTN"], {"fa": (3,)}, None),
+    (["--attention-confg.flash_attn_version=3"], {"fa": (3,)}, "does not define --attention-confg.flash_attn_version"),
 ])
 def test_an_attention_backend_whose_kernels_are_not_installed_is_refused_before_launch(
         wheel_install, tmp_path, flags, kernels, refused):

@@ -201,15 +201,17 @@ def ranked_table(ranked: pd.DataFrame) -> Markdown | HTML:
     return HTML(style + df.to_html(index=False, escape=False, classes="servescope-ranked"))
 
 
-def engines_side_by_side(store_dir: str) -> Markdown | pd.DataFrame:
-    """Two engines serving this run's model under the same load, side by side (analysis.engines), or one line saying
-    why there is nothing to compare."""
+def engines_side_by_side(store_dir: str, model: dict | None = None, load: dict | None = None) -> Markdown | pd.DataFrame:
+    """Two engines serving this run's model under this run's load (where given; else every model and load the store
+    holds), side by side (analysis.engines), or one line saying why there is nothing to compare."""
     from .analysis import engines
+    from .spec import LoadSpec, ModelSpec
     from .store import Store
 
     if not store_dir or not Path(store_dir).is_dir():
         return Markdown("Not compared: this run names no store.")
-    t = engines.side_by_side(Store(store_dir))
+    t = engines.side_by_side(Store(store_dir), ModelSpec(**model) if model else None,
+                             LoadSpec(**load) if load else None)
     if t.empty:
         return Markdown("Not compared: the store holds this model under this load on one engine only.")
     display(Markdown(engines.words(t)))

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from ..spec import Knobs
+from ..spec import Knobs, LoadSpec, ModelSpec
 from ..store import Point, Store
 
 MIN_REPS = 3
@@ -55,11 +55,16 @@ def _best(g: pd.DataFrame) -> tuple[str, np.ndarray, int] | None:
     return best, enough[best], len(enough)
 
 
-def side_by_side(store: Store) -> pd.DataFrame:
-    """Per model and load the store holds on two or more engines, per level and pair of engines: each side's best
-    configuration, its median and repetitions, the ratio (second against first, %) with its 90% interval, and which
-    serves the model better ('no resolved difference' where the interval holds 0)."""
+def side_by_side(store: Store, model: ModelSpec | None = None, load: LoadSpec | None = None) -> pd.DataFrame:
+    """Per model and load the store holds on two or more engines (only this model, this load, where given), per level
+    and pair of engines: each side's best configuration, its median and repetitions, the ratio (second against first,
+    %) with its 90% interval, and which serves the model better ('no resolved difference' where the interval holds
+    0)."""
     m = measured(store)
+    if model is not None:  # as point keys name them (experiment.point_parts)
+        m = m[m["model"] == json.dumps(model.model_dump(mode="json", exclude_none=True), sort_keys=True)]
+    if load is not None:
+        m = m[m["load"] == json.dumps(load.model_dump(mode="json", exclude_defaults=True), sort_keys=True)]
     out = []
     for (model, load), g in m.groupby(["model", "load"], sort=False):
         engines = sorted(g["engine"].unique())

@@ -46,6 +46,18 @@ def _breakable(install: EngineInstall) -> bool:
     return install.env.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "").strip().lower() in ("1", "true")
 
 
+def _undotted(flags: list[str], fs: FlagSet) -> list[str]:
+    """The command with each dotted override of a defined flag (`--attention-config.flash_attn_version=2`) named as
+    that flag, its value dropped (it is a key's, which the flag's JSON takes); a dotted name whose stem the version
+    does not define stays, so that it is refused."""
+    out: list[str] = []
+    for f in flags:
+        name = f.partition("=")[0]
+        stem = name.split(".", 1)[0]
+        out.append(stem if f.startswith("-") and "." in name and fs.has(stem) else f)
+    return out
+
+
 def _attention_asked(flags: list[str]) -> tuple[str | None, int | None]:
     """The attention backend and FlashAttention version a command asks for (None where it does not say)."""
     backend = fa = None
@@ -149,8 +161,10 @@ class VllmAdapter(EngineAdapter):
         """As the base, plus an attention backend whose kernels this install does not have, refused before launch:
         FlashAttention-2 asked for (`--attention-config.flash_attn_version=2` or its JSON form) where
         vllm_flash_attn/_vllm_fa2_C is missing (the slim sm_90 build drops it: FA3 serves Hopper), FlashAttention
-        with no FlashAttention kernels at all, FlashInfer where the flashinfer package is not importable."""
-        super().check_flags(flags, install)
+        with no FlashAttention kernels at all, FlashInfer where the flashinfer package is not importable. A dotted
+        override of a config flag (`--attention-config.flash_attn_version=3`, `-cc.mode=3`: vLLM's parser turns it
+        into that flag's JSON) is checked as that flag."""
+        super().check_flags(_undotted(flags, self.flag_set(install)), install)
         if install.platform != "cuda" or not any(f.startswith(("--attention-", "-ac")) for f in flags):
             return
         backend, fa_version = _attention_asked(flags)
