@@ -295,6 +295,8 @@ def main() -> int:
     env = install(manifest, suite)
     subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,power.limit,memory.total", "--format=csv"],
                    stdout=open(OUT / "gpu.txt", "w"), stderr=subprocess.STDOUT)
+    # a SIGTERM to this driver (the call's time limit) runs the clean-up below instead of leaving the suite running
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     earlier = leftovers()  # an earlier call's suite still running would write the same store
     for ln in earlier:
         os.kill(int(ln.split()[0]), signal.SIGKILL)
