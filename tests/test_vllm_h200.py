@@ -72,6 +72,30 @@ def test_piecewise_graphs_without_compile_resolved_to_none_so_they_are_refused_n
         get_engine("vllm").knob_flags(Knobs(torch_compile=False, cuda_graph="piecewise"), asked[0].install)
 
 
+def test_a_comparison_that_was_downgraded_names_the_rule_and_the_servers_line(tmp_path):
+    """Those 4 launches against the eager ones, compared offline: not compared (the sides did not resolve as asked),
+    with the rule that did it, as the audit of 0.26's source finds it, and the line the server logged."""
+    from servescope import nb
+    from servescope.spec import Knobs
+    from servescope.study import Arm, run_study
+    from servescope.suite import load_suite
+
+    shutil.copytree(REF / "store", tmp_path / "store")
+    s = load_suite(SUITE)
+    ctx = nb.context(s.engine, s.model, s.load, repetitions=3, max_repetitions=4, store_dir=str(tmp_path / "store"),
+                     offline=True, telemetry=s.telemetry)
+    arms = [Arm("baseline", Knobs(torch_compile=False)), Arm("combined", Knobs(torch_compile=False,
+                                                                               cuda_graph="piecewise"))]
+    st = run_study("07_verified_changes", ctx, arms, headlines=[("baseline", "combined")])
+    f = st.compare("baseline", "combined", ("compile", "eager", "graph_decode", "graph_prefill"), ("tp", "dp")) \
+        .finding("the combination", "the combination")
+    assert f.title == "the combination: not compared" and f.confidence == "none"
+    assert "combined: FULL_AND_PIECEWISE asked with compile mode NONE, which vllm/config/vllm.py:1287 " \
+           "VllmConfig.__post_init__ turns into CUDA graphs off (cudagraph_mode NONE)" in f.claim
+    assert "the server logged: " in f.claim and "Cudagraph mode FULL_AND_PIECEWISE is not compatible with " \
+           "compilation mode 0" in f.claim
+
+
 def test_thread01_names_the_eager_flag(offline_run):
     (f,) = read_findings(offline_run / "01_cuda_graph_disable_reason.findings.json")
     assert f.title == "CUDA graphs are off because of the launch's own flag" and f.confidence == "high"

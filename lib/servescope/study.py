@@ -24,7 +24,10 @@ from .analysis import telemetry as at
 from .analysis.ab import MIN_PAIRS, Headline, headline_effect, higher_is_better, paired_effects, verdict
 from .analysis.regime import Regime, point_regimes, regime_table
 from .context import RepetitionPlan, RunContext
+from .engines.audit import explain_state, graph_disable_audit
 from .engines.base import EngineAdapter, EngineInstall
+from .engines.logs import analyze_log
+from .engines.matrix import source_tree as published_source
 from .errors import KnobError, ServescopeError, SpecError
 from .experiment import Config, Results, point_parts, read_store, run_configs
 from .findings import Change, Confidence, Direction, Effect, Failure, Finding, Outcome, capped, sentences
@@ -422,6 +425,30 @@ class Comparison:
         cols = ["role", "config", "field", "requested", "resolved", "status", "why"]
         return pd.DataFrame(rows, columns=cols).drop_duplicates(subset=["config", "field", "status"])
 
+    def downgrades(self) -> list[str]:
+        """For each side the server resolved otherwise than asked: the engine's rule that did it, as the graph audit
+        finds it in the source of the version that ran, and the server's own line about it (one sentence each)."""
+        out = []
+        for name in (self.baseline, self.treatment):
+            st = self.study.states.get(name)
+            rules = self.study.adapter.downgrade_rules(self.study.arm(name).knobs, st) if st is not None else []
+            if not rules:
+                continue
+            pt = self.study.results.point(name)
+            log = analyze_log(pt.log(stderr_first=True), self.study.adapter.log_patterns()) \
+                if pt is not None and pt.has_log() else pd.DataFrame()
+            audit = audit_for(self.study.ctx, self.study.install)
+            ev = explain_state(rules, audit, log)
+            rule = ev[ev["source"] == "audit"].head(1)
+            said = ev[(ev["source"] == "log") & ev["text"].str.contains("overrid|not compatible", case=False)].head(1)
+            words = f"{name}: {rules[0].fact}"
+            words += (f", which {rule['where'].iloc[0]} turns into {rule['effect'].iloc[0]} ({rule['text'].iloc[0]})"
+                      if len(rule) else ", and the audit found no rule for it in this version's source" if len(audit)
+                      else " (the version's source is not readable here to name the rule)")
+            out.append(words + (f"; the server logged: {said['text'].iloc[0].strip().rstrip('.')}" if len(said) else "")
+                       + ".")
+        return out
+
     def caveats(self) -> tuple[list[str], Confidence | None, bool]:
         """(sentences on what could not be verified or also differed, the confidence cap they imply, whether the
         studied knob was varied as asked at all)."""
@@ -496,9 +523,11 @@ class Comparison:
         effect = self._effect(h)
         sides = "; ".join(f"{n} ran as {_state_words(st)}" for n, st in states.items())
         if not varied:
+            why = self.downgrades()
             return Finding(thread=thread, kind="effect", title=f"{subject}: not compared", applies=False,
                            confidence="none", headline=f"The arms did not resolve to what was asked, so this is not a "
-                           f"measurement of {named or subject}: {'; '.join(says)}", detail=f"{sides}.",
+                           f"measurement of {named or subject}: {'; '.join(says)}",
+                           detail=f"{sides}." + (f" {' '.join(why)}" if why else ""),
                            reason="; ".join(says), effect=effect,
                            direction=direction, evidence=self._evidence(states, errs))
         lopsided = self.lopsided_levels()  # read once: the headline's words and the per-level words both use it
@@ -510,6 +539,19 @@ class Comparison:
         cautions, ev = self._cautions()
         detail += extra + cautions
         rec_knobs = better if direction == "better" else worse if direction == "worse" else None
+        change, note, reason, optimal = self._change(rec_knobs, direction, conf, deployed)
+        ev = self._evidence(states, errs) | ev | {"noise_pct": {"baseline": _r(peak.baseline_spread_pct),
+                                                                "treatment": _r(peak.treatment_spread_pct)}}
+        if fails:
+            detail += " Failed: " + "; ".join(f"{x.config} {x.words()}" for x in fails) + "."
+        return Finding(thread=thread, kind="effect", title=f"{subject}: {self.treatment} vs {self.baseline}",
+                       **sentences(headline, detail + note), effect=effect, change=change, confidence=conf,
+                       direction=direction, evidence=ev, reason=reason, failures=fails, optimal=optimal)
+
+    def _change(self, rec_knobs: Knobs | None, direction: Direction, conf: Confidence,
+                deployed: Knobs | None) -> tuple[Change | None, str, str, bool]:
+        """(the change to make for the recommended side, said against the deployment where it is known; a sentence
+        to add; the reason; whether what runs already is the better side)."""
         flags, note, reason, optimal = self._recommend(rec_knobs, direction, conf)
         drop, add = self._against(rec_knobs, deployed) if conf != "none" else ([], [])
         side = self.treatment if direction == "better" else self.baseline
@@ -521,17 +563,11 @@ class Comparison:
             flags = add
             note += (f" On the deployment (the suite's baseline, {deployed.label() if deployed else ''}), "
                      f"`{' '.join(drop)}` overrides {side}: drop it" + (f" and add `{' '.join(add)}`." if add else "."))
-        ev = self._evidence(states, errs) | ev | {"noise_pct": {"baseline": _r(peak.baseline_spread_pct),
-                                                                "treatment": _r(peak.treatment_spread_pct)}}
         # what a later thread composes (07 verifies them together); drop: what 07's improvement document says to
         # remove and, to roll back, to put back
         change = Change(knobs=rec_knobs, flags=flags, drop_flags=drop, words=f"drop {' '.join(drop)}" if drop else "") \
             if (flags or drop) and rec_knobs is not None else None
-        if fails:
-            detail += " Failed: " + "; ".join(f"{x.config} {x.words()}" for x in fails) + "."
-        return Finding(thread=thread, kind="effect", title=f"{subject}: {self.treatment} vs {self.baseline}",
-                       **sentences(headline, detail + note), effect=effect, change=change, confidence=conf,
-                       direction=direction, evidence=ev, reason=reason, failures=fails, optimal=optimal)
+        return change, note, reason, optimal
 
     def _against(self, knobs: Knobs | None, deployed: Knobs | None) -> tuple[list[str], list[str]]:
         """(the deployment's flags to drop, the flags to add) to run knobs on the deployment: its launch spelled
@@ -906,3 +942,31 @@ def stored_row(ctx: RunContext, a: Arm, why: str) -> dict[str, Any]:
     return {"arm": a.name, "expressible": have, "flags": "(read from the store)" if have else "",
             "reason": "" if have else f"not in the store, and the engine is not here to ask ({why})",
             "asked": False}  # the engine was not asked: a setting missing here is not measured, not refused
+
+
+def audit_for(ctx: RunContext, install: EngineInstall | None = None) -> pd.DataFrame:
+    """The graph audit of the engine that ran (`install`, as the study's points recorded it; else the one installed
+    here: its managed environment or engine.python). Where that install's source is not on this machine (a store
+    rendered offline elsewhere), the published release of the same version is read instead (fetched from the
+    package index once, cached per user). Empty for an external server, whose source is not known."""
+    ad = ctx.adapter
+    if not ad.launches:
+        return pd.DataFrame()
+    if install is None:
+        try:
+            install = find_install(ctx.engine, ad)
+        except ServescopeError:  # not installed here (yet): nothing to read
+            return pd.DataFrame()
+        assert install is not None
+    try:
+        return graph_disable_audit(ad.source_tree(install))
+    except (ServescopeError, OSError):  # the install is not on this machine, or its source is not readable
+        pass
+    if not (install.version and ad.distributions):
+        return pd.DataFrame()
+    try:
+        audit = graph_disable_audit(published_source(ad, install.version))
+    except (ServescopeError, OSError):  # no network to the index and nothing cached
+        return pd.DataFrame()
+    audit.attrs["source"] = f"{audit.attrs.get('source', '')} (the published release of the version that ran)"
+    return audit

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from ..state import FactRule
 from .logs import call_name, is_log_call, log_template, template_of
 from .source import SourceTree, parse_source
 
@@ -508,3 +509,28 @@ def find_rules(audit: pd.DataFrame, condition: str = "", effect: str = "", file:
                 hit |= audit["rule"].fillna("").str.contains(rx, case=False, regex=True)
             m &= hit
     return audit[m]
+
+
+def explain_state(fact_rules: list[FactRule], audit: pd.DataFrame, log: pd.DataFrame) -> pd.DataFrame:
+    """The evidence for given fact rules (threads.graph_disable.explain, a comparison's downgrades): source ('audit'
+    / 'log'), fact, where, effect, text, remedy."""
+    rows = []
+    for rule in fact_rules:
+        fact, rx, remedy = FactRule(*rule)
+        if not len(audit):
+            continue
+        if rx.startswith("file:"):  # 'file:<regex>' matches paths
+            hit = audit[audit["file"].str.contains(rx[5:], regex=True)]
+        else:  # a rule that turns graphs off by its condition, or chooses them by what it resolves to
+            chosen = audit["resolves_to"].fillna("") if "resolves_to" in audit else pd.Series("", index=audit.index)
+            hit = audit[audit["condition"].str.contains(rx, regex=True) | chosen.str.contains(rx, regex=True)]
+        for r in hit.itertuples():
+            text = r.condition if getattr(r, "form", "") != "chooses" else f"{r.condition}: {r.resolves_to}"
+            rows.append({"source": "audit", "fact": fact, "where": f"{r.file}:{r.line} {r.function}",
+                         "effect": r.effect, "text": text if not r.message else f"{text} -> {r.message}",
+                         "remedy": remedy})
+    if len(log):
+        for r in log[log["kind"].isin(["graph_disabled", "graph_capture"])].itertuples():
+            rows.append({"source": "log", "fact": r.meaning, "where": f"log line {r.line_no}", "effect": r.name,
+                         "text": r.line, "remedy": ""})
+    return pd.DataFrame(rows, columns=["source", "fact", "where", "effect", "text", "remedy"])

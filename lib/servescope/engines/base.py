@@ -293,6 +293,11 @@ class EngineAdapter(ABC):
         it is put on a baseline that sets otherwise (thread 07)."""
         return knobs
 
+    def downgrade_rules(self, knobs: Knobs, state: ResolvedState) -> list[FactRule]:
+        """Where the server resolved knobs otherwise than asked: the facts that explain it, each with the audit
+        condition of the engine's rule that did it ([] where this engine knows none)."""
+        return []
+
     def grouped_moe_advice(self) -> str:
         """How to make this engine run the experts as a grouped product, in words (thread 6's recommendation)."""
         return "Choose a fused or grouped MoE backend of the engine."

@@ -445,6 +445,15 @@ class VllmAdapter(EngineAdapter):
             out.append(FactRule("TORCH_COMPILE_DISABLE=1 in the environment", r"TORCH_COMPILE_DISABLE"))
         return out
 
+    def downgrade_rules(self, knobs: Knobs, state: ResolvedState) -> list[FactRule]:
+        """Piecewise graphs asked where compile did not resolve to VLLM_COMPILE: vLLM overrides the mode (0.26 to
+        NONE, 0.32 to FULL)."""
+        if knobs.cuda_graph == "piecewise" and state.compile_mode not in (None, "VLLM_COMPILE") \
+                and state.graph_mode not in (None, "FULL_AND_PIECEWISE"):
+            return [FactRule(f"FULL_AND_PIECEWISE asked with compile mode {state.compile_mode}",
+                             r"requires_piecewise_compilation\(\)")]
+        return []
+
     def graph_metrics(self) -> dict[str, str]:
         """vLLM 0.32 exports no CUDA-graph counter to Prometheus: with --cudagraph-metrics (which plan() sets on
         CUDA) its stat logger logs batches per runtime mode instead (see graph_counts)."""

@@ -16,16 +16,16 @@ import pandas as pd
 
 from ..analysis.regime import point_level
 from ..context import RepetitionPlan, RunContext
-from ..engines.audit import graph_disable_audit
+from ..engines.audit import explain_state
 from ..engines.base import EngineInstall
 from ..engines.logs import analyze_log
 from ..engines.matrix import source_tree as published_source
 from ..errors import KnobError, ServescopeError, SpecError
 from ..findings import Change, Failure, Finding, sentences
-from ..launch import find_install
 from ..spec import Knobs, ProfileSpec, parse
-from ..state import FactRule, ResolvedState
+from ..state import ResolvedState
 from ..study import Arm, Study, run_study, stored_failures, stored_points
+from ..study import audit_for as audit_for  # the notebook's t01.audit_for (it lives where comparisons use it too)
 
 THREAD = "01_cuda_graph_disable_reason"
 ARM = "requested"
@@ -77,58 +77,6 @@ def explain(study: Study, audit: pd.DataFrame, log: pd.DataFrame) -> pd.DataFram
     """The rules that explain the resolved graph mode: audit rows whose condition a resolved fact satisfies (the
     adapter maps facts to conditions), and the server's own graph lines. One row per piece of evidence."""
     return explain_state(study.adapter.fact_rules(state_of(study)), audit, log)
-
-
-def explain_state(fact_rules: list[FactRule], audit: pd.DataFrame, log: pd.DataFrame) -> pd.DataFrame:
-    """explain() for given fact rules: source ('audit' / 'log'), fact, where, effect, text, remedy."""
-    rows = []
-    for rule in fact_rules:
-        fact, rx, remedy = FactRule(*rule)
-        if not len(audit):
-            continue
-        if rx.startswith("file:"):  # 'file:<regex>' matches paths
-            hit = audit[audit["file"].str.contains(rx[5:], regex=True)]
-        else:  # a rule that turns graphs off by its condition, or chooses them by what it resolves to
-            chosen = audit["resolves_to"].fillna("") if "resolves_to" in audit else pd.Series("", index=audit.index)
-            hit = audit[audit["condition"].str.contains(rx, regex=True) | chosen.str.contains(rx, regex=True)]
-        for r in hit.itertuples():
-            text = r.condition if getattr(r, "form", "") != "chooses" else f"{r.condition}: {r.resolves_to}"
-            rows.append({"source": "audit", "fact": fact, "where": f"{r.file}:{r.line} {r.function}",
-                         "effect": r.effect, "text": text if not r.message else f"{text} -> {r.message}",
-                         "remedy": remedy})
-    if len(log):
-        for r in log[log["kind"].isin(["graph_disabled", "graph_capture"])].itertuples():
-            rows.append({"source": "log", "fact": r.meaning, "where": f"log line {r.line_no}", "effect": r.name,
-                         "text": r.line, "remedy": ""})
-    return pd.DataFrame(rows, columns=["source", "fact", "where", "effect", "text", "remedy"])
-
-
-def audit_for(ctx: RunContext, install: EngineInstall | None = None) -> pd.DataFrame:
-    """The graph audit of the engine that ran (`install`, as the study's points recorded it; else the one installed
-    here: its managed environment or engine.python). Where that install's source is not on this machine (a store
-    rendered offline elsewhere), the published release of the same version is read instead (fetched from the
-    package index once, cached per user). Empty for an external server, whose source is not known."""
-    ad = ctx.adapter
-    if not ad.launches:
-        return pd.DataFrame()
-    if install is None:
-        try:
-            install = find_install(ctx.engine, ad)
-        except ServescopeError:  # not installed here (yet): nothing to read
-            return pd.DataFrame()
-        assert install is not None
-    try:
-        return graph_disable_audit(ad.source_tree(install))
-    except (ServescopeError, OSError):  # the install is not on this machine, or its source is not readable
-        pass
-    if not (install.version and ad.distributions):
-        return pd.DataFrame()
-    try:
-        audit = graph_disable_audit(published_source(ad, install.version))
-    except (ServescopeError, OSError):  # no network to the index and nothing cached
-        return pd.DataFrame()
-    audit.attrs["source"] = f"{audit.attrs.get('source', '')} (the published release of the version that ran)"
-    return audit
 
 
 # the graph modes thread 1 recommends, in order of preference where nothing better is known: piecewise (the

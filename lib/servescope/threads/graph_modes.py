@@ -14,6 +14,7 @@ import pandas as pd
 
 from .. import plots, probes
 from ..context import RepetitionPlan, RunContext
+from ..engines.audit import explain_state
 from ..engines.base import EngineInstall
 from ..findings import Change, Finding, best_of, sentences
 from ..models import model_config
@@ -21,8 +22,8 @@ from ..plots import Figure
 from ..probes.run import ProbeRun
 from ..probes.run import skipped as probe_skipped
 from ..spec import Knobs, ModelSpec
-from ..study import Arm, Comparison, Study, expressible, kept_probe, run_study
-from .graph_disable import audit_for, explain_state, server_log
+from ..study import Arm, Comparison, Study, audit_for, expressible, kept_probe, run_study
+from .graph_disable import server_log
 
 THREAD = "02_piecewise_cuda_graphs"
 MODES = ("off", "decode_only", "full", "piecewise", "compiled_piecewise")
@@ -200,13 +201,9 @@ def _ceiling(gs: GraphStudy, ctx: RunContext) -> None:
         dtype="bfloat16" if device == "cuda" else "float32", timeout_s=300, env=inst.env))
 
 
-def findings(gs: GraphStudy, baseline: dict | None = None) -> list[Finding]:
-    """The graph mode to use (the verified mode with the best throughput gain over graphs off), then each mode's
-    effect, each change said against the deployment (baseline: the suite's, how it runs today; its flags that would
-    override the mode are to drop); or, where the engine has no graph mode to choose, why, with its evidence."""
-    deployed = Knobs(**baseline) if baseline else None
-    if not gs.compared:
-        return [_no_modes(gs), *[f for f in [_ceiling_finding(gs, None)] if f is not None]]
+def _per_mode(gs: GraphStudy, deployed: Knobs | None) -> list[Finding]:
+    """Each compared mode against graphs off, its change said against the deployment, with its profiled kernel
+    rates where both sides were profiled."""
     rates = gs.kernel_rates()
     per_mode = []
     install = gs.study.install
@@ -224,6 +221,17 @@ def findings(gs: GraphStudy, baseline: dict | None = None) -> list[Finding]:
                 f"{r.graph_kernel_fraction:.0%} of kernels in graphs ({r.level})" for r in seen.itertuples()) + "."
             f.evidence["kernel_rates"] = seen.to_dict("records")
         per_mode.append(f)
+    return per_mode
+
+
+def findings(gs: GraphStudy, baseline: dict | None = None) -> list[Finding]:
+    """The graph mode to use (the verified mode with the best throughput gain over graphs off), then each mode's
+    effect, each change said against the deployment (baseline: the suite's, how it runs today; its flags that would
+    override the mode are to drop); or, where the engine has no graph mode to choose, why, with its evidence."""
+    deployed = Knobs(**baseline) if baseline else None
+    if not gs.compared:
+        return [_no_modes(gs), *[f for f in [_ceiling_finding(gs, None)] if f is not None]]
+    per_mode = _per_mode(gs, deployed)
     top = best_of(per_mode)
     if top is not None:
         assert top.effect is not None
