@@ -187,14 +187,16 @@ def test_piecewise_graphs_without_compile_are_refused_before_launch():
         assert _cc(vllm.knob_flags(Knobs(torch_compile=False, cuda_graph=mode), GPU))["mode"] == 0
 
 
-def test_a_piecewise_change_carries_the_compile_it_needs():
-    """Thread 02 measures piecewise graphs with compile at vLLM's default (on): the change it hands to 07 says so,
-    and is spelled as measured; elsewhere (CPU build, breakable graphs, other modes, SGLang) nothing is added."""
+def test_a_graph_change_carries_the_compile_it_was_measured_with():
+    """Thread 02 measures vLLM's graph modes with compile at its default (on): the changes it hands to 07 say so, and
+    are spelled as measured; elsewhere (graphs off, CPU build, breakable graphs, SGLang) nothing is added."""
+    for mode in ("decode_only", "full", "piecewise"):
+        asked = Knobs(cuda_graph=mode)
+        assert vllm.as_measured(asked, GPU) == Knobs(cuda_graph=mode, torch_compile=True)
+        assert vllm.knob_flags(vllm.as_measured(asked, GPU), GPU) == vllm.knob_flags(asked, GPU)
     piecewise = Knobs(cuda_graph="piecewise")
-    assert vllm.with_needs(piecewise, GPU) == Knobs(cuda_graph="piecewise", torch_compile=True)
-    assert vllm.knob_flags(vllm.with_needs(piecewise, GPU), GPU) == vllm.knob_flags(piecewise, GPU)
-    assert vllm.with_needs(piecewise, CPU) == piecewise
-    assert vllm.with_needs(piecewise, dataclasses.replace(GPU, env={"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"})) == piecewise
-    assert vllm.with_needs(Knobs(cuda_graph="full"), GPU) == Knobs(cuda_graph="full")
+    assert vllm.as_measured(Knobs(cuda_graph="off"), GPU) == Knobs(cuda_graph="off")
+    assert vllm.as_measured(piecewise, CPU) == piecewise
+    assert vllm.as_measured(piecewise, dataclasses.replace(GPU, env={"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"})) == piecewise
     sglang = EngineInstall(python="/x/python", version="0.5.17", distribution="sglang", platform="cuda")
-    assert get_engine("sglang").with_needs(piecewise, sglang) == piecewise
+    assert get_engine("sglang").as_measured(piecewise, sglang) == piecewise

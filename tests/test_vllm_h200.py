@@ -111,12 +111,16 @@ def test_thread02_every_mode_beats_graphs_off_and_the_pick_follows_the_fixed_rul
     # the change as its points ran: piecewise graphs inside vLLM's compile (what 07 puts on the eager baseline)
     assert head.change.knob_settings == {"cuda_graph": "piecewise", "torch_compile": True}
     assert head.change.flags == ["--compilation-config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}']
+    assert head.change.drop_flags == ["--enforce-eager"]  # said against the deployment, which would override it
     per_mode = {f.effect.treatment: f for f in fs if f.kind == "effect" and f.effect is not None and
                 f.effect.baseline == "off" and f.title.startswith("CUDA graphs ")}
     assert set(per_mode) == {"decode_only", "full", "piecewise"}
     for mode, f in per_mode.items():
         assert f.direction == "better" and f.confidence == "high" and f.effect.ci_low_pct > 100, (mode, f.claim)
         assert f"CUDA graphs {mode} ({MODES[mode]})" in f.claim and "CUDA graphs off (NONE)" in f.claim
+        # as measured: compile on (no "mode": 0), the deployment's --enforce-eager dropped
+        assert f.change.flags == ["--compilation-config", f'{{"cudagraph_mode": "{MODES[mode]}"}}'], f.change
+        assert f.change.drop_flags == ["--enforce-eager"] and f.change.knob_settings["torch_compile"] is True
 
 
 def test_thread03_reads_the_h200_as_not_throttled_and_host_bound_at_eager(offline_run):

@@ -287,10 +287,10 @@ class EngineAdapter(ABC):
         off, and the one the engine's developers test most."""
         return None
 
-    def with_needs(self, knobs: Knobs, install: EngineInstall) -> Knobs:
-        """The knobs with what their graph mode needs to resolve as asked, where they leave it to the engine's default
-        (vLLM's piecewise graphs need its torch.compile): a change measured under the default keeps that default when
-        it is put on a baseline that sets otherwise (thread 07)."""
+    def as_measured(self, knobs: Knobs, install: EngineInstall) -> Knobs:
+        """A graph mode's knobs with the engine default its effect was measured under, where the knobs leave it to the
+        engine (vLLM's graphs ran inside its torch.compile, which piecewise graphs need): put on a baseline that sets
+        otherwise (thread 07, a change's flags on the deployment), the change keeps what was measured."""
         return knobs
 
     def downgrade_rules(self, knobs: Knobs, state: ResolvedState) -> list[FactRule]:

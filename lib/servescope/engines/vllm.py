@@ -193,11 +193,11 @@ class VllmAdapter(EngineAdapter):
             return None
         return "piecewise" if version_tuple(install.version) >= (0, 11) else None
 
-    def with_needs(self, knobs: Knobs, install: EngineInstall) -> Knobs:
-        """Piecewise graphs (FULL_AND_PIECEWISE) with compile left to the default: compile on, which they need on CUDA
-        (no breakable graphs asked for)."""
-        if knobs.cuda_graph == "piecewise" and knobs.torch_compile is None and install.platform == "cuda" \
-                and not _breakable(install):
+    def as_measured(self, knobs: Knobs, install: EngineInstall) -> Knobs:
+        """A CUDA-graph mode with compile left to the default: compile on, as thread 02 measures it (FULL_AND_PIECEWISE
+        needs it; FULL and FULL_DECODE_ONLY ran with it); not where breakable graphs turn vLLM's compile off."""
+        if knobs.cuda_graph in ("decode_only", "full", "piecewise") and knobs.torch_compile is None \
+                and install.platform == "cuda" and not _breakable(install):
             return knobs.model_copy(update={"torch_compile": True})
         return knobs
 

@@ -208,10 +208,10 @@ def _per_mode(gs: GraphStudy, deployed: Knobs | None) -> list[Finding]:
     per_mode = []
     install = gs.study.install
     for mode, cmp in gs.comparisons().items():
-        # the change as measured: a mode that needs the engine's default (vLLM's piecewise graphs need its compile)
-        # keeps it, so that thread 07 does not put it on a baseline that turns that default off
-        better = Knobs(cuda_graph=mode) if install is None else gs.study.adapter.with_needs(Knobs(cuda_graph=mode),
-                                                                                             install)
+        # the change as measured: a mode keeps the engine default it ran under (vLLM's graphs, inside its compile),
+        # so that thread 07 does not put it on a baseline that turns that default off
+        better = Knobs(cuda_graph=mode) if install is None else gs.study.adapter.as_measured(Knobs(cuda_graph=mode),
+                                                                                              install)
         f = cmp.finding(f"CUDA graphs {mode}", f"CUDA graphs {mode}", better=better, worse=Knobs(cuda_graph=BASELINE),
                         deployed=deployed)
         seen = rates[rates["config"].isin([BASELINE, mode])] if len(rates) else rates
