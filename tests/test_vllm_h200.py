@@ -160,3 +160,19 @@ def test_committed_reference_report_says_the_same(offline_run):
         ours = [f["claim"] for f in json.loads((offline_run / f"{name}.findings.json").read_text())]
         kept = [f["claim"] for f in json.loads((REF / "report" / f"{name}.findings.json").read_text())]
         assert ours == kept, name
+
+
+def test_a_change_that_drops_a_deployment_flag_says_so_under_its_finding(tmp_path):
+    """02's head finding on the eager deployment: its page lists the flags to add and the flag to drop (a drop-only
+    change used to read "recommended flags: none (keep the current configuration)")."""
+    from servescope import nb
+    from servescope.findings import Change, Finding
+
+    (head,) = [f for f in read_findings(REF / "report" / "02_piecewise_cuda_graphs.findings.json")
+               if f.title == "Use CUDA graphs: piecewise"]
+    text = nb.show_findings([head], str(tmp_path / "f.json")).data
+    assert "- recommended flags: `--compilation-config" in text and "- recommended: drop --enforce-eager" in text
+    drop_only = Finding(thread="05_torch_compile", kind="effect", title="t", headline="h", confidence="high",
+                        change=Change(drop_flags=["--enforce-eager"], words="drop --enforce-eager"))
+    text = nb.show_findings([drop_only], str(tmp_path / "g.json")).data
+    assert "- recommended: drop --enforce-eager" in text and "keep the current configuration" not in text

@@ -38,7 +38,9 @@ def show_findings(findings: list[Finding], path: str | Path, res: Results | None
         lines.append(f"- confidence: **{f.confidence}**")
         if f.recommended_flags:
             lines.append(f"- recommended flags: `{' '.join(f.recommended_flags)}`")
-        else:
+        if f.recommendation:  # what the flags do not say: the deployment's own flags to drop, a change in words
+            lines.append(f"- recommended: {f.recommendation}")
+        if not f.recommended_flags and not f.recommendation:
             lines.append("- recommended flags: none (keep the current configuration)" if f.applies
                          else "- recommended flags: none (nothing measured to recommend from)")
     lines.append(f"\nFindings written to `{p}`.")
