@@ -171,6 +171,26 @@ def test_a_search_budget_spent_says_what_was_not_tried(tmp_path, stub_engine):
         t07.run(ctx, collect(tmp_path), search=["max_batch"], search_budget_s=10)
 
 
+def test_a_setting_launched_as_the_search_was_stopped_is_read_not_said_untried(tmp_path, stub_engine, monkeypatch):
+    """The vLLM H200 run was stopped (its call's budget) while the search, continued, launched one more setting: the
+    point was in the store, the search's note still said "not tried: search budget spent", and the offline render
+    said so. A setting whose point the store holds is read as measured."""
+    ctx = context(stub_engine, {"path": "stub"}, LOAD, repetitions=1, max_repetitions=1,
+                  store_dir=str(tmp_path / "s"), progress=False)
+    args = {"search": ["max_running_requests"], "search_budget_s": 0.001}
+    v = t07.run(ctx, collect(_report(tmp_path)), **args)
+    assert (v.search["status"].iloc[2:] == "not tried: search budget spent").all()
+    (note,) = (tmp_path / "s" / "_notes" / "verify_search").glob("*.json")
+    said = note.read_text()
+    monkeypatch.setattr(t07.time, "monotonic", lambda: 0.0)  # the continued run: time for every setting
+    t07.run(ctx, collect(tmp_path / "report"), **args)
+    monkeypatch.undo()
+    note.write_text(said)  # ... stopped before the search wrote what it tried
+    off = t07.run(ctx.with_(offline=True), collect(tmp_path / "report"), **args)
+    assert (off.search["status"].iloc[1:] == "measured").all(), off.search["status"].tolist()
+    assert len(off.search) == len(v.search)
+
+
 def test_a_search_by_count_tries_the_same_settings_whatever_the_launches_take(tmp_path, stub_engine):
     """Two cold runs of the default suite searched for 90 s: one had time for 1 setting, the other for 2, and only the
     second verified one, so their first lines differed. With search_settings the settings tried are the first N of

@@ -7,6 +7,7 @@ modes that gain most are not told apart (so 02 picks the engine's default, piece
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -24,10 +25,11 @@ MODES = {"off": "NONE", "decode_only": "FULL_DECODE_ONLY", "full": "FULL", "piec
 
 @pytest.fixture(scope="module")
 def offline_run(tmp_path_factory):
-    """Threads 01, 02, 05, 06 and 03 of the suite rendered offline from a copy of the H200 store."""
+    """Threads 01, 02, 05, 06, 07, 03 and the summary rendered offline from a copy of the H200 store."""
     tmp = tmp_path_factory.mktemp("vllm-h200")
     shutil.copytree(REF / "store", tmp / "store")
-    done = run_suite(SUITE, only=["01", "02", "05", "06", "03"], offline=True, reports_dir=tmp / "r", store_dir=tmp / "store",
+    done = run_suite(SUITE, only=["01", "02", "05", "06", "07", "03", "99"], offline=True, reports_dir=tmp / "r",
+                     store_dir=tmp / "store",
                      run_id="t", progress=False)
     return done.out_dir
 
@@ -153,6 +155,27 @@ def test_thread06_reads_the_triton_fused_moe_path_from_nsys(offline_run):
     assert f.title == "MoE already grouped: triton_fused_moe" and f.change is None
     share = float(f.claim.split("triton_fused_moe (")[1].split("%")[0])
     assert share > 50, f.claim
+
+
+def test_thread07_verifies_the_combination_on_the_launches_of_02s_piecewise_points(offline_run):
+    """Known answer: 02's piecewise pick put on the --enforce-eager launch is compile on + FULL_AND_PIECEWISE, the
+    same command as 02's piecewise points, so the combination's 3 repetitions are those launches (the store's
+    aliases), resolved as asked, against the eager launch's 3; the front page opens with it, and says the eager flag
+    goes (it would override the change)."""
+    store = Store(REF / "store")
+    fs = read_findings(offline_run / "07_verified_changes.findings.json")
+    (v,) = [f for f in fs if f.kind == "verification"]
+    assert v.title.startswith("Verified: the recommended changes together, +") and v.confidence == "high"
+    assert v.effect is not None and v.effect.ci_low_pct > 100 and v.effect.n == 3
+    assert "combined ran as compile on (VLLM_COMPILE), CUDA graphs piecewise (FULL_AND_PIECEWISE)" in v.claim
+    assert v.change is not None and v.change.drop_flags == ["--enforce-eager"]
+    combined = [p for p in store.keys() if store.get(p).parts.get("knobs") == {"cuda_graph": "piecewise"}]
+    aliased = {json.loads(a.read_text())["data"]["key"] for a in (REF / "store" / "_notes" / "aliases").glob("*.json")}
+    assert len(combined) == 3 and set(combined) <= aliased
+    page = (offline_run / "index.html").read_text()
+    line = re.search(r'id="verified"[^>]*><b>([^<]*)', page).group(1)
+    assert line.startswith(f"Verified: +{v.effect.value_pct:.1f}% output_tok_s (90% CI ")
+    assert "and without --enforce-eager, against the baseline torch_compile=False" in line
 
 
 def test_committed_reference_report_says_the_same(offline_run):

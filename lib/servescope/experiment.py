@@ -219,6 +219,11 @@ def point_parts(ctx: RunContext, knobs: Knobs, rep: int, load: LoadSpec | None =
     return parts
 
 
+def is_stored(ctx: RunContext, knobs: Knobs, rep: int = 0) -> bool:
+    """Whether the store holds the context's point of these knobs at repetition rep (completed)."""
+    return ctx.store.has(ctx.store.key(point_parts(ctx, knobs, rep)))
+
+
 # until(results so far) -> the configurations that need another repetition (empty: every headline is resolved)
 Until = Callable[[Results], set[str]]
 

@@ -23,6 +23,7 @@ import pandas as pd
 
 from ..context import RepetitionPlan, RunContext
 from ..errors import SpecError
+from ..experiment import is_stored
 from ..findings import Change as FindingChange
 from ..findings import Finding, Outcome, Verdict, failures_of, tier
 from ..spec import Knobs, ProfileSpec
@@ -423,6 +424,21 @@ def run(ctx: RunContext, by_thread: dict[str, list[Finding]], baseline: dict[str
     return Verification(ctx, base, words, found, combined, study, loo, verify_lead, tuning)
 
 
+def _removed_only(flags: list[str], drop: list[str]) -> str:
+    """The dropped flag groups ('--enforce-eager') whose option the added flags do not set again, in one string."""
+    def groups(tokens: list[str]) -> list[list[str]]:
+        out: list[list[str]] = []
+        for t in tokens:
+            if t.startswith("--") or not out:
+                out.append([t])
+            else:
+                out[-1].append(t)
+        return out
+
+    reset = {g[0].split("=", 1)[0] for g in groups(flags)}
+    return " ".join(" ".join(g) for g in groups(drop) if g[0].split("=", 1)[0] not in reset)
+
+
 def _spelled(ctx: RunContext, knobs: Knobs) -> str:
     """' (`--enforce-eager`)': the baseline in the engine's spelling, where it can be spelled here; '' otherwise."""
     try:
@@ -560,7 +576,11 @@ def _try(one: RunContext, arms: list[Arm], ex: pd.DataFrame, ref_tok: float, bud
     t0, took = time.monotonic(), 0.0
     for a in arms:
         flags = str(ex.loc[ex["arm"] == a.name, "flags"].iloc[0]) if a.name in ok else ""
-        if kept is not None and a.note in kept["skipped"]:  # what the measuring run said of it (a spent budget)
+        # what the measuring run said of it (a spent budget), unless it was launched as that run stopped: the point
+        # it finished is in the store, and a render reads it rather than say it was not tried
+        late = kept is not None and kept["skipped"].get(a.note) == BUDGET_SPENT and ok.get(a.name, False) \
+            and is_stored(one, a.knobs)
+        if kept is not None and a.note in kept["skipped"] and not late:
             rows.append(SearchRow(a.note, said[kept["skipped"][a.note]], flags=flags))
             continue
         if not ok.get(a.name, False):
@@ -570,7 +590,8 @@ def _try(one: RunContext, arms: list[Arm], ex: pd.DataFrame, ref_tok: float, bud
             continue
         launched = sum(r.state in LAUNCHED for r in rows)
         # a count makes the settings tried the same from run to run; a clock alone depends on how fast launches were
-        skip: SearchState | None = ("not tried by the measuring run" if a.note not in kept["tried"] else None) \
+        skip: SearchState | None = ("not tried by the measuring run" if a.note not in kept["tried"] and not late
+                                    else None) \
             if kept is not None else "count reached" if count and launched >= count else \
             "budget spent" if time.monotonic() - t0 + took > budget_s else None
         if skip is not None:
@@ -692,6 +713,11 @@ def _combined_finding(v: Verification) -> Finding:
     flags = " ".join(f.recommended_flags)
     labels = "; ".join(c.label for c in v.included)
     how = f"with {flags}" if flags else f"by the change{'s' if len(v.included) > 1 else ''} ({labels})"
+    # the deployment's own flags that would override the combination are part of the change (its document says so);
+    # one the change sets again to another value is said by its new value already, and a change of no flags to add
+    # is said by its label ('drop --enforce-eager')
+    if flags and (gone := _removed_only(f.change.flags, f.change.drop_flags) if f.change is not None else ""):
+        how += f" and without {gone}"
     worse = _worse(v.study, BASELINE, COMBINED)
     shares = v.shares()
     extra = ""
