@@ -178,6 +178,20 @@ def test_thread07_verifies_the_combination_on_the_launches_of_02s_piecewise_poin
     assert "and without --enforce-eager, against the baseline torch_compile=False" in line
 
 
+def test_the_paired_tables_show_the_columns_that_matter_and_fit_the_page(offline_run):
+    """07's and 05's paired tables were 16 columns wide (p-value, ranges and spreads beside the interval) and ran off
+    the page; they show the interval's columns, and the pair's names only where more than one pair is in the table."""
+    for name, pairs, head in (("07_verified_changes", False, "paired by repetition"),
+                              ("05_torch_compile", False, "paired by repetition"),
+                              ("02_piecewise_cuda_graphs", True, "Effect of each mode against graphs off")):
+        page = (offline_run / f"{name}.html").read_text()
+        seg = page[page.index(head):]
+        heads = re.findall(r'<th[^>]*col_heading level0[^>]*>([^<]*)</th>', seg[:seg.index("</table>")])
+        assert {"effect_pct", "ci_low_pct", "ci_high_pct", "n_pairs"} <= set(heads), (name, heads)
+        assert not {"p_value", "low_pct", "baseline_spread_pct"} & set(heads) and len(heads) <= 11, (name, heads)
+        assert ("treatment" in heads) == pairs, (name, heads)
+
+
 def test_committed_reference_report_says_the_same(offline_run):
     for name in ("01_cuda_graph_disable_reason", "02_piecewise_cuda_graphs", "05_torch_compile", "06_grouped_gemm"):
         ours = [f["claim"] for f in json.loads((offline_run / f"{name}.findings.json").read_text())]

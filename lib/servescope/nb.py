@@ -191,6 +191,23 @@ def table_or(df: pd.DataFrame, words: str) -> pd.DataFrame | Markdown:
     return out.style.hide(axis="index").format(precision=1, na_rep="")
 
 
+# what a paired comparison's table shows on the page; the p-value, the plain range of the ratios and each side's spread
+# stay in the tidy DataFrame (effects()) for whoever explores it
+EFFECT_COLUMNS = ("concurrency", "metric", "baseline", "treatment", "baseline_median", "treatment_median", "effect_pct",
+                  "ci_low_pct", "ci_high_pct", "n_pairs", "confidence")
+
+
+def effects_table(df: pd.DataFrame, words: str = "No paired comparison measured.") -> pd.DataFrame | Markdown:
+    """A comparison's effects (Comparison.effects()) as the page shows them: the columns that matter, the pair's
+    names only where the table holds more than one pair."""
+    if df is None or df.empty:
+        return Markdown(words)
+    keep = [c for c in EFFECT_COLUMNS if c in df]
+    if {"baseline", "treatment"} <= set(df) and len(df[["baseline", "treatment"]].drop_duplicates()) == 1:
+        keep = [c for c in keep if c not in ("baseline", "treatment")]
+    return table_or(df[keep], words)
+
+
 def ranked_table(ranked: pd.DataFrame) -> Markdown | HTML:
     """The summary's ranking as one table, each evidence cell a link to the thread's answer."""
     if ranked.empty:
