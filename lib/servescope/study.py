@@ -582,7 +582,7 @@ class Comparison:
         ours, why2 = self.study.spell(deployed.model_copy(update=mine))
         if why or why2:
             return [], []
-        before, after = _flag_groups(theirs), _flag_groups(ours)
+        before, after = flag_groups(theirs), flag_groups(ours)
         return ([t for g in before if g not in after for t in g], [t for g in after if g not in before for t in g])
 
     def _dies(self, subject: str, dead: Failure, states: dict[str, ResolvedState], errs: list[dict[str, Any]],
@@ -775,7 +775,7 @@ class Comparison:
                 if len(start) else {}}
 
 
-def _flag_groups(flags: list[str]) -> list[tuple[str, ...]]:
+def flag_groups(flags: list[str]) -> list[tuple[str, ...]]:
     """A command line's flags, each with the values that follow it (`--compilation-config {...}` is one)."""
     groups: list[list[str]] = []
     for f in flags:

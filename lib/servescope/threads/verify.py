@@ -27,7 +27,7 @@ from ..experiment import is_stored
 from ..findings import Change as FindingChange
 from ..findings import Finding, Outcome, Verdict, failures_of, tier
 from ..spec import Knobs, ProfileSpec
-from ..study import Arm, Comparison, Study, drop_empty, expressible, run_study
+from ..study import Arm, Comparison, Study, drop_empty, expressible, flag_groups, run_study
 
 THREAD = "07_verified_changes"
 BASELINE, COMBINED = "baseline", "combined"
@@ -426,17 +426,8 @@ def run(ctx: RunContext, by_thread: dict[str, list[Finding]], baseline: dict[str
 
 def _removed_only(flags: list[str], drop: list[str]) -> str:
     """The dropped flag groups ('--enforce-eager') whose option the added flags do not set again, in one string."""
-    def groups(tokens: list[str]) -> list[list[str]]:
-        out: list[list[str]] = []
-        for t in tokens:
-            if t.startswith("--") or not out:
-                out.append([t])
-            else:
-                out[-1].append(t)
-        return out
-
-    reset = {g[0].split("=", 1)[0] for g in groups(flags)}
-    return " ".join(" ".join(g) for g in groups(drop) if g[0].split("=", 1)[0] not in reset)
+    reset = {g[0].split("=", 1)[0] for g in flag_groups(flags)}
+    return " ".join(" ".join(g) for g in flag_groups(drop) if g[0].split("=", 1)[0] not in reset)
 
 
 def _spelled(ctx: RunContext, knobs: Knobs) -> str:
