@@ -13,6 +13,7 @@ import pytest
 from servescope.engines import base, get_engine
 from servescope.engines.audit import PER_BATCH, SILENT, STARTUP, audit_source, find_rules, graph_disable_audit
 from servescope.engines.flagscan import Constants, FlagSet, help_flags, scan_flags
+from servescope.engines.helpcheck import known_release
 from servescope.engines.matrix import CI_SUBSET, check_engines, readme_table, release_key, select_releases, source_tree
 from servescope.engines.source import SourceTree
 from servescope.errors import KnobError, ServescopeError
@@ -423,3 +424,9 @@ def test_flags_cli_reads_vllm_from_its_sdist(wheel_install, capsys):
     wheel_install("vllm-0.33.0")  # cached
     assert cli.main(["flags", "vllm", "--wheel", "vllm==0.33.0"]) == 0
     assert "vllm 0.33.0: 371 flags (vllm 0.33.0 (" in capsys.readouterr().out
+
+
+def test_the_vllm_release_recorded_on_the_h200_is_read_from_its_source():
+    """vLLM 0.26 (data/suites/vllm-h200.yaml) is in the matrix: its static scan is trusted, so a suite on it does not
+    pay a cold `--help` import of the engine in every notebook process."""
+    assert known_release("vllm", "0.26.0") and not known_release("vllm", "0.25.0")

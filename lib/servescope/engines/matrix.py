@@ -26,8 +26,8 @@ MATRIX_COLUMNS = ["engine", "version", "source", "declared", "flags", "core", "c
                   "graph_intents", "scan_s", "problems"]
 
 # the releases the check covers (issue 15): SGLang from 0.4.0 (the last patch of each 0.4 minor, every 0.5.x),
-# vLLM 0.30-0.33, transformers 5.17-5.23; pre-releases are left out
-SELECTION = {"sglang": ((0, 4), (0, 6)), "vllm": ((0, 30), (0, 34)), "transformers": ((5, 17), (5, 24))}
+# vLLM 0.26-0.33 (0.26: the release recorded on the H200), transformers 5.17-5.23; pre-releases are left out
+SELECTION = {"sglang": ((0, 4), (0, 6)), "vllm": ((0, 26), (0, 34)), "transformers": ((5, 17), (5, 24))}
 # the subset CI reads: one release per declaration form and audit form
 CI_SUBSET = {"sglang": ("0.4.10.post2", "0.5.9", "0.5.14", "0.5.23"), "vllm": ("0.33.0",), "transformers": ("5.23.0",)}
 # vLLM's wheels are 330 MB of compiled code around the Python source; its sdist (45 MB) is the source as published
