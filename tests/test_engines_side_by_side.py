@@ -32,7 +32,11 @@ def test_sglang_serves_the_h200_model_better_than_vllm_at_every_level(both):
     """Known answer recorded on the H200: SGLang 0.5.17's best graph mode beats vLLM 0.26's at c=1, 8 and 32 (-30%,
     -40%, -29% for vLLM; each 90% interval below zero), each side's best of the configurations it measured 3 times or
     more: SGLang's four graph modes; vLLM's four, its eager launch and 07's first combination (which resolved NONE)."""
-    t = side_by_side(Store(both))
+    from servescope.spec import LoadSpec, ModelSpec
+    from servescope.suite import load_suite
+
+    suite = load_suite(ROOT / "data" / "suites" / "vllm-h200.yaml")
+    t = side_by_side(Store(both), ModelSpec(**suite.model), LoadSpec(**suite.load))
     assert list(t["concurrency"]) == [1, 8, 32]
     assert set(t["engine_a"]) == {"sglang 0.5.17"} and set(t["engine_b"]) == {"vllm 0.26.0"}
     assert (t["better"] == "sglang 0.5.17").all(), t
@@ -60,7 +64,8 @@ def test_the_summary_shows_the_comparison(both, tmp_path):
 
 def test_only_the_runs_model_and_load_are_compared(both):
     """The summary compares the engines on its own run's model and load: the recordings' suite model and load give
-    the same three levels; another load (04's timed 3 s levels) or another model gives nothing."""
+    the same three levels; 04's timed 3 s levels compare the two engines' defaults (one server each, 3 launches a
+    side: no resolved difference at any level, vLLM -21%, -9%, -16%); another model gives nothing."""
     from servescope.spec import LoadSpec, ModelSpec
     from servescope.suite import load_suite
 
@@ -68,6 +73,10 @@ def test_only_the_runs_model_and_load_are_compared(both):
     model, load = ModelSpec(**suite.model), LoadSpec(**suite.load)
     t = side_by_side(Store(both), model, load)
     assert list(t["concurrency"]) == [1, 8, 32] and (t["better"] == "sglang 0.5.17").all()
-    assert side_by_side(Store(both), model, load.model_copy(update={"duration_s": 3.0})).empty
+    timed = side_by_side(Store(both), model, load.model_copy(update={"duration_s": 3.0}))
+    assert list(timed["concurrency"]) == [1, 8, 32] and (timed["better"] == "no resolved difference").all()
+    assert set(timed["config_a"]) == set(timed["config_b"]) == {"engine defaults"} and (timed["n_b"] == 3).all()
+    unfiltered = side_by_side(Store(both))
+    assert len(unfiltered) == 6 and unfiltered["load"].nunique() == 2
     other = ModelSpec(**{**suite.model, "tiny": {**suite.model["tiny"], "num_layers": 4}})
     assert side_by_side(Store(both), other, load).empty

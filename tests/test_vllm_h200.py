@@ -11,6 +11,7 @@ import re
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from servescope.findings import read_findings
@@ -25,10 +26,10 @@ MODES = {"off": "NONE", "decode_only": "FULL_DECODE_ONLY", "full": "FULL", "piec
 
 @pytest.fixture(scope="module")
 def offline_run(tmp_path_factory):
-    """Threads 01, 02, 05, 06, 07, 03 and the summary rendered offline from a copy of the H200 store."""
+    """Threads 01, 02, 05, 06, 04, 07, 03 and the summary rendered offline from a copy of the H200 store."""
     tmp = tmp_path_factory.mktemp("vllm-h200")
     shutil.copytree(REF / "store", tmp / "store")
-    done = run_suite(SUITE, only=["01", "02", "05", "06", "07", "03", "99"], offline=True, reports_dir=tmp / "r",
+    done = run_suite(SUITE, only=["01", "02", "05", "06", "04", "07", "03", "99"], offline=True, reports_dir=tmp / "r",
                      store_dir=tmp / "store",
                      run_id="t", progress=False)
     return done.out_dir
@@ -157,11 +158,36 @@ def test_thread06_reads_the_triton_fused_moe_path_from_nsys(offline_run):
     assert share > 50, f.claim
 
 
-def test_thread07_verifies_the_combination_on_the_launches_of_02s_piecewise_points(offline_run):
-    """Known answer: 02's piecewise pick put on the --enforce-eager launch is compile on + FULL_AND_PIECEWISE, the
-    same command as 02's piecewise points, so the combination's 3 repetitions are those launches (the store's
-    aliases), resolved as asked, against the eager launch's 3; the front page opens with it, and says the eager flag
-    goes (it would override the change)."""
+def test_thread04_two_replicas_under_mps_serve_more_than_one_server(offline_run):
+    """Calls 7 and 11-12 (2026-12-04): 1 server (the engine's defaults) against 2 replicas sharing the H200, each with
+    --gpu-memory-utilization 0.45, time-sliced and through MPS, 3 launches each. Unlike SGLang 0.5.17 on the same GPU
+    (no layout beat 1 server there), both replica layouts serve more than 1 server, and MPS more than time-slicing;
+    the MPS points ran under the daemon (NVML lists its server process on the GPU), the time-sliced ones did not."""
+    fs = {f.title: f for f in read_findings(offline_run / "04_data_parallelism.findings.json")}
+    head = fs["Use 2 replicas on 1 GPU with MPS, least-outstanding"]
+    assert head.confidence == "high" and head.effect.n == 3 and head.effect.ci_low_pct > 5  # +24.3% (+14.4..+35.0%)
+    assert head.change.name == "2 replicas on 1 GPU with MPS, least-outstanding" and head.change.flags == []
+    assert head.change.knob_settings == {"replicas": 2, "gpu_share": "mps", "mem_fraction": 0.45,
+                                         "route": "least_outstanding"}
+    assert "nvidia-cuda-mps-control -d" in head.change.words and "--gpu-memory-utilization 0.45" in head.change.words
+    mps = fs["MPS vs time-slicing: 2 replicas on 1 GPU with MPS, least-outstanding"]
+    assert mps.direction == "better" and mps.effect.n == 3 and mps.effect.ci_low_pct > 0  # +17.8% (+4.6..+32.6%)
+    store = Store(REF / "store")
+    shared = [store.get(k) for k in store.keys() if store.get(k).target["knobs"].get("replicas") == 2]
+    assert len(shared) == 11  # 04: 3 time-sliced + 3 MPS; 07: combined 3, its compile left out 2
+    for pt in shared:
+        procs = pd.read_parquet(REF / "store" / pt.key / "telemetry_gpu_procs.parquet")
+        under_mps = (procs["context"] == "mps").any()
+        assert under_mps == (pt.target["knobs"]["gpu_share"] == "mps"), pt.key
+
+
+def test_thread07_verifies_02s_graphs_and_04s_mps_replicas_together(offline_run):
+    """Known answer: the changes of 02 (piecewise graphs inside vLLM's compile) and 04 (2 replicas under MPS) put
+    together on the --enforce-eager launch, 3 launches of each side, resolved as asked: verified by far. The front
+    line names the layout (it is no flag: --gpu-memory-utilization 0.45 is each replica's), and 99 ranks the change with
+    it. Each change left out: the replicas' share resolved (their left-out side is 02's own piecewise points, the
+    store's aliases); compile's rests on 2 launches (the calls ran out) and says it is not resolved. The search
+    around this combination has not run: every setting is not measured, and the thread reads partial."""
     store = Store(REF / "store")
     fs = read_findings(offline_run / "07_verified_changes.findings.json")
     (v,) = [f for f in fs if f.kind == "verification"]
@@ -169,13 +195,38 @@ def test_thread07_verifies_the_combination_on_the_launches_of_02s_piecewise_poin
     assert v.effect is not None and v.effect.ci_low_pct > 100 and v.effect.n == 3
     assert "combined ran as compile on (VLLM_COMPILE), CUDA graphs piecewise (FULL_AND_PIECEWISE)" in v.claim
     assert v.change is not None and v.change.drop_flags == ["--enforce-eager"]
-    combined = [p for p in store.keys() if store.get(p).parts.get("knobs") == {"cuda_graph": "piecewise"}]
+    assert v.recommendation == "drop --enforce-eager; run as 2 replicas on 1 GPU with MPS, least-outstanding (thread 04)"
+    shares = {r["change"]: r for r in v.evidence["shares"]}
+    replicas = shares["2 replicas on 1 GPU with MPS, least-outstanding"]
+    assert replicas["n"] == 3 and replicas["resolved"] and replicas["ci_low_pct"] > 0  # +47.5% (+25.8..+72.9%)
+    graphs = shares['--compilation-config {"cudagraph_mode": "FULL_AND_PIECEWISE"}']
+    assert graphs["n"] == 2 and not graphs["resolved"] and "n=2, not resolved" in v.claim
+    # the replicas left out is 02's piecewise pick on one server: those launches, aliased
+    alone = [p for p in store.keys() if store.get(p).parts.get("knobs") == {"cuda_graph": "piecewise"}]
     aliased = {json.loads(a.read_text())["data"]["key"] for a in (REF / "store" / "_notes" / "aliases").glob("*.json")}
-    assert len(combined) == 3 and set(combined) <= aliased
+    assert len(alone) == 3 and set(alone) <= aliased
     page = (offline_run / "index.html").read_text()
     line = re.search(r'id="verified"[^>]*><b>([^<]*)', page).group(1)
     assert line.startswith(f"Verified: +{v.effect.value_pct:.1f}% output_tok_s (90% CI ")
-    assert "and without --enforce-eager, against the baseline torch_compile=False" in line
+    assert ("--gpu-memory-utilization 0.45, as 2 replicas on 1 GPU with MPS, least-outstanding, and without "
+            "--enforce-eager, against the baseline torch_compile=False") in line
+    (ranked,) = read_findings(offline_run / "99_summary.findings.json")
+    assert ranked.headline.endswith("drop --enforce-eager; run as 2 replicas on 1 GPU with MPS, least-outstanding "
+                                    "(thread 04)")
+    (t,) = [f for f in fs if f.kind == "search"]
+    assert t.title == "Scheduler tuning: nothing measured" and t.claim.count("not in the store") == 1
+    outcome = json.loads((offline_run / "07_verified_changes.outcome.json").read_text())
+    assert outcome["points_failed"] == 8 and outcome["first_error"].startswith("search max_running_requests=16: not "
+                                                                               "measured")
+    row = re.search(r'<tr class="status-(\w+)">\s*<td><a href="07_verified_changes.html">', page)
+    assert row is not None and row.group(1) == "warn"
+    docs = sorted((offline_run / "changes").glob("*.md"))
+    assert [d.name for d in docs] == ["01-compilation-config-cudagraph-mode-full-and-piecewise.md",
+                                      "02-2-replicas-on-1-gpu-with-mps-least-outstanding.md"]
+    text = docs[1].read_text()
+    assert text.startswith("# Change 2: 2 replicas on 1 GPU with MPS, least-outstanding")
+    assert "Run 2 vllm servers on one GPU, each with `--gpu-memory-utilization 0.45`" in text
+    assert "Run one server again in place of the replicas and their balancer (and stop the MPS control daemon)" in text
 
 
 def test_the_paired_tables_show_the_columns_that_matter_and_fit_the_page(offline_run):

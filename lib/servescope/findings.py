@@ -130,6 +130,9 @@ class Change(BaseModel):
     flags: list[str] = Field(default_factory=list)  # the engine's flags to add
     drop_flags: list[str] = Field(default_factory=list)  # the deployment's own flags to remove
     words: str = ""  # the change in words where flags do not say it ('drop --enforce-eager')
+    # a short name where the words are a recipe (a layout: '2 replicas on 1 GPU with MPS, least-outstanding'), for
+    # the places that name the change in a line (07's verdict, its leave-one-out arms, a document's title)
+    name: str = ""
     alternative_to: str = ""  # the setting its thread picked instead ('' for the pick itself)
     excludes: list[Conflict] = Field(default_factory=list)
 

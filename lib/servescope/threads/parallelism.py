@@ -496,7 +496,7 @@ def _layout_finding(ps: ParallelStudy, x: Layout, base: str) -> tuple[Finding, s
             ev["trade"] = {"better": "output_tok_s", "worse": worse_lat}
             recipe = (f"for throughput, where {lat} has room under its target: {recipe}. Where {lat} targets bind, "
                       f"keep {base}")
-        change = Change(knobs=x.arm.knobs, words=recipe)
+        change = Change(knobs=x.arm.knobs, words=recipe, name=name)
     return f.extended(evidence=ev, title=title, change=change), words
 
 

@@ -137,8 +137,14 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        """The change in the engine's spelling, or its knobs where it has no flag."""
-        return " ".join(self.flags) or self.change.words or Knobs(**self.knobs).label()
+        """The change in the engine's spelling, else its short name (a layout), its words, or its knobs."""
+        return " ".join(self.flags) or self.change.name or self.change.words or Knobs(**self.knobs).label()
+
+    @property
+    def layout(self) -> str:
+        """Its name where no flag of the engine says it (a layout of servers: '2 replicas on 1 GPU with MPS, ...'),
+        else ''."""
+        return self.change.name if not self.flags and self.change.name else ""
 
 
 def changes(by_thread: dict[str, list[Finding]]) -> list[Candidate]:
@@ -293,10 +299,15 @@ class Verification:
         """Points planned, measured and failed over every study of the thread (for the index)."""
         parts = [s.results.outcome(THREAD, fs) for s in self.studies()]
         first = next((o for o in parts if o.first_error), None)
-        return Outcome(thread=THREAD, points_planned=sum(o.points_planned for o in parts),
+        # a search setting an offline render finds no point for was asked and not measured (its run stopped before
+        # it): counted like a repetition the store lacks, so the thread reads partial, not ok
+        unmeasured = [r for r in (self.tuning.rows if self.tuning else []) if r.state == "not measured"]
+        error = first.first_error if first else \
+            f"search {unmeasured[0].setting}: {unmeasured[0].status}" if unmeasured else ""
+        return Outcome(thread=THREAD, points_planned=sum(o.points_planned for o in parts) + len(unmeasured),
                        points_measured=sum(o.points_measured for o in parts),
-                       points_failed=sum(o.points_failed for o in parts),
-                       first_error=first.first_error if first else "", first_signal=first.first_signal if first else "",
+                       points_failed=sum(o.points_failed for o in parts) + len(unmeasured),
+                       first_error=error, first_signal=first.first_signal if first else "",
                        findings_total=len(fs), findings_answering=sum(f.answers for f in fs))
 
     def table(self) -> pd.DataFrame:
@@ -701,14 +712,7 @@ def _combined_finding(v: Verification) -> Finding:
     # baseline's own flags, never "already optimal"
     f = cmp.finding("Recommended changes combined", "The combination", better=v.combined, worse=v.baseline,
                     deployed=v.baseline, named="the combination")
-    flags = " ".join(f.recommended_flags)
-    labels = "; ".join(c.label for c in v.included)
-    how = f"with {flags}" if flags else f"by the change{'s' if len(v.included) > 1 else ''} ({labels})"
-    # the deployment's own flags that would override the combination are part of the change (its document says so);
-    # one the change sets again to another value is said by its new value already, and a change of no flags to add
-    # is said by its label ('drop --enforce-eager')
-    if flags and (gone := _removed_only(f.change.flags, f.change.drop_flags) if f.change is not None else ""):
-        how += f" and without {gone}"
+    how, f = _how(v, f)
     worse = _worse(v.study, BASELINE, COMBINED)
     shares = v.shares()
     extra = ""
@@ -737,6 +741,27 @@ def _combined_finding(v: Verification) -> Finding:
                       verdict=verdict)
 
 
+def _how(v: Verification, f: Finding) -> tuple[str, Finding]:
+    """How the verified line says the change ('with FLAGS, as LAYOUT, and without DROPPED'), and the combined finding
+    with its change saying the layout too (99 ranks that change)."""
+    flags = " ".join(f.recommended_flags)
+    labels = "; ".join(c.label for c in v.included)
+    how = f"with {flags}" if flags else f"by the change{'s' if len(v.included) > 1 else ''} ({labels})"
+    # a layout (replicas sharing the GPU) is no flag: the flags are each server's, and the line says how they run
+    layouts = [c.layout for c in v.included if c.layout]
+    if flags and layouts:
+        how += f", as {' and '.join(layouts)}"
+    # the deployment's own flags that would override the combination are part of the change (its document says so);
+    # one the change sets again to another value is said by its new value already, and a change of no flags to add
+    # is said by its label ('drop --enforce-eager')
+    if flags and (gone := _removed_only(f.change.flags, f.change.drop_flags) if f.change is not None else ""):
+        how += f"{',' if layouts else ''} and without {gone}"
+    if layouts and f.change is not None:
+        f = f.extended(change=f.change.model_copy(update={"words": "; ".join(
+            [w for w in (f.change.words, *(f"run as {x} (thread 04)" for x in layouts)) if w])}))
+    return how, f
+
+
 def _tuning_finding(v: Verification) -> Finding:
     s = v.tuning
     if s is None or not s.rows:
@@ -747,11 +772,11 @@ def _tuning_finding(v: Verification) -> Finding:
     measured = s.measured
     if len(measured) <= 1:
         return Finding(thread=THREAD, kind="search", title="Scheduler tuning: nothing measured", applies=False,
-                       confidence="none", headline=f"No scheduler setting was measured ({s.note}): " + "; ".join(
-                           f"{r.setting}: {r.status}" for r in s.rows), reason="no setting measured", evidence=ev)
+                       confidence="none", headline=f"No scheduler setting was measured ({s.note}): "
+                       + _by_status(s.rows), reason="no setting measured", evidence=ev)
     tried = "; ".join(f"{r.setting} {r.vs_combined_pct:+.1f}%" for r in measured if not r.reference)
     skipped = [r for r in s.rows if r.state != "measured"]
-    sk = ("Not tried: " + "; ".join(f"{r.setting} ({r.status})" for r in skipped) + ".") if skipped else ""
+    sk = f"Not tried: {_by_status(skipped, listed=True)}." if skipped else ""
     against = "the recommended changes combined" if v.study is not None else v.baseline_words
     if s.tuned is None and not v.verify_lead:
         return _screened(v, s, len(measured) - 1, tried, sk, against, ev)
@@ -801,6 +826,16 @@ def _screened(v: Verification, s: Search, n: int, tried: str, sk: str, against: 
                    confidence="low", headline=f"One launch per setting ({s.note}); output tok/s against {against}: "
                    f"{tried}", detail=f"{lead} {sk}".strip(), verdict=Verdict(verified=False, words=words),
                    evidence=ev | {"lead": list(s.lead) if s.lead is not None else None})
+
+
+def _by_status(rows: Sequence[SearchRow], listed: bool = False) -> str:
+    """Settings grouped by what became of them, each reason said once: 'measured: (combined); not measured: not in
+    the store ...: a=1, b=2', or listed, 'a=1, b=2 (not measured: not in the store ...)'."""
+    groups: dict[str, list[str]] = {}
+    for r in rows:
+        groups.setdefault(r.status, []).append(r.setting)
+    return "; ".join(f"{', '.join(settings)} ({status})" if listed else f"{status}: {', '.join(settings)}"
+                     for status, settings in groups.items())
 
 
 def _floor(s: Search) -> str:
@@ -856,12 +891,16 @@ def documents(v: Verification, fs: list[Finding]) -> dict[str, str]:
         rollback = (f"Remove `{' '.join(c.flags)}` from the launch command"
                     + (f" and put `{dropped}` back" if dropped else "") if c.flags
                     else f"Add `{dropped}` back to the launch command" if dropped
+                    else "Run one server again in place of the replicas and their balancer" +
+                    (" (and stop the MPS control daemon)" if c.knobs.get("gpu_share") == "mps" else "") if c.layout
                     else f"Set {', '.join(c.knobs)} back to {v.baseline_words}") + \
             f" and restart: the server then runs as {v.baseline_words} again."
         change = (f"Remove `{dropped}` from the launch command and add `{' '.join(c.flags)}`." if c.flags and dropped
                   else f"`{' '.join(c.flags)}`" if c.flags else
                   f"Remove `{dropped}` from the launch command: the engine's defaults then run as "
-                  f"{Knobs(**c.knobs).label()}." if dropped else f"Knobs: {Knobs(**c.knobs).label()}")
+                  f"{Knobs(**c.knobs).label()}." if dropped else
+                  f"{c.change.words[:1].upper()}{c.change.words[1:]} (knobs: {Knobs(**c.knobs).label()})."
+                  if c.change.words else f"Knobs: {Knobs(**c.knobs).label()}")
         text = "\n".join([
             f"# Change {i}: {c.label}", "",
             f"Rank {i} of {len(kept)} ({c.tier}), from [{c.thread}](../{c.thread}.html#Answer).", "",
