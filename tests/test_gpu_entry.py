@@ -217,3 +217,43 @@ def test_a_driver_that_fails_stops_its_suite_first(tmp_path, monkeypatch):
         gpu.run_suite("suite.yaml", "s", {}, 540, [])
     pid = int(pid_file.read_text())
     assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
+
+
+def test_slimming_the_index_hides_what_the_gpu_never_reads_and_restore_puts_it_back(tmp_path):
+    """The device tool carries what git sees; slim_index.py takes the rendered references, the other suites' stores
+    and the fixtures out of git's index (the files stay on disk) and hides them, keeping the suite's own store and the
+    code; restore leaves the index and .git/info/exclude as they were (the third vLLM session did this by hand: a
+    commit made while slimmed would have deleted the references)."""
+    import subprocess
+
+    slim = _load("slim_index")
+    files = ["lib/a.py", "data/engines/matrix.csv", "data/reference/README.md", "data/reference/v/store/k1/m.json",
+             "data/reference/v/report/index.html", "data/reference/v/gpu-logs/call1.run.log",
+             "data/reference/other/store/k2/m.json", "data/reference/store/k3/m.json", "tests/fixtures/x/y.json"]
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text(f)
+    (tmp_path / "suite.yaml").write_text("name: v\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    exclude = tmp_path / ".git" / "info" / "exclude"
+    exclude.write_text("own-pattern\n")
+    seen = sorted(git("ls-files", "--cached", "--others", "--exclude-standard").split())
+    assert slim.slim(tmp_path, tmp_path / "suite.yaml") == [
+        "data/reference/other", "data/reference/store", "data/reference/v/gpu-logs", "data/reference/v/report",
+        "tests/fixtures"]
+    carried = sorted(git("ls-files", "--cached", "--others", "--exclude-standard").split())
+    assert carried == ["data/engines/matrix.csv", "data/reference/README.md", "data/reference/v/store/k1/m.json",
+                       "lib/a.py", "suite.yaml"]
+    assert all((tmp_path / f).is_file() for f in files)  # on disk still
+    with pytest.raises(SystemExit, match="slimmed already"):
+        slim.slim(tmp_path, tmp_path / "suite.yaml")
+    assert len(slim.restore(tmp_path)) == 5
+    assert sorted(git("ls-files", "--cached", "--others", "--exclude-standard").split()) == seen
+    assert git("status", "--porcelain") == "" and exclude.read_text() == "own-pattern\n"
+    assert slim.restore(tmp_path) == []  # nothing slimmed: nothing to do

@@ -28,6 +28,7 @@ DEVICE = ROOT / ".device"
 TOOLS = ROOT.parent / "shared" / "tools"
 LIMIT = 64 * 2**20  # what one device call carries: the working tree and the carried paths together
 MARGIN = 3 * 2**20  # for files the tree gains before the calls are made (a store saved meanwhile)
+SLIM_ABOVE = 16 * 2**20  # a tree larger than this leaves parts small enough to cost calls: slim_index.py says how
 
 # where each kind of file lands on the GPU machine (on_gpu.py installs by kind)
 SOURCES = {"suite": ("wheels", ["gpu-wheels.sh", "{dest}", "ijson"]),
@@ -161,6 +162,12 @@ def main() -> None:
     total = sum(f["bytes"] for f in manifest["files"])
     print(f"{len(files)} files, {total / 2**20:.1f} MiB, in {len(parts)} parts of at most {budget / 2**20:.1f} MiB "
           f"(the tree is {tree_bytes() / 2**20:.1f} MiB); manifest: {target.relative_to(ROOT)}")
+    git_dir = subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True, text=True).stdout
+    slimmed = (ROOT / git_dir.strip() / "servescope-slim-index.txt").is_file()
+    if not slimmed and tree_bytes() > SLIM_ABOVE:
+        print(f"The tree alone is {tree_bytes() / 2**20:.1f} MiB of the {LIMIT / 2**20:.0f} a call carries: take what "
+              f"the GPU machine never reads out of it first (benchmarks/gpu/slim_index.py slim {a.suite}), then pack "
+              "again.")
     print("Make these device calls back to back (the machine keeps files 30 s after a call):")
     for n in range(1, len(parts) + 1):
         sent = ",".join(f"{i:02d}" for i in range(1, n))
@@ -169,6 +176,9 @@ def main() -> None:
     print("Each call before the last only stores its part; the last installs and runs the suite. Later calls of the "
           "same session (SENT=" + ",".join(f"{i:02d}" for i in range(1, len(parts) + 1)) + ", no carry) continue the "
           "store.")
+    if slimmed:
+        print("The index is slimmed: after the calls, before any commit, benchmarks/gpu/slim_index.py restore (and "
+              "git checkout benchmarks/gpu/parts.json).")
 
 
 if __name__ == "__main__":
