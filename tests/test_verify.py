@@ -167,6 +167,7 @@ def test_a_search_budget_spent_says_what_was_not_tried(tmp_path, stub_engine):
     assert off.search["status"].tolist() == v.search["status"].tolist()
     fs = t07.findings(off)
     assert off.outcome(fs).points_failed == 0 and off.outcome(fs).points_measured == 2
+    assert off.outcome(fs).points_unmeasured == 0  # a spent budget is what the run said, not a gap in the store
     with pytest.raises(SpecError, match="search: knobs to search are"):
         t07.run(ctx, collect(tmp_path), search=["max_batch"], search_budget_s=10)
 
@@ -276,3 +277,15 @@ def test_a_search_stopped_by_its_budget_goes_on_where_it_stopped(tmp_path, stub_
     # offline, the finished search is what renders
     off = t07.run(ctx.with_(offline=True), collect(tmp_path / "report"), search=["max_running_requests"], search_budget_s=1.0)
     assert off.search["status"].tolist() == runs[-1].search["status"].tolist()
+
+
+def test_points_an_offline_render_lacks_are_not_in_the_store_not_failed():
+    """A render of an incomplete store (a recording stopped by its budget) lacks points it asked for: the thread is
+    partial, and the index says they are not in the store, not that they failed; none measured at all is failed."""
+    from servescope.findings import Outcome
+
+    o = Outcome(thread="t", points_planned=19, points_measured=11, points_unmeasured=8, findings_answering=1)
+    assert o.status() == "partial" and o.summary() == "11 of 19 points measured, 8 not in the store"
+    both = o.model_copy(update={"points_failed": 1, "points_planned": 20})
+    assert both.summary() == "11 of 20 points measured, 1 failed, 8 not in the store"
+    assert Outcome(thread="t", points_planned=2, points_unmeasured=2, findings_answering=1).status() == "failed"

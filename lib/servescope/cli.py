@@ -33,7 +33,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
         if bad:
             what.append(f"{len(bad)} of {len(done.runs)} notebooks failed or measured nothing")
         if partial:
-            what.append(f"{len(partial)} answered with some points failed")
+            what.append(f"{len(partial)} answered with some points failed or not in the store")
         print(f"servescope: {'; '.join(what)}{hint}; `make doctor` checks this machine end to end", file=sys.stderr)
     return 1 if (bad or partial) and not a.tolerate_failures else 0
 

@@ -75,8 +75,9 @@ class Results:
     def outcome(self, thread: str, findings: list[Finding]) -> Outcome:
         """Points planned, measured and failed, the first error (and signal), and how many findings answer."""
         first = self.errors.iloc[0] if len(self.errors) else None
+        gaps = int((self.errors["error_type"] == "NotMeasuredError").sum()) if len(self.errors) else 0
         return Outcome(thread=thread, points_planned=self.planned, points_measured=len(self.points),
-                       points_failed=len(self.errors),
+                       points_failed=len(self.errors) - gaps, points_unmeasured=gaps,
                        first_error="" if first is None else f"{first['config']} rep {first['rep']}: {first['summary']}",
                        first_signal="" if first is None else str(first.get("signal") or ""),
                        findings_total=len(findings), findings_answering=sum(f.answers for f in findings))

@@ -283,6 +283,9 @@ class Outcome(BaseModel):
     points_planned: int = Field(0, ge=0, description="server launches the notebook asked for (configs x repetitions)")
     points_measured: int = Field(0, ge=0)
     points_failed: int = Field(0, ge=0)
+    # asked for, but an offline render found no stored point (never launched by the run that recorded the store):
+    # not a failure, and not measured either
+    points_unmeasured: int = Field(0, ge=0)
     first_error: str = ""
     first_signal: str = ""  # 'SIGILL' when the first failure was a process dying from a signal
     findings_total: int = 0
@@ -290,21 +293,22 @@ class Outcome(BaseModel):
 
     def status(self) -> Status:
         """failed: planned points and none measured; no result: no finding states an answer; partial: an answer,
-        but some points failed; ok otherwise."""
+        but some points failed or are not in the store; ok otherwise."""
         if self.points_planned and not self.points_measured:
             return "failed"
         if not self.findings_answering:
             return "no result"
-        if self.points_failed:
+        if self.points_failed or self.points_unmeasured:
             return "partial"
         return "ok"
 
     def summary(self) -> str:
-        """'4 of 6 points measured, 2 failed' (or '' for a notebook that launches nothing)."""
+        """'4 of 6 points measured, 1 failed, 1 not in the store' (or '' for a notebook that launches nothing)."""
         if not self.points_planned:
             return ""
         s = f"{self.points_measured} of {self.points_planned} points measured"
-        return s + (f", {self.points_failed} failed" if self.points_failed else "")
+        return s + (f", {self.points_failed} failed" if self.points_failed else "") + \
+            (f", {self.points_unmeasured} not in the store" if self.points_unmeasured else "")
 
 
 def outcome_path(findings_path: str | Path) -> Path:

@@ -50,14 +50,17 @@ def show_findings(findings: list[Finding], path: str | Path, res: Results | None
 def show_measured(res: Results) -> Markdown:
     """One line on what was measured, and for failures the first error with the signal that ended a process."""
     o = res.outcome("", [])
-    if not o.points_failed:
+    if not o.points_failed and not o.points_unmeasured:
         return Markdown(f"Measured all {o.points_planned} points." if o.points_planned else "Nothing to measure.")
-    word = "**Failed: no point was measured.**" if not o.points_measured else f"**Partly measured: {o.summary()}.**"
+    word = f"**Partly measured: {o.summary()}.**" if o.points_measured else \
+        "**Failed: no point was measured.**" if o.points_failed else \
+        f"**Not measured: none of the {o.points_planned} points is in the store (offline).**"
     lines = [word, f"First error: {o.first_error}"]
     first = res.errors.iloc[0]
     if first["death"]:
         lines.append("\n```\n" + str(first["death"]) + "\n```")
-    lines.append("Failed points keep their server logs under the store's `_failed/` folder (table at the end).")
+    if o.points_failed:
+        lines.append("Failed points keep their server logs under the store's `_failed/` folder (table at the end).")
     return Markdown("\n\n".join(lines))
 
 

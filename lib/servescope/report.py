@@ -67,7 +67,7 @@ class NotebookRun:
 
 def notebook_status(raised: bool, outcome: Outcome | None, findings: list[Finding]) -> str:
     """failed if the notebook raised or measured none of its points; no result if no finding states an answer;
-    partial if it answered although some points failed; ok otherwise."""
+    partial if it answered although some points failed (or, offline, are not in the store); ok otherwise."""
     if raised:
         return "failed"
     if outcome is not None:

@@ -300,13 +300,14 @@ class Verification:
         parts = [s.results.outcome(THREAD, fs) for s in self.studies()]
         first = next((o for o in parts if o.first_error), None)
         # a search setting an offline render finds no point for was asked and not measured (its run stopped before
-        # it): counted like a repetition the store lacks, so the thread reads partial, not ok
+        # it): counted like a repetition the store lacks (not in the store), so the thread reads partial, not ok
         unmeasured = [r for r in (self.tuning.rows if self.tuning else []) if r.state == "not measured"]
         error = first.first_error if first else \
             f"search {unmeasured[0].setting}: {unmeasured[0].status}" if unmeasured else ""
         return Outcome(thread=THREAD, points_planned=sum(o.points_planned for o in parts) + len(unmeasured),
                        points_measured=sum(o.points_measured for o in parts),
-                       points_failed=sum(o.points_failed for o in parts) + len(unmeasured),
+                       points_failed=sum(o.points_failed for o in parts),
+                       points_unmeasured=sum(o.points_unmeasured for o in parts) + len(unmeasured),
                        first_error=error, first_signal=first.first_signal if first else "",
                        findings_total=len(fs), findings_answering=sum(f.answers for f in fs))
 
