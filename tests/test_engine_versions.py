@@ -360,7 +360,8 @@ def test_release_selection():
     vs = ["0.3.6", "0.4.0", "0.4.0.post2", "0.4.1", "0.4.10", "0.4.10.post2", "0.5.0rc2", "0.5.1", "0.5.1.post1",
           "0.5.23", "0.6.0"]
     assert select_releases("sglang", vs) == ["0.4.0.post2", "0.4.1", "0.4.10.post2", "0.5.1", "0.5.1.post1", "0.5.23"]
-    assert select_releases("vllm", ["0.29.0", "0.30.0", "0.33.0", "0.34.0", "0.33.0rc1"]) == ["0.30.0", "0.33.0"]
+    assert select_releases("vllm", ["0.25.0", "0.26.0", "0.30.0", "0.33.0", "0.34.0", "0.33.0rc1"]) == ["0.26.0", "0.30.0",
+                                                                                           "0.33.0"]
     assert release_key("0.4.10.post2") > release_key("0.4.9.post6")
 
 

@@ -172,6 +172,7 @@ def test_thread04_two_replicas_under_mps_serve_more_than_one_server(offline_run)
     assert "nvidia-cuda-mps-control -d" in head.change.words and "--gpu-memory-utilization 0.45" in head.change.words
     mps = fs["MPS vs time-slicing: 2 replicas on 1 GPU with MPS, least-outstanding"]
     assert mps.direction == "better" and mps.effect.n == 3 and mps.effect.ci_low_pct > 0  # +17.8% (+4.6..+32.6%)
+    assert mps.recommendation.count("MPS control daemon") == 1  # the recipe starts it; it was said twice
     store = Store(REF / "store")
     shared = [store.get(k) for k in store.keys() if store.get(k).target["knobs"].get("replicas") == 2]
     assert len(shared) == 11  # 04: 3 time-sliced + 3 MPS; 07: combined 3, its compile left out 2

@@ -532,8 +532,9 @@ def _mps_findings(ps: ParallelStudy, base: str, per: list[Finding]) -> list[Find
         f = cmp.finding(f"MPS with {k.replicas} replicas on 1 GPU", f"MPS with {k.replicas} replicas on 1 GPU",
                         extra=words)
         if f.applies and f.direction == "better" and x.arm.name in beat:
+            # the MPS layout's recipe starts the daemon itself: said once
             f = f.extended(title=f"MPS vs time-slicing: {x.arm.name}", change=Change(
-                words="start the replicas under an MPS control daemon: " + _replica_recipe(ps, x)))
+                words=_replica_recipe(ps, x) or "start the replicas under an MPS control daemon", name=x.arm.name))
         elif f.applies and x.arm.name not in beat:
             f = f.extended(f"Neither was resolved as better than {base}, so this says how to share a GPU, not to share "
                            "one.", title=f"MPS vs time-slicing: {x.arm.name}")
