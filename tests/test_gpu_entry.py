@@ -257,3 +257,16 @@ def test_slimming_the_index_hides_what_the_gpu_never_reads_and_restore_puts_it_b
     assert sorted(git("ls-files", "--cached", "--others", "--exclude-standard").split()) == seen
     assert git("status", "--porcelain") == "" and exclude.read_text() == "own-pattern\n"
     assert slim.restore(tmp_path) == []  # nothing slimmed: nothing to do
+
+
+def test_pack_refuses_when_the_tree_leaves_no_room_for_parts(monkeypatch):
+    """A tree over what a call carries left pack.py printing '0 parts of at most -5.0 MiB' (seen at 65 MiB): it
+    refuses, and says how to slim."""
+    import sys
+
+    pack = _load("pack")
+    monkeypatch.setattr(pack, "needs", lambda suite: [])
+    monkeypatch.setattr(pack, "tree_bytes", lambda: 65 * 2**20)
+    monkeypatch.setattr(sys, "argv", ["pack.py", "data/suites/vllm-h200.yaml"])
+    with pytest.raises(SystemExit, match="no room for parts; benchmarks/gpu/slim_index.py slim"):
+        pack.main()

@@ -128,6 +128,11 @@ def main() -> None:
     ap.add_argument("suite", type=Path)
     ap.add_argument("--budget-s", type=int, default=540, help="seconds the suite may run in the last call")
     a = ap.parse_args()
+    # whole MiB: the manifest is part of the tree, and a budget that moved with it by a few bytes repacked every run
+    budget = (LIMIT - tree_bytes() - MARGIN) // 2**20 * 2**20
+    if budget < 2**20:  # no room beside the tree: cutting into pieces of <= 0 bytes would pack nothing
+        raise SystemExit(f"the tree alone is {tree_bytes() / 2**20:.1f} MiB of the {LIMIT / 2**20:.0f} a call carries: "
+                         f"no room for parts; benchmarks/gpu/slim_index.py slim {a.suite}, then pack again")
     kinds = needs(a.suite)
     by_name: dict[str, tuple[list[str], Path]] = {}
     for k in kinds:
@@ -143,8 +148,6 @@ def main() -> None:
     files = [(",".join(ks), f) for ks, f in by_name.values()]
     out = DEVICE / "parts"
     shutil.rmtree(out, ignore_errors=True)
-    # whole MiB: the manifest is part of the tree, and a budget that moved with it by a few bytes repacked every run
-    budget = (LIMIT - tree_bytes() - MARGIN) // 2**20 * 2**20
     files, of = cut(files, budget, DEVICE / "pieces")
     parts = split(files, budget)
     manifest = {"suite": str(a.suite), "parts": len(parts), "files": []}
@@ -162,8 +165,9 @@ def main() -> None:
     total = sum(f["bytes"] for f in manifest["files"])
     print(f"{len(files)} files, {total / 2**20:.1f} MiB, in {len(parts)} parts of at most {budget / 2**20:.1f} MiB "
           f"(the tree is {tree_bytes() / 2**20:.1f} MiB); manifest: {target.relative_to(ROOT)}")
-    git_dir = subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True, text=True).stdout
-    slimmed = (ROOT / git_dir.strip() / "servescope-slim-index.txt").is_file()
+    from slim_index import slimmed as is_slimmed  # beside this script (its folder is on sys.path when run)
+
+    slimmed = is_slimmed(ROOT)
     if not slimmed and tree_bytes() > SLIM_ABOVE:
         print(f"The tree alone is {tree_bytes() / 2**20:.1f} MiB of the {LIMIT / 2**20:.0f} a call carries: take what "
               f"the GPU machine never reads out of it first (benchmarks/gpu/slim_index.py slim {a.suite}), then pack "

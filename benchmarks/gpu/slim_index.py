@@ -36,6 +36,11 @@ def git_dir(root: Path) -> Path:
     return (root / git(root, "rev-parse", "--git-dir").strip()).resolve()
 
 
+def slimmed(root: Path) -> bool:
+    """Whether the index is slimmed now (restore not yet run)."""
+    return (git_dir(root) / RECORD).is_file()
+
+
 def unneeded(root: Path, suite_name: str) -> list[str]:
     """The tracked folders the GPU machine never reads for this suite: every other reference folder, this one's
     rendered report and logs (its store stays: the suite continues it), the embedded reference and the fixtures."""
@@ -57,13 +62,13 @@ def unneeded(root: Path, suite_name: str) -> list[str]:
 
 def slim(root: Path, suite: Path) -> list[str]:
     """Take the unneeded folders out of git's index and hide them from it; the paths taken out."""
-    record = git_dir(root) / RECORD
-    if record.is_file():
-        raise SystemExit(f"the index is slimmed already ({record}): restore first")
+    if slimmed(root):
+        raise SystemExit(f"the index is slimmed already ({git_dir(root) / RECORD}): restore first")
     name = yaml.safe_load(suite.read_text())["name"]
     paths = unneeded(root, name)
     if not paths:
         return []
+    record = git_dir(root) / RECORD
     git(root, "rm", "-r", "-q", "--cached", "--", *paths)
     exclude = git_dir(root) / "info" / "exclude"
     exclude.parent.mkdir(parents=True, exist_ok=True)
