@@ -290,3 +290,38 @@ def test_thread05_resolves_a_large_effect_in_three_repetitions(tmp_path, stub_en
     assert study.results.stopped == "resolved after 3 repetitions" and f.effect.n == 3
     assert f.effect.status == "better" and len(f.effect.per_rep_pct) == 3 and f.effect.stopped == study.results.stopped
     assert "Per repetition (mean over c=1, 4)" in f.claim
+
+
+def test_a_run_budget_launches_no_point_that_would_not_finish_and_a_later_run_goes_on(tmp_path, stub_engine,
+                                                                                      monkeypatch):
+    """The vLLM H200 calls each lost a launch (95-150 s of a 10-minute call) to the budget's SIGTERM, ready a second
+    before it came. With the run's budget set (servescope run --budget-s), a point that would not finish within it, by
+    the longest a point like it took in the store, is not launched: not measured and not failed, the repetitions stop
+    there, and a later run launches it."""
+    import time
+
+    from servescope.experiment import DEADLINE_ENV
+
+    store = Store(tmp_path)
+    a, b = Config("a", Knobs()), Config("b", Knobs(torch_compile=False))
+    measure(EngineSpec(**stub_engine), MODEL, [a], LOAD, repetitions=1, store=store, say=lambda m: None)
+    took = store.longest_point_s(next(store.points()).parts)
+    assert took is not None and took > 0
+    monkeypatch.setenv(DEADLINE_ENV, str(time.time() + took / 2))
+    said: list[str] = []
+    res = measure(EngineSpec(**stub_engine), MODEL, [a, b], LOAD, repetitions=2, store=store, say=said.append)
+    assert len(store.keys()) == 1  # nothing launched
+    assert res.errors["error_type"].tolist() == ["NotLaunchedError", "NotLaunchedError"]
+    assert sorted(zip(res.errors["config"], res.errors["rep"], strict=True)) == [("a", 1), ("b", 0)]
+    o = res.outcome("t", [])
+    assert (o.points_planned, o.points_measured, o.points_failed, o.points_unmeasured) == (3, 1, 0, 2)
+    assert "--budget-s" in res.stopped and "a later run goes on" in res.stopped
+    assert any("not launched: the run's budget (--budget-s) ends in" in m for m in said)
+    # a budget already spent launches nothing, even where the store has nothing to judge a launch by
+    monkeypatch.setenv(DEADLINE_ENV, str(time.time() - 1))
+    empty = measure(EngineSpec(**stub_engine), MODEL, [a], LOAD, repetitions=1, store=Store(tmp_path / "e"),
+                    say=lambda m: None)
+    assert empty.errors["error_type"].tolist() == ["NotLaunchedError"] and not Store(tmp_path / "e").keys()
+    monkeypatch.delenv(DEADLINE_ENV)
+    again = measure(EngineSpec(**stub_engine), MODEL, [a, b], LOAD, repetitions=2, store=store, say=lambda m: None)
+    assert again.errors.empty and len(store.keys()) == 4

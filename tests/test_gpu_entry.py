@@ -270,3 +270,14 @@ def test_pack_refuses_when_the_tree_leaves_no_room_for_parts(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["pack.py", "data/suites/vllm-h200.yaml"])
     with pytest.raises(SystemExit, match="no room for parts; benchmarks/gpu/slim_index.py slim"):
         pack.main()
+
+
+def test_the_suite_gets_the_calls_budget_less_its_margin():
+    """The suite launches nothing past the call's budget (less the time its start and report take): the SIGTERM at
+    BUDGET_S cut one launch per call short in the vLLM H200 sessions, ready a second before it came."""
+    from pathlib import Path
+
+    gpu = _load("on_gpu")
+    cmd = gpu.suite_command("s.yaml", Path("/st"), Path("/r"), ["--only", "07"], 540)
+    i = cmd.index("--budget-s")
+    assert float(cmd[i + 1]) == 540 - gpu.SUITE_MARGIN_S and cmd[-2:] == ["--only", "07"]

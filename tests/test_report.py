@@ -519,3 +519,34 @@ def test_the_first_error_is_the_exception_line_however_long_the_traceback():
     run = NotebookRun(id="04_data_parallelism", status="failed", error=_error_excerpt(e))
     assert run.first_error == "NotMeasuredError: the layouts were never checked"
     assert "share_modes)" in run.error  # the traceback's tail is still kept for the notebook's page
+
+
+def test_a_run_budget_reaches_the_notebooks_and_launches_nothing_past_it(tmp_path, capfd):
+    """servescope run --budget-s: the notebooks' kernels read the budget's end from the environment they inherit, so a
+    point that cannot finish in it is not launched (not measured, not failed) and the run says so; nothing of the
+    budget is left in this process's environment after the run."""
+    import os
+
+    from servescope.experiment import DEADLINE_ENV
+    from servescope.store import Store
+
+    store = tmp_path / "s"
+    first = _suite(tmp_path, [_stub_entry("97_none_die", "none")])
+    assert main(["run", str(first), "--reports-dir", str(tmp_path / "r"), "--store-dir", str(store), "--run-id", "a",
+                 "--quiet"]) == 0
+    held = Store(store).keys()
+    assert len(held) == 2
+    second = _suite(tmp_path, [_stub_entry("97_eager_dies", "eager")])  # two points the store does not hold
+    assert main(["run", str(second), "--reports-dir", str(tmp_path / "r"), "--store-dir", str(store), "--run-id", "b",
+                 "--quiet", "--budget-s", "0.5"]) == 1
+    assert Store(store).keys() == held and not list((store / "_failed").glob("*"))
+    outcome = json.loads((tmp_path / "r" / "b" / "97_eager_dies.outcome.json").read_text())
+    assert (outcome["points_measured"], outcome["points_failed"], outcome["points_unmeasured"]) == (0, 0, 2)
+    assert "not launched: the run's budget (--budget-s) ends in 0 s" in outcome["first_error"]
+    said = capfd.readouterr()
+    assert "0 of 2 points measured, 2 not in the store" in said.out and "NotLaunchedError" in said.err
+    assert "Not measured: the run's budget (--budget-s) ended before any of the 2 points." in \
+        (tmp_path / "r" / "b" / "97_eager_dies.html").read_text()
+    assert DEADLINE_ENV not in os.environ
+    with pytest.raises(SpecError, match="budget_s"):
+        run_suite(second, reports_dir=tmp_path / "r", store_dir=store, budget_s=-1)

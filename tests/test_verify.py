@@ -289,3 +289,28 @@ def test_points_an_offline_render_lacks_are_not_in_the_store_not_failed():
     both = o.model_copy(update={"points_failed": 1, "points_planned": 20})
     assert both.summary() == "11 of 20 points measured, 1 failed, 8 not in the store"
     assert Outcome(thread="t", points_planned=2, points_unmeasured=2, findings_answering=1).status() == "failed"
+
+
+def test_a_search_stopped_by_the_runs_budget_says_so_and_goes_on_in_a_later_run(tmp_path, stub_engine, monkeypatch):
+    """A setting the run's budget (--budget-s) left unlaunched is neither failed nor 'not tried by the measuring run':
+    the search says the run's budget ended first and, run again online, launches it."""
+    import time
+
+    from servescope.experiment import DEADLINE_ENV
+
+    ctx = context(stub_engine, {"path": "stub"}, LOAD, repetitions=1, max_repetitions=1,
+                  store_dir=str(tmp_path / "s"), progress=False)
+    args = {"search": ["max_running_requests"], "search_budget_s": 600, "verify_lead": False}
+    first = t07.run(ctx, collect(_report(tmp_path)), **args)  # the reference and every setting: launch lengths known
+    (tmp_path / "b").mkdir()
+    wider = ctx.with_(load=ctx.load.model_copy(update={"num_requests": 24}))  # new points, each like those above
+    monkeypatch.setenv(DEADLINE_ENV, str(time.time() + 0.05))
+    late = t07.run(wider, collect(_report(tmp_path / "b")), **args)
+    words = "not tried: the run's budget (--budget-s) ended first"
+    assert (late.search["status"] == words).all(), late.search["status"].tolist()  # the reference too
+    fs = t07.findings(late)
+    assert late.outcome(fs).points_failed == 0
+    monkeypatch.delenv(DEADLINE_ENV)
+    (tmp_path / "c").mkdir()
+    on = t07.run(wider, collect(_report(tmp_path / "c")), **args)
+    assert (on.search["status"] == "measured").all() and len(on.search) == len(first.search)

@@ -11,7 +11,9 @@ part and sha256), one part per call, carried as .device/parts/NN. Each call:
 3. when every part is here, installs once (the suite's wheels into /tmp/site, an engine's wheels into the site folder
    its suite names in engine.env PYTHONPATH, Nsight Systems' library), then runs the suite under BUDGET_S seconds,
    continuing /tmp/ssgpu/stores/<name> (started from the suite's committed reference store, data/reference/<name>/store,
-   when there is one, so a recording continues across sessions), saving the store into $OUT every 15 s;
+   when there is one, so a recording continues across sessions), saving the store into $OUT every 15 s; the suite
+   itself launches no point that would not finish within the budget (servescope run --budget-s), the SIGTERM at
+   BUDGET_S stays as the backstop;
 4. leaves no suite, server, engine process or MPS daemon behind (checked, and killed if found, also when the driver
    itself fails), and says what it found; a suite an earlier call left running is stopped before this one starts.
 $OUT gets store.tgz, reports.tgz, run.log, gpu.txt.
@@ -226,10 +228,16 @@ def suite_store(name: str) -> Path:
     return store
 
 
-def suite_command(suite_path: str, store: Path, reports: Path, only: list[str]) -> list[str]:
-    """The suite through servescope run, continuing the store, into the reports folder."""
+# what the suite's own budget leaves of the driver's: its start and its report after the last point
+SUITE_MARGIN_S = 15.0
+
+
+def suite_command(suite_path: str, store: Path, reports: Path, only: list[str], budget_s: float) -> list[str]:
+    """The suite through servescope run, continuing the store, into the reports folder; it launches no point that
+    would not finish within the budget (a point cut off by the driver's SIGTERM spent its minutes for nothing)."""
     return [sys.executable, "-m", "servescope.cli", "run", suite_path, "--store-dir", str(store), "--reports-dir",
-            str(reports), "--run-id", f"gpu-{time.strftime('%H%M%S')}", *only]
+            str(reports), "--run-id", f"gpu-{time.strftime('%H%M%S')}",
+            "--budget-s", f"{max(budget_s - SUITE_MARGIN_S, 1.0):.0f}", *only]
 
 
 def run_suite(suite_path: str, name: str, env: dict[str, str], budget_s: float, only: list[str]) -> int:
@@ -237,7 +245,7 @@ def run_suite(suite_path: str, name: str, env: dict[str, str], budget_s: float, 
     (an error here, an interrupt) stops the suite first: a suite left running would go on launching servers on the
     warm machine after the call returned, its log gone with the call's $OUT."""
     store, reports = suite_store(name), WORK / "reports" / name
-    cmd = suite_command(suite_path, store, reports, only)
+    cmd = suite_command(suite_path, store, reports, only, budget_s)
     say("running: " + " ".join(cmd))
     log = open(OUT / "run.log", "a")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)

@@ -18,7 +18,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
     done = run_suite(a.suite, only=a.only or (), offline=a.offline, hide_code=not a.show_code,
                      reports_dir=a.reports_dir, store_dir=a.store_dir, run_id=a.run_id, progress=False,
-                     echo=None if a.quiet else sys.stdout)
+                     echo=None if a.quiet else sys.stdout, budget_s=a.budget_s or 0.0)
     if done.interrupted:  # the conventional code of a process stopped by that signal
         print(f"servescope: interrupted by {done.interrupted}; report of what ran: {done.out_dir / 'index.html'}",
               file=sys.stderr)
@@ -292,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--tolerate-failures", action="store_true",
                    help="exit 0 even when a notebook failed, measured nothing, or lost some points (default: exit 1)")
     r.add_argument("--quiet", action="store_true", help="do not stream the notebooks' progress lines")
+    r.add_argument("--budget-s", type=float, metavar="S",
+                   help="launch no point that would not finish within S seconds of the start (judged by the longest "
+                        "a point like it took in the store); a later run goes on from the store")
     r.set_defaults(fn=_cmd_run)
 
     d = sub.add_parser("doctor", help="check this machine end to end: environments, CPU, model, one real token per "

@@ -73,6 +73,15 @@ class NotMeasuredError(ServescopeError):
     """Offline rendering asked for a point the store does not hold."""
 
 
+class NotLaunchedError(NotMeasuredError):
+    """The run's budget (servescope run --budget-s) would end before this point could finish: it was not launched, and
+    a later run launches it (a launch cut short by the budget would measure nothing and spend its time)."""
+
+
+# the error types of points asked for and not measured, which are not failures of their configuration
+UNMEASURED = ("NotMeasuredError", "NotLaunchedError")
+
+
 class ProfilingUnavailable(ServescopeError):
     """A profiler cannot run here (no nsys, no GPU, no hook in the engine); the message says why."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -19,9 +20,11 @@ import psutil
 from .context import RepetitionPlan, RunContext, context
 from .engines.base import EngineAdapter
 from .errors import (
+    UNMEASURED,
     HungError,
     KnobError,
     LevelFailedError,
+    NotLaunchedError,
     NotMeasuredError,
     RecordedFailure,
     ServerExitedError,
@@ -75,7 +78,7 @@ class Results:
     def outcome(self, thread: str, findings: list[Finding]) -> Outcome:
         """Points planned, measured and failed, the first error (and signal), and how many findings answer."""
         first = self.errors.iloc[0] if len(self.errors) else None
-        gaps = int((self.errors["error_type"] == "NotMeasuredError").sum()) if len(self.errors) else 0
+        gaps = int(self.errors["error_type"].isin(UNMEASURED).sum()) if len(self.errors) else 0
         return Outcome(thread=thread, points_planned=self.planned, points_measured=len(self.points),
                        points_failed=len(self.errors) - gaps, points_unmeasured=gaps,
                        first_error="" if first is None else f"{first['config']} rep {first['rep']}: {first['summary']}",
@@ -260,8 +263,9 @@ class _Loop:
                                               else f"/{plan.max_reps}")
 
     def point(self, rep: int, cfg: Config) -> str:
-        """Measure (or read) one configuration's point of repetition rep: 'launched', 'stored' or 'missing'
-        (offline, a repetition the store does not hold); a failure is recorded, not raised."""
+        """Measure (or read) one configuration's point of repetition rep: 'launched', 'stored', 'missing' (offline,
+        a repetition the store does not hold) or 'late' (the run's budget would end first); a failure is recorded,
+        not raised."""
         ctx, store, tag = self.ctx, self.ctx.store, self.tag(rep, cfg)
         parts = point_parts(ctx, cfg.knobs, rep)
         key, how = store.key(parts), "stored"
@@ -277,6 +281,11 @@ class _Loop:
             pt = store.get(key)
         except SpecError:  # bad input (model path, a knob this version or machine cannot run): stop, launch nothing
             raise
+        except NotLaunchedError as e:  # the run's budget: asked, not measured, and nothing after it launches either
+            self.planned += 1
+            self.acc.errors.append(error_row(cfg.name, rep, key, e))
+            self.say(f"{e}")
+            return "late"
         except Exception as e:  # a failed point must not lose the others
             self.planned += 1
             row = error_row(cfg.name, rep, key, e)
@@ -302,11 +311,35 @@ class _Loop:
         if shared is not None:
             self.say(f"{tag}: the same launch as stored point {shared} (one configuration, measured once)")
             return "stored"
+        late = _past_deadline(ctx.store, parts)
+        if late:
+            raise NotLaunchedError(f"{tag}: not launched: {late}")
         if ctx.force:
             ctx.store.drop_partial(key)
         self.launched = True
         _run_point(ctx, key, parts, self.prep, cfg, tag, self.say)
         return "launched"
+
+
+# the end of the run's budget, as a Unix time: servescope run --budget-s sets it for the notebooks' kernels
+DEADLINE_ENV = "SERVESCOPE_LAUNCH_DEADLINE"
+
+
+def _past_deadline(store: Store, parts: dict[str, Any]) -> str:
+    """Why this point would not finish within the run's budget ('' where it would, or no budget is set): the time left
+    against the longest a point like it took in this store (a point with none like it before is launched)."""
+    raw = os.environ.get(DEADLINE_ENV, "")
+    if not raw:
+        return ""
+    try:
+        left = float(raw) - time.time()
+    except ValueError:
+        raise SpecError(f"{DEADLINE_ENV}={raw!r}: a Unix time (servescope run --budget-s sets it)") from None
+    took = store.longest_point_s(parts) if left > 0 else 0.0
+    if took is None or left >= took > 0:
+        return ""
+    return (f"the run's budget (--budget-s) ends in {max(left, 0):.0f} s"
+            + (f" and a point like it took up to {took:.0f} s here" if took else "") + "; a later run launches it")
 
 
 def _stop_reason(loop: _Loop, rep: int, until: Until | None, t0: float, rep_s: float) -> tuple[list[Config], str]:
@@ -344,7 +377,7 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
         hows = [loop.point(rep, cfg) for cfg in order]
         # a shorter run of one configuration must not hide the repetitions the store holds of the others; a
         # configuration that died before it was ready is not launched again
-        gone |= {c.name for c, how in zip(order, hows, strict=True) if how in ("missing", "dead")}
+        gone |= {c.name for c, how in zip(order, hows, strict=True) if how in ("missing", "dead", "late")}
         active = [c for c in active if c.name not in gone]
         if not active:
             break
@@ -354,7 +387,11 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
     else:
         stopped = f"max_repetitions={plan.max_reps} reached" if plan.max_reps > plan.min_reps else \
             f"{plan.max_reps} repetitions, as asked"
-    if gone - {r["config"] for r in loop.acc.errors if r["before_ready"] and r["exception"]}:
+    late = sorted({r["config"] for r in loop.acc.errors if r["error_type"] == "NotLaunchedError"})
+    if late:
+        stopped = (f"the run's budget (--budget-s) ended before {', '.join(late)} could launch: a later run goes on "
+                   "from the store")
+    elif gone - {r["config"] for r in loop.acc.errors if r["before_ready"] and r["exception"]}:
         stopped = _held(loop, configs)
     res = loop.acc.results(loop.planned)
     res.stopped = _keep_stopped(ctx, configs, rep, stopped)

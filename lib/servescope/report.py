@@ -10,7 +10,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -24,6 +24,7 @@ from nbconvert import HTMLExporter
 from . import summary
 from .engines import get_engine
 from .errors import KnobError, SpecError
+from .experiment import DEADLINE_ENV
 from .findings import Finding, Outcome, read_findings, read_outcome
 from .launch import prepare
 from .paths import default_reports_dir, default_store_dir
@@ -210,11 +211,15 @@ def check_baseline(suite: Suite) -> None:
 def run_suite(
     suite_path: str | Path, only: Sequence[str] = (), offline: bool = False, hide_code: bool = False,
     reports_dir: str | Path | None = None, store_dir: str | Path | None = None, run_id: str | None = None,
-    kernel_name: str | None = None, progress: bool = True, echo: TextIO | None = None,
+    kernel_name: str | None = None, progress: bool = True, echo: TextIO | None = None, budget_s: float = 0.0,
 ) -> SuiteRun:
     """Execute the suite's notebooks into reports/<run-id>/, render HTML, write index.html, point reports/latest at it.
     Every notebook runs even when one fails; the returned SuiteRun says which did not give an answer. echo: where the
-    lines the notebooks print (their progress) go as they run; their tables stay in the notebooks and the HTML."""
+    lines the notebooks print (their progress) go as they run; their tables stay in the notebooks and the HTML.
+    budget_s (0: none): no point is launched that would not finish within it, going by the longest a point like it
+    took in the store; the notebooks still run and say what they did not measure."""
+    if budget_s < 0:
+        raise SpecError(f"budget_s: seconds the run may take, 0 for no limit (got {budget_s})")
     suite = load_suite(suite_path)
     entries = [n for n in suite.notebooks if not only or any(n.id.startswith(o) for o in only)]
     if not entries:
@@ -233,7 +238,7 @@ def run_suite(
     t_start = time.time()
     runs: list[NotebookRun] = []
     stop = _Interrupts()
-    with stop:
+    with stop, _deadline(t_start + budget_s if budget_s else 0.0):
         for i, entry in enumerate(entries, 1):
             if stop.signal:
                 break
@@ -257,6 +262,20 @@ def run_suite(
     _point_latest(reports, out_dir)
     print(f"report: {out_dir / 'index.html'}", flush=True)
     return SuiteRun(out_dir, runs, stop.signal, skipped)
+
+
+@contextlib.contextmanager
+def _deadline(at_unix: float) -> Iterator[None]:
+    """While the suite runs, the end of its budget where the notebooks' kernels (children) read it; none: unset."""
+    saved = os.environ.pop(DEADLINE_ENV, None)
+    if at_unix:
+        os.environ[DEADLINE_ENV] = f"{at_unix:.3f}"
+    try:
+        yield
+    finally:
+        os.environ.pop(DEADLINE_ENV, None)
+        if saved is not None:
+            os.environ[DEADLINE_ENV] = saved
 
 
 class _Indented:

@@ -300,6 +300,23 @@ class Store:
         (host, plat, cpus), n = seen.most_common(1)[0]
         return {"host": host, "platform": plat, "cpus": cpus, "points": n, **gpu}
 
+    def longest_point_s(self, parts: dict[str, Any]) -> float | None:
+        """The longest a complete point like this one took here, launch to teardown: of the same engine identity and
+        model, with as many replicas and a profile armed or not as this one (else any of that engine and model);
+        None when the store holds none (nothing to judge a launch's length by)."""
+        def shape(p: dict[str, Any]) -> tuple[int, bool]:
+            return int((p.get("knobs") or {}).get("replicas", 1)), "profile" in p
+
+        alike, any_ = [], []
+        for pt in self.points(parts.get("engine"), parts.get("model")):
+            m = pt.manifest
+            took = float(m.get("ended_unix") or 0) - float(m.get("started_unix") or 0)
+            if took > 0:
+                any_.append(took)
+                if shape(pt.parts) == shape(parts):
+                    alike.append(took)
+        return max(alike or any_) if any_ else None
+
     def failed_manifests(self, engine: str | None = None, model: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """The manifests of every failed attempt kept in _failed/ (optionally of one engine identity and model),
         oldest first, each with its folder's name under 'folder'."""

@@ -28,7 +28,7 @@ from .engines.audit import explain_state, graph_disable_audit
 from .engines.base import EngineAdapter, EngineInstall
 from .engines.logs import analyze_log
 from .engines.matrix import source_tree as published_source
-from .errors import KnobError, ServescopeError, SpecError
+from .errors import UNMEASURED, KnobError, ServescopeError, SpecError
 from .experiment import Config, Results, point_parts, read_store, run_configs
 from .findings import Change, Confidence, Direction, Effect, Failure, Finding, Outcome, capped, sentences
 from .launch import find_install, prepare
@@ -338,7 +338,7 @@ class Study:
         out: dict[str, Failure] = {}
         e = self.results.errors
         for r in e.to_dict("records") if len(e) else []:
-            if r["error_type"] in ("NotMeasuredError", *INTERRUPTS) or r["config"] in out:
+            if r["error_type"] in (*UNMEASURED, *INTERRUPTS) or r["config"] in out:
                 continue
             arm = next((a for a in self.arms if a.name == r["config"]), None)
             knobs = arm.knobs if arm is not None else Knobs()

@@ -50,12 +50,15 @@ FIELDS = ("compile", "eager", "graph_decode", "graph_prefill", "tp", "dp")
 
 # how a search setting ended: launched (measured or failed), or not launched and why
 SearchState = Literal["measured", "failed", "not measured", "not expressible", "budget spent", "count reached",
-                      "not tried by the measuring run"]
+                      "run budget spent", "not tried by the measuring run"]
 LAUNCHED: tuple[SearchState, ...] = ("measured", "failed")
 # the words of the states a measuring run keeps in the store for an offline render (and earlier runs kept)
 SKIPPED_WORDS: dict[SearchState, str] = {"budget spent": "not tried: search budget spent",
-                                         "count reached": "not tried: search_settings reached"}
+                                         "count reached": "not tried: search_settings reached",
+                                         "run budget spent": "not tried: the run's budget (--budget-s) ended first"}
 BUDGET_SPENT, COUNT_REACHED = SKIPPED_WORDS["budget spent"], SKIPPED_WORDS["count reached"]
+# a search stopped by a budget goes on where it stopped when run again online
+UNFINISHED = (BUDGET_SPENT, SKIPPED_WORDS["run budget spent"])
 
 
 @dataclass(frozen=True)
@@ -508,8 +511,8 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
     ex = expressible(one, arms) if arms else pd.DataFrame(columns=["arm", "expressible", "flags", "reason", "asked"])
     ref, ref_tok, ref_note = _reference(one, study, combined, level)
     studies: list[Study] = [ref] if ref is not study else []
-    reference = SearchRow(f"({base})", "measured" if ref_tok == ref_tok else "failed", output_tok_s=ref_tok,
-                          vs_combined_pct=0.0, reference=True)
+    state = "measured" if ref_tok == ref_tok else "run budget spent" if _not_launched(ref) else "failed"
+    reference = SearchRow(f"({base})", state, output_tok_s=ref_tok, vs_combined_pct=0.0, reference=True)
     # which settings the measuring run tried is kept: an offline render (or a rerun) reads the same ones, and says
     # of the others what that run said (a budget spent is not seen from the data)
     parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "load": one.load.model_dump(mode="json"),
@@ -529,7 +532,7 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
     # a search that ran out of budget goes on where it stopped when run again online: the settings it launched come
     # back from the store at no cost, the budget then goes to those it had no time for
     kept, _ = ctx.memo("verify_search", parts, measure, keep=lambda _: not ctx.offline, compute_offline=True,
-                       unfinished=lambda k: BUDGET_SPENT in (k.get("skipped") or {}).values())
+                       unfinished=lambda k: bool(set(UNFINISHED) & set((k.get("skipped") or {}).values())))
     if not trial.rows and not trial.studies:
         trial.rows, trial.studies = _try(one, arms, ex, ref_tok, budget_s, kept, count)
     rows = [reference, *trial.rows]
@@ -581,7 +584,7 @@ def _try(one: RunContext, arms: list[Arm], ex: pd.DataFrame, ref_tok: float, bud
         flags = str(ex.loc[ex["arm"] == a.name, "flags"].iloc[0]) if a.name in ok else ""
         # what the measuring run said of it (a spent budget), unless it was launched as that run stopped: the point
         # it finished is in the store, and a render reads it rather than say it was not tried
-        late = kept is not None and kept["skipped"].get(a.note) == BUDGET_SPENT and ok.get(a.name, False) \
+        late = kept is not None and kept["skipped"].get(a.note) in UNFINISHED and ok.get(a.name, False) \
             and is_stored(one, a.knobs)
         if kept is not None and a.note in kept["skipped"] and not late:
             rows.append(SearchRow(a.note, said[kept["skipped"][a.note]], flags=flags))
@@ -605,10 +608,19 @@ def _try(one: RunContext, arms: list[Arm], ex: pd.DataFrame, ref_tok: float, bud
         studies.append(st)
         took = max(took, time.monotonic() - t1) if st.results.points.shape[0] else took
         tok = _tok(st, a.name)
+        if tok != tok and _not_launched(st):
+            rows.append(SearchRow(a.note, "run budget spent", flags=flags))
+            continue
         rows.append(SearchRow(a.note, "measured", flags=flags, output_tok_s=tok,
                               vs_combined_pct=round(100 * (tok / ref_tok - 1), 1) if ref_tok else float("nan"))
                     if tok == tok else SearchRow(a.note, "failed", _first_error(st), flags=flags))
     return rows, studies
+
+
+def _not_launched(st: Study) -> bool:
+    """Whether every point of the study the run asked for was left unlaunched by the run's budget (--budget-s)."""
+    errs = st.results.errors
+    return bool(len(errs)) and bool(errs["error_type"].eq("NotLaunchedError").all())
 
 
 def _floor_of(ctx: RunContext, study: Study | None, level: int | None) -> tuple[float, str, bool]:
