@@ -221,7 +221,11 @@ def test_thread07_verifies_02s_graphs_and_04s_mps_replicas_together(offline_run)
     measured = {k: r["vs_combined_pct"] for k, r in rows.items() if r["state"] == "measured" and not r["reference"]}
     assert len(measured) == 7 and max(measured, key=measured.get) == "max_running_requests=32"
     assert rows["chunked_prefill_size=8192"]["state"] == "not measured"
-    assert t.evidence["tuned_setting"] == "max_running_requests=32" and t.title.endswith(": not measured")
+    assert t.evidence["tuned_setting"] == "max_running_requests=32"
+    # said as the lead it is, not as a failure ("max_running_requests=32: not measured, First failure: ...")
+    assert t.title == ("Scheduler tuning: the search's lead max_running_requests=32 (+14.6% in one launch) is not "
+                       "verified yet")
+    assert t.verdict is not None and not t.verdict.verified and "NotMeasuredError" in t.verdict.words
     assert t.effect is None and not t.applies  # one launch leads; only its repetitions could verify it
     outcome = json.loads((offline_run / "07_verified_changes.outcome.json").read_text())
     # the eighth setting and the lead's first repetition are not in the store: not measured, and no failure either
@@ -258,6 +262,9 @@ def test_committed_reference_report_says_the_same(offline_run):
         ours = [f["claim"] for f in json.loads((offline_run / f"{name}.findings.json").read_text())]
         kept = [f["claim"] for f in json.loads((REF / "report" / f"{name}.findings.json").read_text())]
         assert ours == kept, name
+    # the rerender's temporary folder named as where the findings were written (gone as soon as it ended)
+    for page in (REF / "report").glob("*.html"):
+        assert "Findings written to <code>/tmp/" not in page.read_text(), page.name
 
 
 def test_a_change_that_drops_a_deployment_flag_says_so_under_its_finding(tmp_path):

@@ -43,7 +43,8 @@ def show_findings(findings: list[Finding], path: str | Path, res: Results | None
         if not f.recommended_flags and not f.recommendation:
             lines.append("- recommended flags: none (keep the current configuration)" if f.applies
                          else "- recommended flags: none (nothing measured to recommend from)")
-    lines.append(f"\nFindings written to `{p}`.")
+    # the name only: a report rendered in a temporary folder and moved (the references) kept a path gone since
+    lines.append(f"\nFindings written to `{Path(p).name}` (the notebook's findings_path).")
     return Markdown("\n".join(lines))
 
 

@@ -824,6 +824,10 @@ def _tuning_finding(v: Verification) -> Finding:
         title = f"Scheduler tuning: the search's lead {setting} did not hold up ({held} when verified)"
         verdict = Verdict(verified=False, words=f"the search's lead, {setting}, did not hold up when verified "
                                                 f"({eff.text()} against {against})")
+    elif eff is None and s.lead is not None:  # its repetitions measured nothing (not in the store, a budget)
+        title = f"Scheduler tuning: the search's lead {setting} ({s.lead[1]:+.1f}% in one launch) is not verified yet"
+        verdict = Verdict(verified=False, words=f"the search's lead, {setting}, led by {s.lead[1]:+.1f}% in one "
+                                                f"launch; its repetitions measured nothing ({f.reason})")
     return f.extended(more, ev | {"tuned_setting": setting}, kind="search", title=title, verdict=verdict)
 
 
