@@ -827,8 +827,16 @@ def _tuning_finding(v: Verification) -> Finding:
     elif eff is None and s.lead is not None:  # its repetitions measured nothing (not in the store, a budget)
         title = f"Scheduler tuning: the search's lead {setting} ({s.lead[1]:+.1f}% in one launch) is not verified yet"
         verdict = Verdict(verified=False, words=f"the search's lead, {setting}, led by {s.lead[1]:+.1f}% in one "
-                                                f"launch; its repetitions measured nothing ({f.reason})")
+                                                f"launch; its repetitions {_unmeasured_why(s.tuned, f.reason)}")
     return f.extended(more, ev | {"tuned_setting": setting}, kind="search", title=title, verdict=verdict)
+
+
+def _unmeasured_why(st: Study, reason: str) -> str:
+    """Why a study measured nothing, in words for the front line: not in the store, the run's budget, or its error."""
+    kinds = set(st.results.errors["error_type"]) if len(st.results.errors) else set()
+    return ("are not in the store" if kinds == {"NotMeasuredError"} else
+            "were not launched: the run's budget (--budget-s) ended first" if kinds == {"NotLaunchedError"} else
+            f"measured nothing ({reason})")
 
 
 def _screened(v: Verification, s: Search, n: int, tried: str, sk: str, against: str, ev: dict[str, Any]) -> Finding:
