@@ -304,7 +304,7 @@ class Verification:
         first = next((o for o in parts if o.first_error), None)
         # a search setting an offline render finds no point for was asked and not measured (its run stopped before
         # it): counted like a repetition the store lacks (not in the store), so the thread reads partial, not ok
-        unmeasured = [r for r in (self.tuning.rows if self.tuning else []) if r.state == "not measured"]
+        unmeasured = [r for r in (self.tuning.rows if self.tuning else []) if r.state == "not measured" and not r.reference]
         error = first.first_error if first else \
             f"search {unmeasured[0].setting}: {unmeasured[0].status}" if unmeasured else ""
         return Outcome(thread=THREAD, points_planned=sum(o.points_planned for o in parts) + len(unmeasured),
@@ -511,8 +511,7 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
     ex = expressible(one, arms) if arms else pd.DataFrame(columns=["arm", "expressible", "flags", "reason", "asked"])
     ref, ref_tok, ref_note = _reference(one, study, combined, level)
     studies: list[Study] = [ref] if ref is not study else []
-    state = "measured" if ref_tok == ref_tok else "run budget spent" if _not_launched(ref) else "failed"
-    reference = SearchRow(f"({base})", state, output_tok_s=ref_tok, vs_combined_pct=0.0, reference=True)
+    reference = _reference_row(base, ref, ref_tok)
     # which settings the measuring run tried is kept: an offline render (or a rerun) reads the same ones, and says
     # of the others what that run said (a budget spent is not seen from the data)
     parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "load": one.load.model_dump(mode="json"),
@@ -555,6 +554,15 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
                                     Arm(lead.setting, knobs, f"{base} with {lead.setting}")],
                       headlines=[(base, lead.setting)])
     return replace(found, tuned=tuned, tuned_knobs=knobs, tuned_setting=lead.setting)
+
+
+def _reference_row(base: str, ref: Study, ref_tok: float) -> SearchRow:
+    """The search's reference as a row: measured, or why not (the run's budget; not in the store, offline; failed)."""
+    kinds = set(ref.results.errors["error_type"]) if len(ref.results.errors) else set()
+    state: SearchState = "measured" if ref_tok == ref_tok else "run budget spent" if _not_launched(ref) else \
+        "not measured" if kinds == {"NotMeasuredError"} else "failed"
+    return SearchRow(f"({base})", state, "not in the store" if state == "not measured" else "", output_tok_s=ref_tok,
+                     vs_combined_pct=0.0, reference=True)
 
 
 def _reference(one: RunContext, study: Study | None, combined: Knobs, level: int | None) -> tuple[Study, float, str]:
