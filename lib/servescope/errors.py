@@ -79,7 +79,7 @@ class NotLaunchedError(NotMeasuredError):
 
 
 # the error types of points asked for and not measured, which are not failures of their configuration
-UNMEASURED = ("NotMeasuredError", "NotLaunchedError")
+UNMEASURED = (NotMeasuredError.__name__, NotLaunchedError.__name__)
 
 
 class ProfilingUnavailable(ServescopeError):

@@ -85,6 +85,13 @@ class Results:
                        first_signal="" if first is None else str(first.get("signal") or ""),
                        findings_total=len(findings), findings_answering=sum(f.answers for f in findings))
 
+    def why_unmeasured(self) -> str:
+        """Where every point asked for went unmeasured for one reason: 'budget' (the run's --budget-s left them
+        unlaunched), 'store' (offline, not in the store); '' otherwise (a failure among them, or no error)."""
+        kinds = set(self.errors["error_type"]) if len(self.errors) else set()
+        return {frozenset({NotLaunchedError.__name__}): "budget",
+                frozenset({NotMeasuredError.__name__}): "store"}.get(frozenset(kinds), "")
+
     def point(self, config: str, rep: int | None = None) -> Point | None:
         """A configuration's stored point (its first repetition unless rep is given), or None if it has none."""
         reps = sorted(r for c, r in self.stored if c == config and (rep is None or r == rep))
@@ -387,7 +394,7 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
     else:
         stopped = f"max_repetitions={plan.max_reps} reached" if plan.max_reps > plan.min_reps else \
             f"{plan.max_reps} repetitions, as asked"
-    late = sorted({r["config"] for r in loop.acc.errors if r["error_type"] == "NotLaunchedError"})
+    late = sorted({r["config"] for r in loop.acc.errors if r["error_type"] == NotLaunchedError.__name__})
     if late:
         stopped = (f"the run's budget (--budget-s) ended before {', '.join(late)} could launch: a later run goes on "
                    "from the store")

@@ -53,11 +53,10 @@ def show_measured(res: Results) -> Markdown:
     o = res.outcome("", [])
     if not o.points_failed and not o.points_unmeasured:
         return Markdown(f"Measured all {o.points_planned} points." if o.points_planned else "Nothing to measure.")
-    late = bool(res.errors["error_type"].eq("NotLaunchedError").any())
+    none = f"the run's budget (--budget-s) ended before any of the {o.points_planned} points" \
+        if res.why_unmeasured() == "budget" else f"none of the {o.points_planned} points is in the store (offline)"
     word = f"**Partly measured: {o.summary()}.**" if o.points_measured else \
-        "**Failed: no point was measured.**" if o.points_failed else \
-        f"**Not measured: the run's budget (--budget-s) ended before any of the {o.points_planned} points.**" \
-        if late else f"**Not measured: none of the {o.points_planned} points is in the store (offline).**"
+        "**Failed: no point was measured.**" if o.points_failed else f"**Not measured: {none}.**"
     lines = [word, f"First error: {o.first_error}"]
     first = res.errors.iloc[0]
     if first["death"]:

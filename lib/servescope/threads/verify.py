@@ -558,9 +558,9 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
 
 def _reference_row(base: str, ref: Study, ref_tok: float) -> SearchRow:
     """The search's reference as a row: measured, or why not (the run's budget; not in the store, offline; failed)."""
-    kinds = set(ref.results.errors["error_type"]) if len(ref.results.errors) else set()
-    state: SearchState = "measured" if ref_tok == ref_tok else "run budget spent" if _not_launched(ref) else \
-        "not measured" if kinds == {"NotMeasuredError"} else "failed"
+    why = ref.results.why_unmeasured()
+    state: SearchState = "measured" if ref_tok == ref_tok else "run budget spent" if why == "budget" else \
+        "not measured" if why == "store" else "failed"
     return SearchRow(f"({base})", state, "not in the store" if state == "not measured" else "", output_tok_s=ref_tok,
                      vs_combined_pct=0.0, reference=True)
 
@@ -616,19 +616,13 @@ def _try(one: RunContext, arms: list[Arm], ex: pd.DataFrame, ref_tok: float, bud
         studies.append(st)
         took = max(took, time.monotonic() - t1) if st.results.points.shape[0] else took
         tok = _tok(st, a.name)
-        if tok != tok and _not_launched(st):
+        if tok != tok and st.results.why_unmeasured() == "budget":
             rows.append(SearchRow(a.note, "run budget spent", flags=flags))
             continue
         rows.append(SearchRow(a.note, "measured", flags=flags, output_tok_s=tok,
                               vs_combined_pct=round(100 * (tok / ref_tok - 1), 1) if ref_tok else float("nan"))
                     if tok == tok else SearchRow(a.note, "failed", _first_error(st), flags=flags))
     return rows, studies
-
-
-def _not_launched(st: Study) -> bool:
-    """Whether every point of the study the run asked for was left unlaunched by the run's budget (--budget-s)."""
-    errs = st.results.errors
-    return bool(len(errs)) and bool(errs["error_type"].eq("NotLaunchedError").all())
 
 
 def _floor_of(ctx: RunContext, study: Study | None, level: int | None) -> tuple[float, str, bool]:
@@ -841,9 +835,9 @@ def _tuning_finding(v: Verification) -> Finding:
 
 def _unmeasured_why(st: Study, reason: str) -> str:
     """Why a study measured nothing, in words for the front line: not in the store, the run's budget, or its error."""
-    kinds = set(st.results.errors["error_type"]) if len(st.results.errors) else set()
-    return ("are not in the store" if kinds == {"NotMeasuredError"} else
-            "were not launched: the run's budget (--budget-s) ended first" if kinds == {"NotLaunchedError"} else
+    why = st.results.why_unmeasured()
+    return ("are not in the store" if why == "store" else
+            "were not launched: the run's budget (--budget-s) ended first" if why == "budget" else
             f"measured nothing ({reason})")
 
 
