@@ -281,3 +281,33 @@ def test_the_suite_gets_the_calls_budget_less_its_margin():
     cmd = gpu.suite_command("s.yaml", Path("/st"), Path("/r"), ["--only", "07"], 540)
     i = cmd.index("--budget-s")
     assert float(cmd[i + 1]) == 540 - gpu.SUITE_MARGIN_S and cmd[-2:] == ["--only", "07"]
+
+
+def test_budget_s_counts_from_the_calls_start_the_install_comes_out_of_it(tmp_path, monkeypatch):
+    """BUDGET_S is the call's: the suite gets what the parts and the install left of it. A second vLLM recording's
+    first call (install 41 s) gave the suite all of BUDGET_S, so the call's time limit killed a launch mid-way."""
+    gpu = _load("on_gpu")
+    clock = {"now": 1000.0}
+    got = {}
+    monkeypatch.setattr(gpu, "OUT", tmp_path / "out")
+    monkeypatch.setattr(gpu, "WORK", tmp_path / "work")
+    (tmp_path / "work").mkdir()
+    monkeypatch.setattr(gpu.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(gpu.time, "sleep", lambda s: None)
+    monkeypatch.setattr(gpu, "check_machine", lambda sent: None)
+    monkeypatch.setattr(gpu, "gather", lambda manifest: ([1, 2], []))
+
+    def install(manifest, suite):
+        clock["now"] += 41.0  # joining, unpacking and installing the wheels
+        return {}
+
+    monkeypatch.setattr(gpu, "install", install)
+    monkeypatch.setattr(gpu.subprocess, "run", lambda *a, **k: None)
+    monkeypatch.setattr(gpu.signal, "signal", lambda *a: None)
+    monkeypatch.setattr(gpu, "leftovers", lambda: [])
+    monkeypatch.setattr(gpu, "run_suite", lambda path, name, env, budget_s, only: got.update(budget_s=budget_s) or 0)
+    monkeypatch.setenv("BUDGET_S", "470")
+    monkeypatch.setenv("SENT", "01")
+    monkeypatch.setattr(gpu.sys, "argv", ["on_gpu.py", "data/suites/vllm-h200-second.yaml"])
+    assert gpu.main() == 0
+    assert got["budget_s"] == 470 - 41

@@ -9,7 +9,8 @@ part and sha256), one part per call, carried as .device/parts/NN. Each call:
    none of them, and it says so: send them again);
 2. stores the part it carries (sha256 checked) under /tmp/ssgpu/files;
 3. when every part is here, installs once (the suite's wheels into /tmp/site, an engine's wheels into the site folder
-   its suite names in engine.env PYTHONPATH, Nsight Systems' library), then runs the suite under BUDGET_S seconds,
+   its suite names in engine.env PYTHONPATH, Nsight Systems' library), then runs the suite in what is left of BUDGET_S
+   seconds counted from the call's start (set it below the call's time limit: the install comes out of it),
    continuing /tmp/ssgpu/stores/<name> (started from the suite's committed reference store, data/reference/<name>/store,
    when there is one, so a recording continues across sessions), saving the store into $OUT every 15 s; the suite
    itself launches no point that would not finish within the budget (servescope run --budget-s), the SIGTERM at
@@ -287,7 +288,8 @@ def main() -> int:
     """Check, gather, install, run, clean up."""
     suite_path = sys.argv[1]
     sent = [int(x) for x in os.environ.get("SENT", "").replace(",", " ").split()]
-    budget_s = float(os.environ.get("BUDGET_S", "540"))
+    # BUDGET_S counts from this call's start, as the caller's time limit does: the parts and the install come out of it
+    started, budget_s = time.monotonic(), float(os.environ.get("BUDGET_S", "540"))
     only = os.environ.get("ONLY", "").split()
     OUT.mkdir(parents=True, exist_ok=True)
     check_machine(sent)
@@ -310,8 +312,10 @@ def main() -> int:
         os.kill(int(ln.split()[0]), signal.SIGKILL)
     if earlier:
         say(f"an earlier call left these running; killed before this run: {earlier}")
+    left_s = budget_s - (time.monotonic() - started)
+    say(f"the suite gets {left_s:.0f} s of BUDGET_S={budget_s:.0f} (this call spent {budget_s - left_s:.0f} s before it)")
     try:
-        return run_suite(suite_path, suite["name"], env, budget_s, only)
+        return run_suite(suite_path, suite["name"], env, left_s, only)
     finally:
         time.sleep(5)  # the MPS daemon's reaper needs a moment after a kill
         left = leftovers()
