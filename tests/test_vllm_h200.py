@@ -175,8 +175,9 @@ def test_thread04_two_replicas_under_mps_serve_more_than_one_server(offline_run)
     assert mps.recommendation.count("MPS control daemon") == 1  # the recipe starts it; it was said twice
     store = Store(REF / "store")
     shared = [store.get(k) for k in store.keys() if store.get(k).target["knobs"].get("replicas") == 2]
-    # 04: 3 time-sliced + 3 MPS; 07: combined 3, its compile left out 3, the search's 7 settings (one launch each)
-    assert len(shared) == 19
+    # 04: 3 time-sliced + 3 MPS; 07: combined 4, its compile left out 3, the search's 8 settings (one launch each),
+    # the search lead's 4 repetitions
+    assert len(shared) == 25
     for pt in shared:
         procs = pd.read_parquet(REF / "store" / pt.key / "telemetry_gpu_procs.parquet")
         under_mps = (procs["context"] == "mps").any()
@@ -188,9 +189,10 @@ def test_thread07_verifies_02s_graphs_and_04s_mps_replicas_together(offline_run)
     together on the --enforce-eager launch, 3 launches of each side, resolved as asked: verified by far. The front
     line names the layout (it is no flag: --gpu-memory-utilization 0.45 is each replica's), and 99 ranks the change with
     it. Each change left out, 3 launches each: both shares resolved (the replicas' left-out side is 02's own piecewise
-    points, the store's aliases). The search around it (calls 15-17, one launch per setting at c=32): 7 of 8 settings
-    measured, max_running_requests=32 leads (+14.6%, above the combined configuration's own spread); the eighth
-    setting and the lead's verification are not in the store yet, so the thread reads partial and names both."""
+    points, the store's aliases). The search around it (calls 15-18, one launch per setting at c=32): 8 settings,
+    max_running_requests=32 leads (+14.6%, above the combined configuration's own spread); its verification (calls
+    18-20, 4 launches each side) says it does not hold up: -12.3% (90% CI -22.4..-0.9%), so no scheduler setting is
+    recommended and the front line says why."""
     store = Store(REF / "store")
     fs = read_findings(offline_run / "07_verified_changes.findings.json")
     (v,) = [f for f in fs if f.kind == "verification"]
@@ -219,22 +221,22 @@ def test_thread07_verifies_02s_graphs_and_04s_mps_replicas_together(offline_run)
     (t,) = [f for f in fs if f.kind == "search"]
     rows = {r["setting"]: r for r in t.evidence["search"]}
     measured = {k: r["vs_combined_pct"] for k, r in rows.items() if r["state"] == "measured" and not r["reference"]}
-    assert len(measured) == 7 and max(measured, key=measured.get) == "max_running_requests=32"
-    assert rows["chunked_prefill_size=8192"]["state"] == "not measured"
+    assert len(measured) == 8 and max(measured, key=measured.get) == "max_running_requests=32"
+    assert round(measured["max_running_requests=32"], 1) == 14.6 and round(measured["chunked_prefill_size=8192"]) == -19
     assert t.evidence["tuned_setting"] == "max_running_requests=32"
-    # said as the lead it is, not as a failure ("max_running_requests=32: not measured, First failure: ...")
-    assert t.title == ("Scheduler tuning: the search's lead max_running_requests=32 (+14.6% in one launch) is not "
-                       "verified yet")
+    # the one-launch lead (+14.6% at c=32) did not survive its repetitions: -12.3% (-22.4..-0.9%), n=4
+    assert t.title == "Scheduler tuning: the search's lead max_running_requests=32 did not hold up (hurts when verified)"
+    assert t.effect is not None and t.effect.n == 4 and t.effect.status == "worse" and t.effect.ci_high_pct < 0
     assert t.verdict is not None and not t.verdict.verified
-    assert t.verdict.words.endswith("led by +14.6% in one launch; its repetitions are not in the store")
-    assert t.effect is None and not t.applies  # one launch leads; only its repetitions could verify it
+    assert t.verdict.words.startswith("the search's lead, max_running_requests=32, did not hold up when verified (-12.3%")
+    assert not t.recommendation  # a setting that hurts is not recommended, nor ranked
+    assert all("max_running_requests" not in r["change"] for r in ranked.evidence["ranked"])
+    assert "no scheduler setting was verified: the search&#39;s lead, max_running_requests=32, did not hold up" in line
     outcome = json.loads((offline_run / "07_verified_changes.outcome.json").read_text())
-    # the eighth setting and the lead's first repetition are not in the store: not measured, and no failure either
-    assert (outcome["points_unmeasured"], outcome["points_failed"]) == (2, 0)
-    assert outcome["first_error"].startswith("max_running_requests=32 rep 0: NotMeasuredError")
+    assert (outcome["points_planned"], outcome["points_measured"], outcome["points_failed"]) == (28, 28, 0)
     row = re.search(r'<tr class="status-(\w+)">\s*<td><a href="07_verified_changes.html">', page)
-    assert row is not None and row.group(1) == "warn"
-    assert "22 of 24 points measured, 2 not in the store" in page[row.end():row.end() + 600]
+    assert row is not None and row.group(1) == "ok"
+    assert "28 of 28 points measured" in page[row.end():row.end() + 600]
     docs = sorted((offline_run / "changes").glob("*.md"))
     assert [d.name for d in docs] == ["01-compilation-config-cudagraph-mode-full-and-piecewise.md",
                                       "02-2-replicas-on-1-gpu-with-mps-least-outstanding.md"]
