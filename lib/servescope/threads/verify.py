@@ -810,7 +810,7 @@ def _tuning_finding(v: Verification) -> Finding:
     worse = _worse(s.tuned, base, setting)
     if worse:
         more += " Worse with it: " + "; ".join(worse) + "."
-    eff, title, verdict = f.effect, f.title, f.verdict
+    eff, title, verdict, change = f.effect, f.title, f.verdict, f.change
     # a search picks the fastest of several one-launch settings, so its lead is biased upward: it counts only when
     # its verified interval clears the equivalence band ('high'), not merely zero (a stub's +4.5% at one level did)
     if eff is not None and f.direction == "better" and f.confidence == "high":
@@ -824,13 +824,15 @@ def _tuning_finding(v: Verification) -> Finding:
         else:
             held = "not resolved" if f.direction in ("unresolved", "mixed", "") else f.direction
         title = f"Scheduler tuning: the search's lead {setting} did not hold up ({held} when verified)"
+        # a lead that hurts 'recommends' its other side, the combination: that is the first finding's, said in full
+        change = None
         verdict = Verdict(verified=False, words=f"the search's lead, {setting}, did not hold up when verified "
                                                 f"({eff.text()} against {against})")
     elif eff is None and s.lead is not None:  # its repetitions measured nothing (not in the store, a budget)
         title = f"Scheduler tuning: the search's lead {setting} ({s.lead[1]:+.1f}% in one launch) is not verified yet"
         verdict = Verdict(verified=False, words=f"the search's lead, {setting}, led by {s.lead[1]:+.1f}% in one "
                                                 f"launch; its repetitions {_unmeasured_why(s.tuned, f.reason)}")
-    return f.extended(more, ev | {"tuned_setting": setting}, kind="search", title=title, verdict=verdict)
+    return f.extended(more, ev | {"tuned_setting": setting}, kind="search", title=title, verdict=verdict, change=change)
 
 
 def _unmeasured_why(st: Study, reason: str) -> str:
