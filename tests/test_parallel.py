@@ -146,3 +146,70 @@ def test_replicas_that_win_are_a_deployment_to_make_never_the_engines_defaults()
     # one server's own knobs with no flag: that is what the defaults run
     _, words, reason, optimal = Comparison._recommend(flagless, Knobs(), "better", "high")
     assert "already run as 2 replicas, round-robin" in words and reason.startswith("already optimal") and optimal
+
+
+def test_the_tp_layout_is_captured_once_under_nsys_and_no_nsys_is_said(tmp_path, monkeypatch):
+    """profile_tp on two (fake) GPUs: the TP layout once more, one repetition, under nsys; here no nsys is installed,
+    so its finding says the capture measured nothing and why, and an offline render says the same. Without
+    profile_tp nothing more is launched. The real capture is the x2 recording's (data/suites/sglang-h200x2.yaml)."""
+    import sys
+
+    from servescope.profile import nsys
+    from servescope.telemetry.testing import FakeGpu, fake_nvml
+
+    monkeypatch.setattr(nsys, "NSYS_GLOBS", (str(tmp_path / "none*/nsys"),))
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + ":/usr/bin:/bin")
+    eng = {"name": "stub-gpu", "python": sys.executable, "startup_timeout_s": 30}
+    load = {"concurrency": [1, 4], "num_requests": 16, "output_len": 8, "warmup_requests": 0}
+    with fake_nvml([FakeGpu(), FakeGpu()]):
+        plain = t04.run(context(eng, {"path": "stub"}, load, repetitions=2, store_dir=str(tmp_path / "a"),
+                                progress=False), routes=["least_outstanding"], shared=[], allreduce=False)
+        ps = t04.run(context(eng, {"path": "stub"}, load, repetitions=2, store_dir=str(tmp_path / "s"),
+                             progress=False), routes=["least_outstanding"], shared=[], allreduce=False, profile_tp=True)
+    assert plain.tp_profile is None and not [f for f in t04.findings(plain) if "under nsys" in f.title]
+    assert ps.overview().set_index("layout").loc["tp=2", "status"].startswith("measured")
+    assert ps.tp_profile is not None and [a.knobs for a in ps.tp_profile.arms] == [Knobs(tp=2)]
+    errs = ps.tp_profile.results.errors
+    assert list(errs["rep"]) == [0] and (errs["error_type"] == "ProfilingUnavailable").all()
+    (f,) = [f for f in t04.findings(ps) if "under nsys" in f.title]
+    assert f.title == "tp=2 under nsys: not measured" and not f.applies and "nsys) not found" in f.headline
+    assert ps.tp_communication().empty
+    with fake_nvml([FakeGpu(), FakeGpu()]):
+        again = t04.run(context(eng, {"path": "stub"}, load, repetitions=2, store_dir=str(tmp_path / "s"),
+                                offline=True, progress=False), routes=["least_outstanding"], shared=[],
+                        allreduce=False, profile_tp=True)
+    (g,) = [f for f in t04.findings(again) if "under nsys" in f.title]
+    assert g.title == f.title and not g.applies
+
+
+def test_the_tp_captures_collectives_are_priced_per_gpu():
+    """From a TP capture's kernel table (NCCL's and SGLang's custom all-reduce kernel names, as nsys writes them):
+    per GPU, the collectives' share of kernel time and the kernel that took most; the finding says one capture."""
+    from types import SimpleNamespace
+
+    from servescope.analysis import kernels as ak
+    from servescope.study import Arm
+
+    rows = []
+    for dev in (0, 1):
+        rows += [{"config": "tp=2", "rep": 0, "device": dev, "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+                  "dur_ns": 2_000_000 + dev * 1_000_000},
+                 {"config": "tp=2", "rep": 0, "device": dev, "name": "cross_device_reduce_1stage<__nv_bfloat16, 2>",
+                  "dur_ns": 1_000_000},
+                 {"config": "tp=2", "rep": 0, "device": dev, "name": "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT",
+                  "dur_ns": 7_000_000},
+                 {"config": "tp=2", "rep": 1, "device": dev, "name": "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT",
+                  "dur_ns": 9_000_000}]  # a second repetition's table is not read: one capture
+    k = ak.with_categories(pd.DataFrame(rows).assign(op=None))
+    study = SimpleNamespace(kernels=lambda: k, arms=[Arm("tp=2", Knobs(tp=2))],
+                            results=SimpleNamespace(profiles=pd.DataFrame({"concurrency": [32]}), errors=pd.DataFrame()))
+    ps = t04.ParallelStudy([], study, "GPUs", 2, tp_profile=study)
+    t = ps.tp_communication().set_index("device")
+    assert list(t["communication_share"]) == [0.3, 0.3636]  # 3 of 10 ms; 4 of 11 ms
+    assert t.loc[1, "top_communication_kernel"] == "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
+    assert list(t["communication_kernels"]) == [2, 2]
+    f = t04._tp_profile_finding(ps)
+    assert f.title == "tp=2: collectives take 33% of GPU time" and f.applies and f.confidence == "medium"
+    assert f.headline == ("In one nsys capture of tp=2 at c=32, the collective kernels (NCCL, all-reduce) took 33.3% of "
+                          "all GPU kernel time")
+    assert "GPU 1: 36.4% of 11 ms of kernel time (2 kernels, most ncclDevKernel_AllReduce_Sum_bf16_RING_LL)" in f.detail

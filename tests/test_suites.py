@@ -167,3 +167,33 @@ def test_a_second_recording_repeats_the_first_but_for_the_search(name):
     verify_first = {k: v for k, v in params["07_verified_changes"].items() if not k.startswith("search")}
     assert {k: v for k, v in again["07_verified_changes"].items() if not k.startswith("search")} == verify_first
     assert again["07_verified_changes"]["search_budget_s"] == 0
+
+
+def test_sglang_h200x2_is_valid_for_sglang_0_5_17_on_two_gpus(wheel_install):
+    """data/suites/sglang-h200x2.yaml (issue 33, for the nvidia-h200-x2 kind): thread 04 plans 1 server, 2 replicas
+    behind the balancer, SGLang's DP controller (--dp-size 2), DP attention and --tp-size 2 across the two GPUs, each
+    spelled by 0.5.17's own flags; NVLink multicast is off in every server's own environment; the TP point is
+    captured under nsys; the model and load are sglang-h200.yaml's, so the two recordings compare."""
+    suite = load_suite(ROOT / "data" / "suites" / "sglang-h200x2.yaml")
+    one_gpu = load_suite(ROOT / "data" / "suites" / "sglang-h200.yaml")
+    assert (suite.model, suite.load, suite.engine["args"]) == (one_gpu.model, one_gpu.load, one_gpu.engine["args"])
+    engine = EngineSpec(**suite.engine)
+    install = wheel_install("sglang-0.5.17")
+    adapter = get_engine("sglang")
+    adapter.check_flags(list(engine.args), install)
+    (entry,) = [n for n in suite.notebooks if n.id == "04_data_parallelism"]
+    p = entry.parameters
+    assert p["profile_tp"] is True and p["shared"] == [] and p["repetitions"] >= 3
+    lays = parallelism.layouts(None, 2, "cuda", routes=tuple(p["routes"]), shared=tuple(p["shared"]))
+    assert [(x.arm.name, x.kind, x.devices) for x in lays] == [
+        ("1 server", "one server", 1), ("2 replicas, least-outstanding", "replicas", 2), ("dp=2", "engine DP", 2),
+        ("dp attention=2", "DP attention", 2), ("tp=2", "TP", 2)]
+    spelled = {x.arm.name: adapter.knob_flags(x.arm.knobs, install) for x in lays}
+    assert spelled["dp=2"] == ["--dp-size", "2"] and spelled["tp=2"] == ["--tp-size", "2"]
+    assert set(spelled["dp attention=2"]) == {"--tp-size", "2", "--dp-size", "--enable-dp-attention"}
+    multicast_off = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    for x in lays:
+        adapter.check_flags(spelled[x.arm.name], install)
+        plan = adapter.plan(install=install, model_path="/m", served_name="m", host="127.0.0.1", port=30000,
+                            knobs=x.arm.knobs, extra_env=dict(engine.env))
+        assert multicast_off.items() <= plan.env.items(), x.arm.name

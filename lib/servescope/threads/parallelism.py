@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from .. import probes
-from ..context import RunContext
+from ..context import RepetitionPlan, RunContext
 from ..engines.base import EngineAdapter
 from ..engines.devices import visible_devices
 from ..errors import KnobError, NotMeasuredError, ServescopeError, SpecError
@@ -31,8 +31,9 @@ from ..models import model_config, tiny_model_ready
 from ..probes.run import ProbeRun
 from ..probes.run import failed as probe_failed
 from ..probes.run import skipped as probe_skipped
-from ..spec import Knobs, LoadSpec
-from ..study import Arm, Study, drop_empty, run_study
+from ..spec import Knobs, LoadSpec, ProfileSpec
+from ..study import Arm, Study, drop_empty, read_or_run, run_study
+from .grouped_gemm import profiled_load
 
 THREAD = "04_data_parallelism"
 ONE = "1 server"
@@ -67,6 +68,26 @@ class ParallelStudy:
     device_count: int
     allreduce: ProbeRun = field(default_factory=ProbeRun)  # the all-reduce probe: rows and what ran, or why not
     tp_comm: pd.DataFrame = field(default_factory=pd.DataFrame)
+    tp_profile: Study | None = None  # the TP layout once more under nsys (profile_tp): what its collectives cost
+
+    def tp_communication(self) -> pd.DataFrame:
+        """Per GPU of the profiled TP point: kernel time, the collectives' time (nccl, all-reduce, custom all-reduce
+        kernels) and their share of it, and the collective kernel that took most."""
+        k = self.tp_profile.kernels() if self.tp_profile is not None else pd.DataFrame()
+        if k.empty:
+            return pd.DataFrame()
+        k = k[k["rep"] == k["rep"].min()]
+        rows = []
+        for dev, g in k.groupby("device", sort=True):
+            comm = g[g["category"] == "communication"]
+            top = comm.groupby(comm["name"].astype(str))["dur_ns"].sum().sort_values() if len(comm) else None
+            total_ms = float(g["dur_ns"].sum()) / 1e6
+            comm_ms = float(comm["dur_ns"].sum()) / 1e6
+            rows.append({"config": str(g["config"].iloc[0]), "device": int(dev), "kernel_ms": round(total_ms, 2),
+                         "communication_ms": round(comm_ms, 2), "communication_kernels": len(comm),
+                         "communication_share": round(comm_ms / total_ms, 4) if total_ms else float("nan"),
+                         "top_communication_kernel": top.index[-1][:100] if top is not None else ""})
+        return pd.DataFrame(rows)
 
     def layout(self, name: str) -> Layout:
         """A layout by its arm's name."""
@@ -299,12 +320,13 @@ def _shared_layouts(prep: Prepared | None, shared: tuple[int, ...], routes: tupl
 def run(ctx: RunContext, replicas: int | None = None, allreduce: bool = True,
         routes: tuple[str, ...] | list[str] = ROUTES, shared: tuple[int, ...] | list[int] = SHARED,
         mps_active_thread_pct: int | None = None,
-        share_modes: tuple[str, ...] | list[str] = SHARE_MODES) -> ParallelStudy:
+        share_modes: tuple[str, ...] | list[str] = SHARE_MODES, profile_tp: bool = False) -> ParallelStudy:
     """Check every layout before anything launches, measure the ones this engine and machine can run (the one-server
     layout is thread 1's engine-defaults point: its first repetition comes from the store when thread 1 ran), and
     run the all-reduce probe when there are two or more GPUs. shared: replica counts to put on one GPU (GPUs only;
     [] for none); mps_active_thread_pct: each MPS client's share of the SMs (default: the driver's, all);
-    share_modes: how they share it, time_slicing and/or mps."""
+    share_modes: how they share it, time_slicing and/or mps; profile_tp: launch the TP layout once more under nsys
+    (one repetition, the load's highest level) for its collectives' share of GPU time."""
     routes, shared = _check_args(ctx, replicas, routes, shared, mps_active_thread_pct)
     modes = _check_modes(share_modes)
     # the kept checks are keyed as before shared layouts existed: an online run checks again anyway, and offline a
@@ -320,7 +342,20 @@ def run(ctx: RunContext, replicas: int | None = None, allreduce: bool = True,
     ps = ParallelStudy(lays, run_study(THREAD, ctx, arms, headlines=heads), found["kind"], found["have"])
     if allreduce:
         _probe(ps, prep, ctx, parts)
+    tp_layout = next((x for x in lays if x.kind == "TP" and not x.refused), None)
+    if profile_tp and tp_layout is not None:
+        ps.tp_profile = _profile_tp(ctx, tp_layout.arm)
     return ps
+
+
+def _profile_tp(ctx: RunContext, arm: Arm) -> Study:
+    """The TP layout launched once under nsys (TP runs on GPUs only, where nsys is the profiler every engine runs
+    under), the window at the load's highest level: the same key online and offline, so a render reads it back."""
+    def measuring(c: RunContext) -> RunContext:
+        prof = c.profile if c.profile.kind == "nsys" else ProfileSpec(kind="nsys")
+        return c.with_(plan=RepetitionPlan(1, 1), profile=prof, load=profiled_load(prof, c.load))
+    study, _ = read_or_run(THREAD, ctx, [Arm(arm.name, arm.knobs, f"{arm.note}, under nsys")], measuring=measuring)
+    return study
 
 
 def _check_args(ctx: RunContext, replicas: int | None, routes: tuple[str, ...] | list[str],
@@ -473,6 +508,8 @@ def findings(ps: ParallelStudy) -> list[Finding]:
                            reason=x.refused))
     if len(ps.tp_comm):
         out.append(_tp_finding(ps))
+    if ps.tp_profile is not None:
+        out.append(_tp_profile_finding(ps))
     return out
 
 
@@ -601,6 +638,31 @@ def _tp_finding(ps: ParallelStudy) -> Finding:
                           "concurrency; interpolated from the probe).",
                    evidence={"allreduce": ps.allreduce.rows.to_dict("records"), "tp_comm": t.to_dict("records"),
                              "info": info})
+
+
+def _tp_profile_finding(ps: ParallelStudy) -> Finding:
+    """What the TP point's collectives cost in its nsys capture, per GPU; or why there is no capture."""
+    assert ps.tp_profile is not None
+    t = ps.tp_communication()
+    name = ps.tp_profile.arms[0].name if ps.tp_profile.arms else "TP"
+    if t.empty:
+        errs = ps.tp_profile.results.errors
+        why = str(errs["summary"].iloc[0]) if len(errs) else "no kernel table in the store for it"
+        return Finding(thread=THREAD, kind="measurement", title=f"{name} under nsys: not measured", applies=False,
+                       confidence="none", headline=f"The TP point's nsys capture measured nothing: {why}",
+                       reason=why)
+    w = ps.tp_profile.results.profiles
+    at = f" at c={int(w['concurrency'].iloc[0])}" if len(w) and "concurrency" in w else ""
+    per = "; ".join(f"GPU {r.device}: {r.communication_share:.1%} of {r.kernel_ms:.0f} ms of kernel time "
+                    f"({r.communication_kernels} kernels" + (f", most {r.top_communication_kernel})" if
+                                                             r.communication_kernels else ")")
+                    for r in t.itertuples())
+    share = float(t["communication_ms"].sum() / t["kernel_ms"].sum()) if t["kernel_ms"].sum() else 0.0
+    return Finding(thread=THREAD, kind="measurement", title=f"{name}: collectives take {share:.0%} of GPU time",
+                   applies=True, confidence="medium",
+                   **sentences(f"In one nsys capture of {name}{at}, the collective kernels (NCCL, all-reduce) took "
+                               f"{share:.1%} of all GPU kernel time", f"{per}. One capture: a share, not an effect."),
+                   evidence={"tp_communication": t.to_dict("records")})
 
 
 def layout_effects(ps: ParallelStudy) -> pd.DataFrame:
