@@ -131,6 +131,11 @@ def test_thread03_reads_the_h200_as_not_throttled_and_host_bound_at_eager(offlin
     assert fs[0].title.startswith("Not throttled") and fs[0].confidence == "high"
     eager = next(f for f in fs if f.title.startswith("torch_compile=False at c=32"))
     assert eager.title.endswith("host-bound") and eager.confidence == "high"
+    # what a launch-bound point is told to try is a whole flag with its value: compared token by token with what the
+    # point ran with (--compilation-config '{... FULL_AND_PIECEWISE}'), the flag's name was dropped, leaving its value
+    advice = {f.title: f.recommended_flags for f in fs if f.recommended_flags}
+    assert advice and all(flags[0].startswith("--") for flags in advice.values()), advice
+    assert ['--compilation-config', '{"cudagraph_mode": "FULL"}'] in advice.values()
 
 
 def test_thread05_separates_compile_from_graphs_and_finds_compile_and_piecewise_together(offline_run):

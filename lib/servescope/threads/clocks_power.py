@@ -21,7 +21,7 @@ from ..experiment import Results
 from ..findings import CONFIDENCE_ORDER, Change, Finding, sentences
 from ..plots import Figure
 from ..spec import Knobs, ProfileSpec
-from ..study import Arm, Study, read_or_run
+from ..study import Arm, Study, flag_groups, read_or_run
 from ..telemetry.nvml import REASONS
 
 THREAD = "03_clocks_power"
@@ -236,8 +236,10 @@ def findings(ps: PowerStudy) -> list[Finding]:
         if not ps.has_gpu and r.regime == "undecided":
             continue  # said once above: GPU regimes cannot be told without GPU counters
         decided = r.regime != "undecided"
-        ran_with = set(" ".join(res.points.loc[res.points["config"] == cfg, "flags"].astype(str)).split())
-        flags = [f for f in _flags(ps, r.regime) if f not in ran_with]  # a flag it already ran with is no advice
+        # a flag it already ran with, value and all, is no advice; compared as whole flags with their values (token
+        # by token, a vLLM point run with --compilation-config '{...PIECEWISE}' kept FULL's value without its flag)
+        ran_with = {g for fl in res.points.loc[res.points["config"] == cfg, "flag_list"] for g in flag_groups(list(fl))}
+        flags = [f for g in flag_groups(_flags(ps, r.regime)) if g not in ran_with for f in g]
         head = r.regime if decided else "undecided (" + " or ".join(r.candidates) + ")"
         out.append(Finding(
             thread=THREAD, kind="regime", title=f"{cfg} at {top}: {head}", headline=r.headline(),
