@@ -174,6 +174,10 @@ def test_the_tp_layout_is_captured_once_under_nsys_and_no_nsys_is_said(tmp_path,
     (f,) = [f for f in t04.findings(ps) if "under nsys" in f.title]
     assert f.title == "tp=2 under nsys: not measured" and not f.applies and "nsys) not found" in f.headline
     assert ps.tp_communication().empty
+    # the failed capture is a failed point of the thread (the index shows it partial), not only a finding
+    o, layouts_only = ps.outcome(t04.findings(ps)), ps.study.results.outcome(t04.THREAD, [])
+    assert (o.points_planned, o.points_failed) == (layouts_only.points_planned + 1, layouts_only.points_failed + 1)
+    assert "ProfilingUnavailable" in o.first_error and plain.outcome([]) == plain.study.results.outcome(t04.THREAD, [])
     with fake_nvml([FakeGpu(), FakeGpu()]):
         again = t04.run(context(eng, {"path": "stub"}, load, repetitions=2, store_dir=str(tmp_path / "s"),
                                 offline=True, progress=False), routes=["least_outstanding"], shared=[],

@@ -24,7 +24,7 @@ from ..context import RepetitionPlan, RunContext
 from ..engines.base import EngineAdapter
 from ..engines.devices import visible_devices
 from ..errors import KnobError, NotMeasuredError, ServescopeError, SpecError
-from ..findings import Change, Finding, best_of, sentences, weakest
+from ..findings import Change, Finding, Outcome, best_of, sentences, weakest
 from ..launch import Prepared, find_install, prepare
 from ..load.metrics import per_request_tpot
 from ..models import model_config, tiny_model_ready
@@ -88,6 +88,19 @@ class ParallelStudy:
                          "communication_share": round(comm_ms / total_ms, 4) if total_ms else float("nan"),
                          "top_communication_kernel": top.index[-1][:100] if top is not None else ""})
         return pd.DataFrame(rows)
+
+    def outcome(self, findings: list[Finding]) -> Outcome:
+        """What the thread measured, for the index: the layouts' points and the TP capture's (a capture that failed is
+        a failed point of this thread, not only a finding that says so)."""
+        o = self.study.results.outcome(THREAD, findings)
+        if self.tp_profile is None:
+            return o
+        p = self.tp_profile.results.outcome(THREAD, [])
+        return o.model_copy(update={
+            "points_planned": o.points_planned + p.points_planned, "points_measured": o.points_measured + p.points_measured,
+            "points_failed": o.points_failed + p.points_failed,
+            "points_unmeasured": o.points_unmeasured + p.points_unmeasured,
+            "first_error": o.first_error or p.first_error, "first_signal": o.first_signal or p.first_signal})
 
     def layout(self, name: str) -> Layout:
         """A layout by its arm's name."""
