@@ -208,14 +208,18 @@ def run(ctx: RunContext, probe: bool = True) -> MoeStudy:
     """Measure (or read) one profiled point of the engine's defaults and run the ceiling probe on the model's expert
     shapes for the sweep's token counts (kept in the store for offline renders)."""
     def measuring(c: RunContext) -> RunContext:  # the suite asked for no profile: this thread needs one
-        prof = c.profile if c.profile.kind != "none" else ProfileSpec(kind=default_profile(c))
-        return c.with_(plan=RepetitionPlan(1, 1), profile=prof, load=profiled_load(prof, c.load))
+        return profiled_once(c, c.profile if c.profile.kind != "none" else ProfileSpec(kind=default_profile(c)))
     study, _ = read_or_run(THREAD, ctx, [Arm(DEFAULTS, Knobs(), "the engine's defaults, profiled")],
                            reuse=_profiled, measuring=measuring)
     ms = MoeStudy(study, shape_of(ctx.model), output_len=ctx.load.output_len)
     if probe and ms.shape is not None and ms.shape.is_moe:
         _probe(ms, ctx)
     return ms
+
+
+def profiled_once(ctx: RunContext, prof: ProfileSpec) -> RunContext:
+    """The context of one profiled launch: one repetition, under prof, with its own load (profiled_load)."""
+    return ctx.with_(plan=RepetitionPlan(1, 1), profile=prof, load=profiled_load(prof, ctx.load))
 
 
 def profiled_load(prof: ProfileSpec, load: LoadSpec) -> LoadSpec:

@@ -20,7 +20,8 @@ from typing import Any
 import pandas as pd
 
 from .. import probes
-from ..context import RepetitionPlan, RunContext
+from ..analysis import kernels as ak
+from ..context import RunContext
 from ..engines.base import EngineAdapter
 from ..engines.devices import visible_devices
 from ..errors import KnobError, NotMeasuredError, ServescopeError, SpecError
@@ -33,7 +34,7 @@ from ..probes.run import failed as probe_failed
 from ..probes.run import skipped as probe_skipped
 from ..spec import Knobs, LoadSpec, ProfileSpec
 from ..study import Arm, Study, drop_empty, read_or_run, run_study
-from .grouped_gemm import profiled_load
+from .grouped_gemm import profiled_once
 
 THREAD = "04_data_parallelism"
 ONE = "1 server"
@@ -79,14 +80,15 @@ class ParallelStudy:
         k = k[k["rep"] == k["rep"].min()]
         rows = []
         for dev, g in k.groupby("device", sort=True):
-            comm = g[g["category"] == "communication"]
-            top = comm.groupby(comm["name"].astype(str))["dur_ns"].sum().sort_values() if len(comm) else None
-            total_ms = float(g["dur_ns"].sum()) / 1e6
-            comm_ms = float(comm["dur_ns"].sum()) / 1e6
-            rows.append({"config": str(g["config"].iloc[0]), "device": int(dev), "kernel_ms": round(total_ms, 2),
-                         "communication_ms": round(comm_ms, 2), "communication_kernels": len(comm),
-                         "communication_share": round(comm_ms / total_ms, 4) if total_ms else float("nan"),
-                         "top_communication_kernel": top.index[-1][:100] if top is not None else ""})
+            cats = ak.categories(g).set_index("category")
+            comm = cats.loc["communication"] if "communication" in cats.index else None
+            top = ak.top_kernels(g[g["category"] == "communication"], 1)["name"] if comm is not None else None
+            rows.append({"config": str(g["config"].iloc[0]), "device": int(dev),
+                         "kernel_ms": round(float(cats["kernel_ms"].sum()), 2),
+                         "communication_ms": round(float(comm["kernel_ms"]), 2) if comm is not None else 0.0,
+                         "communication_kernels": int(comm["kernels"]) if comm is not None else 0,
+                         "communication_share": round(float(comm["share"]), 4) if comm is not None else 0.0,
+                         "top_communication_kernel": str(top.iloc[0])[:100] if top is not None else ""})
         return pd.DataFrame(rows)
 
     def outcome(self, findings: list[Finding]) -> Outcome:
@@ -365,8 +367,7 @@ def _profile_tp(ctx: RunContext, arm: Arm) -> Study:
     """The TP layout launched once under nsys (TP runs on GPUs only, where nsys is the profiler every engine runs
     under), the window at the load's highest level: the same key online and offline, so a render reads it back."""
     def measuring(c: RunContext) -> RunContext:
-        prof = c.profile if c.profile.kind == "nsys" else ProfileSpec(kind="nsys")
-        return c.with_(plan=RepetitionPlan(1, 1), profile=prof, load=profiled_load(prof, c.load))
+        return profiled_once(c, c.profile if c.profile.kind == "nsys" else ProfileSpec(kind="nsys"))
     study, _ = read_or_run(THREAD, ctx, [Arm(arm.name, arm.knobs, f"{arm.note}, under nsys")], measuring=measuring)
     return study
 
