@@ -197,3 +197,40 @@ def test_sglang_h200x2_is_valid_for_sglang_0_5_17_on_two_gpus(wheel_install):
         plan = adapter.plan(install=install, model_path="/m", served_name="m", host="127.0.0.1", port=30000,
                             knobs=x.arm.knobs, extra_env=dict(engine.env))
         assert multicast_off.items() <= plan.env.items(), x.arm.name
+
+
+def test_vllm_h200x2_is_valid_for_vllm_0_26_on_two_gpus(wheel_install):
+    """data/suites/vllm-h200x2.yaml (issue 33, vLLM's half): thread 04 plans 1 server, 2 replicas behind the
+    balancer, --data-parallel-size 2 and --tensor-parallel-size 2 across the two GPUs, each spelled by 0.26.0's own
+    flags (its published source); DP attention with a size of its own is refused with vLLM's reason before launch;
+    NVLink multicast is off in every server's own environment; the TP point is captured under nsys; the model, load and
+    engine build are vllm-h200.yaml's, so the two recordings compare."""
+    suite = load_suite(ROOT / "data" / "suites" / "vllm-h200x2.yaml")
+    one_gpu = load_suite(ROOT / "data" / "suites" / "vllm-h200.yaml")
+    assert (suite.model, suite.load, suite.engine["args"]) == (one_gpu.model, one_gpu.load, one_gpu.engine["args"])
+    assert {k: v for k, v in suite.engine.items() if k != "env"} == \
+        {k: v for k, v in one_gpu.engine.items() if k != "env"}
+    assert one_gpu.engine["env"].items() <= suite.engine["env"].items()
+    engine = EngineSpec(**suite.engine)
+    install = wheel_install("vllm-0.26.0")
+    adapter = get_engine("vllm")
+    adapter.check_flags(list(engine.args), install)
+    (entry,) = [n for n in suite.notebooks if n.id == "04_data_parallelism"]
+    p = entry.parameters
+    assert p["profile_tp"] is True and p["shared"] == [] and p["repetitions"] >= 3
+    lays = parallelism.layouts(None, 2, "cuda", routes=tuple(p["routes"]), shared=tuple(p["shared"]))
+    assert [(x.arm.name, x.kind, x.devices) for x in lays] == [
+        ("1 server", "one server", 1), ("2 replicas, least-outstanding", "replicas", 2), ("dp=2", "engine DP", 2),
+        ("dp attention=2", "DP attention", 2), ("tp=2", "TP", 2)]
+    (dpa,) = [x for x in lays if x.kind == "DP attention"]
+    with pytest.raises(KnobError, match="no separate attention-DP size"):
+        adapter.knob_flags(dpa.arm.knobs, install)
+    launched = [x for x in lays if x is not dpa]
+    spelled = {x.arm.name: adapter.knob_flags(x.arm.knobs, install) for x in launched}
+    assert spelled["dp=2"] == ["--data-parallel-size", "2"] and spelled["tp=2"] == ["--tensor-parallel-size", "2"]
+    multicast_off = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    for x in launched:
+        adapter.check_flags(spelled[x.arm.name], install)
+        plan = adapter.plan(install=install, model_path="/m", served_name="m", host="127.0.0.1", port=30000,
+                            knobs=x.arm.knobs, extra_env=dict(engine.env))
+        assert multicast_off.items() <= plan.env.items(), x.arm.name
