@@ -229,7 +229,7 @@ def test_thread_03_renders_the_h200_store_offline(tmp_path):
     assert [r.status for r in done.runs] == ["ok"]
     fs = json.loads((done.out_dir / "03_clocks_power.findings.json").read_text())
     head, *rest = fs
-    assert head["title"] == "Not throttled: most points host-bound (42 of 59)" and head["confidence"] == "high"
+    assert head["title"] == "Not throttled: most load levels host-bound (42 of 59)" and head["confidence"] == "high"
     assert "clock-event reasons seen: none" in head["claim"]
     by = {f["evidence"]["config"]: f for f in rest}
     assert by["cuda_graph=off"]["title"].endswith("host-bound")

@@ -30,7 +30,7 @@ FINDINGS = {
                          Finding(kind="effect", thread="05", title="compile: no flag", headline="x.", effect=_eff(5.0),
                                  confidence="low", optimal=True,
                                  reason="already optimal: the engine's defaults are the better side")],
-    "03_clocks_power": [Finding(kind="regime", thread="03", title="Not throttled: most points launch-bound (5 of 6)",
+    "03_clocks_power": [Finding(kind="regime", thread="03", title="Not throttled: most load levels launch-bound (5 of 6)",
                                 headline="x",
                                 applies=False, reason="no point was throttled", confidence="high"),
                         Finding(kind="effect", thread="03", title="defaults at c=16: launch-bound", headline="launch-bound.",
@@ -50,14 +50,14 @@ def test_ranking_comes_from_the_findings_data():
     assert tiers == {"compile": "High", "Use CUDA graphs: full": "Medium", "defaults at c=16: launch-bound": "Low",
                      "MoE runs per expert": "Low", "compile: no flag": "Already optimal",
                      "Why CUDA graphs are off": "Measured, no change",
-                     "Not throttled: most points launch-bound (5 of 6)": "Not applicable here",
+                     "Not throttled: most load levels launch-bound (5 of 6)": "Not applicable here",
                      "Layouts: not compared": "Not measured"}
     assert r["finding"].tolist()[:2] == ["compile", "Use CUDA graphs: full"]  # tier first, then effect
     low = r[r["tier"] == "Low"]
     assert (low["effect"] == "not measured: suggested by the readings").all()
     assert r.loc[r["finding"] == "MoE runs per expert", "change"].item() == 'set "experts_implementation": "grouped_mm"'
     assert r.loc[r["finding"] == "compile", "evidence"].item() == "05_torch_compile.html#Answer"
-    assert summary.regime(FINDINGS).startswith("Not throttled: most points launch-bound")
+    assert summary.regime(FINDINGS).startswith("Not throttled: most load levels launch-bound")
     (head,) = summary.findings(r, FINDINGS)
     assert head.title == "First change: compile" and head.confidence == "high" and "3 change(s)" in head.claim
 

@@ -253,6 +253,23 @@ def test_thread07_verifies_02s_graphs_and_04s_mps_replicas_together(offline_run)
     assert "Run one server again in place of the replicas and their balancer (and stop the MPS control daemon)" in text
 
 
+def test_thread03_page_shows_one_row_per_configuration_and_each_advice_once(offline_run):
+    """03 on this store has 30 findings (the headline and one regime per configuration at its top point); its page
+    laid every one out as a section with the same "What to try" paragraph, 29 times over. Now: the headline in full,
+    then one table row per configuration (its title, confidence, reading and change), and each distinct detail once
+    with the rows it applies to. Every finding is still in the findings JSON, which 99 reads."""
+    fs = read_findings(offline_run / "03_clocks_power.findings.json")
+    assert len(fs) >= 20
+    page = (offline_run / "03_clocks_power.html").read_text()
+    answer = page[page.index(">Answer<"):page.index(">Regime of every point<")]
+    assert answer.count("<h3") == 2 and f"{len(fs) - 1} more, one row each" in answer  # the headline and the table
+    rows = re.findall(r"<tr>\s*<td[^>]*>(\d+)</td>", answer)
+    assert rows == [str(i) for i in range(1, len(fs))]
+    host_bound = "A server thread saturates a core while the GPU waits"
+    assert answer.count(host_bound) == 1 and sum(host_bound in f.detail for f in fs) > 5
+    assert '<td><code>--compilation-config {"cudagraph_mode": "FULL"}</code></td>' in answer
+
+
 def test_the_paired_tables_show_the_columns_that_matter_and_fit_the_page(offline_run):
     """07's and 05's paired tables were 16 columns wide (p-value, ranges and spreads beside the interval) and ran off
     the page; they show the interval's columns, and the pair's names only where more than one pair is in the table."""

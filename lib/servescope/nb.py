@@ -19,16 +19,17 @@ from .util import atomic_write_text
 pd.set_option("display.max_colwidth", 400)
 
 def show_findings(findings: list[Finding], path: str | Path, res: Results | None = None, thread: str = "",
-                  outcome: Outcome | None = None) -> Markdown:
+                  outcome: Outcome | None = None, table_after: int | None = None) -> Markdown:
     """Write the findings JSON and, beside it, the notebook's outcome (what it measured, for the index: from res, or
-    given); render the findings as Markdown."""
+    given); render the findings as Markdown (those after the first table_after as one table, where given)."""
     p = write_findings(findings, path)
     thread = thread or (findings[0].thread if findings else Path(path).name.split(".")[0])
     outcome = outcome if outcome is not None else res.outcome(thread, findings) if res is not None else Outcome(
         thread=thread, findings_total=len(findings), findings_answering=sum(f.answers for f in findings))
     write_outcome(outcome, path)
     lines = []
-    for f in findings:
+    rest = findings[table_after:] if table_after is not None and len(findings) > table_after + 1 else []
+    for f in findings[:len(findings) - len(rest)]:
         lines.append(f"### {f.title}\n")
         lines.append(f"**{f.claim}**\n")
         if not f.applies:
@@ -43,9 +44,35 @@ def show_findings(findings: list[Finding], path: str | Path, res: Results | None
         if not f.recommended_flags and not f.recommendation:
             lines.append("- recommended flags: none (keep the current configuration)" if f.applies
                          else "- recommended flags: none (nothing measured to recommend from)")
+    lines += findings_table(rest)
     # the name only: a report rendered in a temporary folder and moved (the references) kept a path gone since
     lines.append(f"\nFindings written to `{Path(p).name}` (the notebook's findings_path).")
     return Markdown("\n".join(lines))
+
+
+def _cell(words: str) -> str:
+    return html.escape(" ".join(words.split())).replace("|", "&#124;")
+
+
+def findings_table(findings: list[Finding]) -> list[str]:
+    """Many findings of one shape (03's regime per configuration) as Markdown lines: one table row each (title,
+    confidence, what was read, the change), then each distinct detail (what to try, what was missing) once with the
+    rows it belongs to, instead of the same paragraphs thirty times."""
+    if not findings:
+        return []
+    out = [f"\n### {len(findings)} more, one row each\n", "| # | finding | confidence | what was read | change |",
+           "|---|---|---|---|---|"]
+    details: dict[str, list[int]] = {}
+    for i, f in enumerate(findings, 1):
+        change = " ".join(f.recommended_flags) or f.recommendation
+        out.append(f"| {i} | {_cell(f.title)} | {f.confidence} | {_cell(f.headline)} | "
+                   + ("`" + " ".join(change.split()).replace("|", "\\|") + "`" if change else "none") + " |")
+        if f.detail:
+            details.setdefault(" ".join(f.detail.split()), []).append(i)
+    if details:
+        out.append("\nWhat each row adds (the rows it applies to):\n")
+        out += [f"- rows {', '.join(map(str, rows))}: {d}" for d, rows in details.items()]
+    return out
 
 
 def show_measured(res: Results) -> Markdown:

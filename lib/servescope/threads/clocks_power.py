@@ -280,7 +280,8 @@ def _cpu_headline(ps: PowerStudy) -> tuple[str, str, dict[str, str]] | None:
 
 
 def _headline(ps: PowerStudy) -> Finding:
-    """Throttled or not, over every point with GPU readings, and the regime most points had."""
+    """Throttled or not, over every load level with GPU readings (a launch's points are its levels, per GPU), and the
+    regime most of them had."""
     g = ps.study.gpu_points()
     counts: dict[str, int] = {}
     for _, r in ps.verdicts:
@@ -293,16 +294,17 @@ def _headline(ps: PowerStudy) -> Finding:
     reasons = {c[len("reason_"):-len("_share")]: float(g[c].max()) for c in g.columns
                if c.startswith("reason_") and c.endswith("_share") and c[7:-6] not in ("gpu_idle",)
                and g[c].max() > 0}
-    words = (f"power at most {power:.0f}% of the limit (median per point), SM clock at least {clock:.0f}% of its "
+    words = (f"power at most {power:.0f}% of the limit (median per load level), SM clock at least {clock:.0f}% of its "
              f"maximum; clock-event reasons seen: " + (", ".join(f"{r} in up to {100 * v:.0f}% of readings"
                                                            for r, v in reasons.items()) or "none"))
     if throttled:
-        title = "Throttled at " + ", ".join(f"{v} of {n} points ({r})" for r, v in throttled.items())
+        title = "Throttled at " + ", ".join(f"{v} of {n} load levels ({r})" for r, v in throttled.items())
     else:
-        title = f"Not throttled: most points {top} ({k} of {n})"
+        title = f"Not throttled: most load levels {top} ({k} of {n})"
     tally = ", ".join(f"{r} {v}" for r, v in sorted(counts.items(), key=lambda kv: -kv[1]))
-    return Finding(thread=THREAD, kind="regime", title=title, headline=words, detail=f"Regimes over the {n} points: {tally}.",
-                   applies=bool(throttled), reason="" if throttled else "no point was throttled",
+    detail = f"Regimes over the {n} load levels (one per configuration, repetition, concurrency and GPU): {tally}."
+    return Finding(thread=THREAD, kind="regime", title=title, headline=words, detail=detail, applies=bool(throttled),
+                   reason="" if throttled else "no load level was throttled",
                    confidence="high", evidence={"regime_counts": counts, "max_power_pct_of_limit": power,
                                                 "min_sm_clock_pct_of_max": clock, "reasons_max_share": reasons})
 
