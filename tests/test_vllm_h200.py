@@ -136,6 +136,12 @@ def test_thread03_reads_the_h200_as_not_throttled_and_host_bound_at_eager(offlin
     advice = {f.title: f.recommended_flags for f in fs if f.recommended_flags}
     assert advice and all(flags[0].startswith("--") for flags in advice.values()), advice
     assert ['--compilation-config', '{"cudagraph_mode": "FULL"}'] in advice.values()
+    # 02's piecewise launches at c=32: one host-bound verdict, two undecided (too few GPU readings): host-bound as the
+    # one verdict that decided, not "high" on it alone
+    (pw,) = [f for f in fs if f.title.startswith("cuda_graph=piecewise at c=32")]
+    assert pw.title.endswith("host-bound") and pw.confidence == "medium"
+    assert "of the time (1 of the 3 verdicts at this level, one per repetition and GPU, reached it; 2 undecided: " \
+        "medium confidence at most). What to try" in pw.claim
 
 
 def test_thread05_separates_compile_from_graphs_and_finds_compile_and_piecewise_together(offline_run):

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..analysis.ab import MIN_PAIRS
 from ..analysis.regime import Regime, point_level, regime_table
 from ..context import RepetitionPlan, RunContext
 from ..errors import ServescopeError
@@ -231,8 +232,7 @@ def findings(ps: PowerStudy) -> list[Finding]:
         vs = [(i, r) for i, r in ps.verdicts if i["config"] == cfg and i["point"] == top]
         if not vs:
             continue
-        regimes = [r for _, r in vs]
-        r = max(regimes, key=lambda x: CONFIDENCE_ORDER.index(x.confidence))
+        r, confidence, agreement = _agreed([r for _, r in vs])
         if not ps.has_gpu and r.regime == "undecided":
             continue  # said once above: GPU regimes cannot be told without GPU counters
         decided = r.regime != "undecided"
@@ -242,16 +242,49 @@ def findings(ps: PowerStudy) -> list[Finding]:
         flags = [f for g in flag_groups(_flags(ps, r.regime)) if g not in ran_with for f in g]
         head = r.regime if decided else "undecided (" + " or ".join(r.candidates) + ")"
         out.append(Finding(
-            thread=THREAD, kind="regime", title=f"{cfg} at {top}: {head}", headline=r.headline(),
-            detail=(r.missing_words() + (f" What to try: {r.action}" if decided else "")).strip(), applies=decided,
-            reason="" if decided else f"the readings cannot separate {', '.join(r.candidates)}",
-            change=Change(flags=flags) if flags else None, confidence=r.confidence if decided else "none",
+            thread=THREAD, kind="regime", title=f"{cfg} at {top}: {head}", headline=r.headline() + agreement,
+            detail=(r.missing_words() + (f" What to try: {r.action}" if decided else "")).strip(),
+            applies=decided, reason="" if decided else f"the readings cannot separate {', '.join(r.candidates)}",
+            change=Change(flags=flags) if flags else None, confidence=confidence if decided else "none",
             evidence={"config": cfg, "point": top, "regime": r.as_dict(),
                       "points_with_regime": _counts(ps, cfg)}))
     return out
 
 
 THROTTLES = ("power-capped", "thermal-throttled", "hw-slowdown")
+
+
+def _agreed(regimes: list[Regime]) -> tuple[Regime, str, str]:
+    """Of one level's verdicts (one per repetition and GPU): the regime most of those that decided one reached (an
+    undecided verdict had too few readings, not another answer), its most confident verdict, the confidence the
+    agreement allows (at most medium on fewer than MIN_PAIRS, low where decided ones disagree), and, where not every
+    verdict reached it, the words that say so (to close the verdict's sentence). It was the most confident verdict alone: two
+    undecided repetitions and one host-bound read as host-bound, high."""
+    def sure(x: Regime) -> int:
+        return CONFIDENCE_ORDER.index(x.confidence)
+    decided = [x for x in regimes if x.regime != "undecided"]
+    if not decided:
+        r = max(regimes, key=sure)
+        return r, r.confidence, ""
+    counts: dict[str, int] = {}
+    for x in decided:
+        counts[x.regime] = counts.get(x.regime, 0) + 1
+    top = max(counts, key=lambda g: (counts[g], max(sure(x) for x in decided if x.regime == g)))
+    r = max((x for x in decided if x.regime == top), key=sure)
+    if counts[top] == len(regimes):
+        return r, r.confidence, ""
+    # decided verdicts that disagree leave the regime in doubt; fewer than MIN_PAIRS that agree (the others undecided)
+    # are too few to hold in a second run, as for an effect
+    cap = "low" if len(counts) > 1 else "medium" if counts[top] < MIN_PAIRS else "high"
+    confidence = min(r.confidence, cap, key=CONFIDENCE_ORDER.index)
+    others = {}
+    for x in regimes:
+        if x.regime != top:
+            others[x.regime] = others.get(x.regime, 0) + 1
+    words = ", ".join(f"{v} {g}" for g, v in others.items())
+    capped = f": {cap} confidence at most" if cap != "high" else ""
+    return r, confidence, (f" ({counts[top]} of the {len(regimes)} verdicts at this level, one per repetition and GPU, "
+                           f"reached it; {words}{capped})")
 
 
 def _cpu_headline(ps: PowerStudy) -> tuple[str, str, dict[str, str]] | None:
