@@ -261,7 +261,8 @@ def test_a_level_over_in_a_few_gpu_readings_gets_no_verdict():
 def test_03_takes_the_regime_most_verdicts_at_a_level_reached_and_says_how_many():
     """03 took a level's most confident verdict alone: on the vLLM and SGLang H200 stores, two undecided repetitions
     (too few GPU readings) and one host-bound read "host-bound, high". Now the regime most deciding verdicts reached,
-    at most medium where fewer than three decided it and at most low where decided ones disagree, said in the finding."""
+    at most medium where fewer than three decided it (one launch's verdict included) and at most low where decided ones
+    disagree, said in the finding."""
     from servescope.analysis.regime import Regime
     from servescope.threads.clocks_power import _agreed
 
@@ -270,7 +271,7 @@ def test_03_takes_the_regime_most_verdicts_at_a_level_reached_and_says_how_many(
 
     r, conf, words = _agreed([v("undecided", "none"), v("host-bound", "high"), v("undecided", "none")])
     assert (r.regime, conf) == ("host-bound", "medium")
-    assert words == " (1 of the 3 verdicts at this level, one per repetition and GPU, reached it; 2 undecided: medium " \
+    assert words == " (1 of the 3 verdicts at this level, one per repetition and device, reached it; 2 undecided: medium " \
                     "confidence at most)"
     r, conf, words = _agreed([v("compute-bound", "high"), v("host-bound", "medium"), v("host-bound", "high")])
     assert (r.regime, conf) == ("host-bound", "low") and "; 1 compute-bound: low confidence at most)" in words
@@ -279,6 +280,12 @@ def test_03_takes_the_regime_most_verdicts_at_a_level_reached_and_says_how_many(
     # three that decided and agree are enough (as for an effect); the undecided one is said, not held against them
     r, conf, words = _agreed([v("host-bound", "high")] * 3 + [v("undecided", "none")])
     assert (r.regime, conf) == ("host-bound", "high") and words.endswith("reached it; 1 undecided)")
+    # one launch's verdict (a search's screen) or two: too few to hold in a second run, as for an effect
+    r, conf, words = _agreed([v("launch-bound", "high")])
+    assert (r.regime, conf) == ("launch-bound", "medium")
+    assert words == " (from one verdict at this level, one per repetition and device: medium confidence at most)"
+    r, conf, words = _agreed([v("launch-bound", "low")] * 2)
+    assert (r.regime, conf) == ("launch-bound", "low") and words.startswith(" (from 2 verdicts at this level")
     r, conf, words = _agreed([v("undecided", "none")] * 2)
     assert (r.regime, conf, words) == ("undecided", "none", "")
     # a tie between decided regimes goes to the more confident one, still low

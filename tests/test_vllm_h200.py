@@ -130,7 +130,9 @@ def test_thread03_reads_the_h200_as_not_throttled_and_host_bound_at_eager(offlin
     fs = read_findings(offline_run / "03_clocks_power.findings.json")
     assert fs[0].title.startswith("Not throttled") and fs[0].confidence == "high"
     eager = next(f for f in fs if f.title.startswith("torch_compile=False at c=32"))
-    assert eager.title.endswith("host-bound") and eager.confidence == "high"
+    # 01's one launch: host-bound, and no more than medium on one verdict (a level's regime can flip between launches)
+    assert eager.title.endswith("host-bound") and eager.confidence == "medium"
+    assert "(from one verdict at this level, one per repetition and device: medium confidence at most)" in eager.claim
     # what a launch-bound point is told to try is a whole flag with its value: compared token by token with what the
     # point ran with (--compilation-config '{... FULL_AND_PIECEWISE}'), the flag's name was dropped, leaving its value
     advice = {f.title: f.recommended_flags for f in fs if f.recommended_flags}
@@ -140,7 +142,7 @@ def test_thread03_reads_the_h200_as_not_throttled_and_host_bound_at_eager(offlin
     # one verdict that decided, not "high" on it alone
     (pw,) = [f for f in fs if f.title.startswith("cuda_graph=piecewise at c=32")]
     assert pw.title.endswith("host-bound") and pw.confidence == "medium"
-    assert "of the time (1 of the 3 verdicts at this level, one per repetition and GPU, reached it; 2 undecided: " \
+    assert "of the time (1 of the 3 verdicts at this level, one per repetition and device, reached it; 2 undecided: " \
         "medium confidence at most). What to try" in pw.claim
 
 

@@ -82,6 +82,13 @@ ACTIONS = {
     "hw-slowdown": "A hardware slowdown or power brake is active: check the node (power supply, cooling).",
     "undecided": "The readings here cannot separate these regimes; the missing reading is named above.",
 }
+# a CPU build computes on the host's cores: no GPU, no CUDA graphs, no more GPUs to add
+CPU_ACTIONS = {
+    "compute-bound": "The server's cores are doing the work: gains now come from more or faster cores (the CPU "
+                     "build's AVX-512/AMX kernels), lower precision, or a GPU.",
+    "launch-bound": "Operators are too small or too sparse to keep the cores busy: fuse them (torch.compile) or put "
+                    "more tokens in each step.",
+}
 
 
 @dataclass
@@ -138,7 +145,9 @@ class Regime:
 
     @property
     def action(self) -> str:
-        """What to try, in words."""
+        """What to try, in words (for a server that computes on the CPU, in its terms where they differ)."""
+        if "server_cores" in self.evidence and self.regime in CPU_ACTIONS:
+            return CPU_ACTIONS[self.regime]
         return ACTIONS.get(self.regime, "")
 
     def headline(self) -> str:
@@ -193,9 +202,7 @@ def decide(ev: Evidence, th: RegimeThresholds = RegimeThresholds()) -> Regime:
         (ev.has("launch_share") and ev.launch_share >= th.launch_share)
         or (ev.has("kernels_per_s") and ev.kernels_per_s >= th.launch_kernels_per_s
             and ev.has("kernel_us_p50") and ev.kernel_us_p50 <= th.short_kernel_us))
-    trace_words = (f"the trace shows the GPU busy {_fmt(ev.trace_busy_pct)} of its window, "
-                   f"{ev.kernels_per_s:,.0f} kernels/s of median {ev.kernel_us_p50:.1f} us, launch calls "
-                   f"{_fmt(100 * ev.launch_share)} of the window" if ev.has("trace_busy_pct") else "")
+    trace_words = _trace_words(ev)
 
     if not ev.has("gpu_util_pct"):
         return _trace_only(ev, th, out, host_hot, host_words, launch_trace, trace_words)
@@ -434,6 +441,20 @@ def point_evidence(gpu: pd.Series | None = None, host: pd.Series | None = None, 
         if k in Evidence.__dataclass_fields__:
             setattr(ev, k, v)
     return ev
+
+
+def _trace_words(ev: Evidence) -> str:
+    """What a kernel trace of the level showed, each number only where the trace gave it (a CPU build's trace has no
+    launch calls: it printed 'launch calls nan%'), and the device it ran on by name."""
+    if not ev.has("trace_busy_pct"):
+        return ""
+    device = "the CPU server's cores" if ev.has("server_cores") else "the GPU"
+    parts = [f"the trace shows {device} busy {_fmt(ev.trace_busy_pct)} of its window"]
+    if ev.has("kernels_per_s") and ev.has("kernel_us_p50"):
+        parts.append(f"{ev.kernels_per_s:,.0f} kernels/s of median {ev.kernel_us_p50:.1f} us")
+    if ev.has("launch_share"):
+        parts.append(f"launch calls {_fmt(100 * ev.launch_share)} of the window")
+    return ", ".join(parts)
 
 
 def regime_table(verdicts: list[tuple[dict[str, Any], Regime]], per_rep: bool = False) -> pd.DataFrame:

@@ -255,11 +255,11 @@ THROTTLES = ("power-capped", "thermal-throttled", "hw-slowdown")
 
 
 def _agreed(regimes: list[Regime]) -> tuple[Regime, str, str]:
-    """Of one level's verdicts (one per repetition and GPU): the regime most of those that decided one reached (an
+    """Of one level's verdicts (one per repetition and device): the regime most of those that decided one reached (an
     undecided verdict had too few readings, not another answer), its most confident verdict, the confidence the
-    agreement allows (at most medium on fewer than MIN_PAIRS, low where decided ones disagree), and, where not every
-    verdict reached it, the words that say so (to close the verdict's sentence). It was the most confident verdict alone: two
-    undecided repetitions and one host-bound read as host-bound, high."""
+    verdicts allow (at most medium on fewer than MIN_PAIRS that agree, low where decided ones disagree), and the words
+    that say so, to close the verdict's sentence. It was the most confident verdict alone: two undecided repetitions
+    and one host-bound read "host-bound, high", and one launch's verdict (a search's screen) was "high" on its own."""
     def sure(x: Regime) -> int:
         return CONFIDENCE_ORDER.index(x.confidence)
     decided = [x for x in regimes if x.regime != "undecided"]
@@ -271,20 +271,22 @@ def _agreed(regimes: list[Regime]) -> tuple[Regime, str, str]:
         counts[x.regime] = counts.get(x.regime, 0) + 1
     top = max(counts, key=lambda g: (counts[g], max(sure(x) for x in decided if x.regime == g)))
     r = max((x for x in decided if x.regime == top), key=sure)
-    if counts[top] == len(regimes):
-        return r, r.confidence, ""
-    # decided verdicts that disagree leave the regime in doubt; fewer than MIN_PAIRS that agree (the others undecided)
-    # are too few to hold in a second run, as for an effect
+    # decided verdicts that disagree leave the regime in doubt; fewer than MIN_PAIRS that agree are too few to hold in
+    # a second run, as for an effect (a level's regime flips between launches near a boundary)
     cap = "low" if len(counts) > 1 else "medium" if counts[top] < MIN_PAIRS else "high"
     confidence = min(r.confidence, cap, key=CONFIDENCE_ORDER.index)
-    others = {}
+    capped = f"{cap} confidence at most" if cap != "high" else ""
+    if counts[top] == len(regimes):
+        n = len(regimes)
+        return r, confidence, (f" (from {'one verdict' if n == 1 else f'{n} verdicts'} at this level, one per "
+                               f"repetition and device: {capped})" if capped else "")
+    others: dict[str, int] = {}
     for x in regimes:
         if x.regime != top:
             others[x.regime] = others.get(x.regime, 0) + 1
     words = ", ".join(f"{v} {g}" for g, v in others.items())
-    capped = f": {cap} confidence at most" if cap != "high" else ""
-    return r, confidence, (f" ({counts[top]} of the {len(regimes)} verdicts at this level, one per repetition and GPU, "
-                           f"reached it; {words}{capped})")
+    return r, confidence, (f" ({counts[top]} of the {len(regimes)} verdicts at this level, one per repetition and device, "
+                           f"reached it; {words}{': ' + capped if capped else ''})")
 
 
 def _cpu_headline(ps: PowerStudy) -> tuple[str, str, dict[str, str]] | None:
