@@ -169,51 +169,34 @@ def test_a_second_recording_repeats_the_first_but_for_the_search(name):
     assert again["07_verified_changes"]["search_budget_s"] == 0
 
 
-def test_sglang_h200x2_is_valid_for_sglang_0_5_17_on_two_gpus(wheel_install):
-    """data/suites/sglang-h200x2.yaml (issue 33, for the nvidia-h200-x2 kind): thread 04 plans 1 server, 2 replicas
-    behind the balancer, SGLang's DP controller (--dp-size 2), DP attention and --tp-size 2 across the two GPUs, each
-    spelled by 0.5.17's own flags; NVLink multicast is off in every server's own environment; the TP point is
-    captured under nsys; the model and load are sglang-h200.yaml's, so the two recordings compare."""
-    suite = load_suite(ROOT / "data" / "suites" / "sglang-h200x2.yaml")
-    one_gpu = load_suite(ROOT / "data" / "suites" / "sglang-h200.yaml")
-    assert (suite.model, suite.load, suite.engine["args"]) == (one_gpu.model, one_gpu.load, one_gpu.engine["args"])
-    engine = EngineSpec(**suite.engine)
-    install = wheel_install("sglang-0.5.17")
-    adapter = get_engine("sglang")
-    adapter.check_flags(list(engine.args), install)
-    (entry,) = [n for n in suite.notebooks if n.id == "04_data_parallelism"]
-    p = entry.parameters
-    assert p["profile_tp"] is True and p["shared"] == [] and p["repetitions"] >= 3
-    lays = parallelism.layouts(None, 2, "cuda", routes=tuple(p["routes"]), shared=tuple(p["shared"]))
-    assert [(x.arm.name, x.kind, x.devices) for x in lays] == [
-        ("1 server", "one server", 1), ("2 replicas, least-outstanding", "replicas", 2), ("dp=2", "engine DP", 2),
-        ("dp attention=2", "DP attention", 2), ("tp=2", "TP", 2)]
-    spelled = {x.arm.name: adapter.knob_flags(x.arm.knobs, install) for x in lays}
-    assert spelled["dp=2"] == ["--dp-size", "2"] and spelled["tp=2"] == ["--tp-size", "2"]
-    assert set(spelled["dp attention=2"]) == {"--tp-size", "2", "--dp-size", "--enable-dp-attention"}
-    multicast_off = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-    for x in lays:
-        adapter.check_flags(spelled[x.arm.name], install)
-        plan = adapter.plan(install=install, model_path="/m", served_name="m", host="127.0.0.1", port=30000,
-                            knobs=x.arm.knobs, extra_env=dict(engine.env))
-        assert multicast_off.items() <= plan.env.items(), x.arm.name
+# per two-GPU suite (issue 33): its one-GPU sibling, the release it is checked against, and how that release spells
+# engine DP, TP and DP attention (None: refused before launch, with the words of the refusal)
+TWO_GPU = {
+    "sglang-h200x2": ("sglang-h200", "sglang-0.5.17", ["--dp-size", "2"], ["--tp-size", "2"],
+                      {"--tp-size", "2", "--dp-size", "--enable-dp-attention"}),
+    "vllm-h200x2": ("vllm-h200", "vllm-0.26.0", ["--data-parallel-size", "2"], ["--tensor-parallel-size", "2"],
+                    "no separate attention-DP size"),
+}
 
 
-def test_vllm_h200x2_is_valid_for_vllm_0_26_on_two_gpus(wheel_install):
-    """data/suites/vllm-h200x2.yaml (issue 33, vLLM's half): thread 04 plans 1 server, 2 replicas behind the
-    balancer, --data-parallel-size 2 and --tensor-parallel-size 2 across the two GPUs, each spelled by 0.26.0's own
-    flags (its published source); DP attention with a size of its own is refused with vLLM's reason before launch;
-    NVLink multicast is off in every server's own environment; the TP point is captured under nsys; the model, load and
-    engine build are vllm-h200.yaml's, so the two recordings compare."""
-    suite = load_suite(ROOT / "data" / "suites" / "vllm-h200x2.yaml")
-    one_gpu = load_suite(ROOT / "data" / "suites" / "vllm-h200.yaml")
-    assert (suite.model, suite.load, suite.engine["args"]) == (one_gpu.model, one_gpu.load, one_gpu.engine["args"])
+@pytest.mark.parametrize("name", sorted(TWO_GPU))
+def test_a_two_gpu_suite_plans_every_layout_in_its_releases_own_flags(name, wheel_install):
+    """data/suites/sglang-h200x2.yaml and vllm-h200x2.yaml (issue 33, for the nvidia-h200-x2 kind): thread 04 plans 1
+    server, 2 replicas behind the balancer, the engine's own DP (SGLang's DP controller, --dp-size 2; vLLM's
+    --data-parallel-size 2), DP attention (SGLang's; vLLM 0.26 has no attention-DP size of its own and is refused with
+    its reason before launch) and TP across the two GPUs, each spelled by the release's own flags (its published
+    source); NVLink multicast is off in every server's own environment; the TP point is captured under nsys; the
+    engine build, model and load are the one-GPU suite's, so the two recordings compare."""
+    sibling, release, dp, tp, dp_attention = TWO_GPU[name]
+    suite = load_suite(ROOT / "data" / "suites" / f"{name}.yaml")
+    one_gpu = load_suite(ROOT / "data" / "suites" / f"{sibling}.yaml")
+    assert (suite.model, suite.load) == (one_gpu.model, one_gpu.load)
     assert {k: v for k, v in suite.engine.items() if k != "env"} == \
         {k: v for k, v in one_gpu.engine.items() if k != "env"}
     assert one_gpu.engine["env"].items() <= suite.engine["env"].items()
     engine = EngineSpec(**suite.engine)
-    install = wheel_install("vllm-0.26.0")
-    adapter = get_engine("vllm")
+    install = wheel_install(release)
+    adapter = get_engine(engine.name)
     adapter.check_flags(list(engine.args), install)
     (entry,) = [n for n in suite.notebooks if n.id == "04_data_parallelism"]
     p = entry.parameters
@@ -223,11 +206,14 @@ def test_vllm_h200x2_is_valid_for_vllm_0_26_on_two_gpus(wheel_install):
         ("1 server", "one server", 1), ("2 replicas, least-outstanding", "replicas", 2), ("dp=2", "engine DP", 2),
         ("dp attention=2", "DP attention", 2), ("tp=2", "TP", 2)]
     (dpa,) = [x for x in lays if x.kind == "DP attention"]
-    with pytest.raises(KnobError, match="no separate attention-DP size"):
-        adapter.knob_flags(dpa.arm.knobs, install)
-    launched = [x for x in lays if x is not dpa]
+    if isinstance(dp_attention, str):
+        with pytest.raises(KnobError, match=dp_attention):
+            adapter.knob_flags(dpa.arm.knobs, install)
+    else:
+        assert set(adapter.knob_flags(dpa.arm.knobs, install)) == dp_attention
+    launched = [x for x in lays if x is not dpa or not isinstance(dp_attention, str)]
     spelled = {x.arm.name: adapter.knob_flags(x.arm.knobs, install) for x in launched}
-    assert spelled["dp=2"] == ["--data-parallel-size", "2"] and spelled["tp=2"] == ["--tensor-parallel-size", "2"]
+    assert (spelled["dp=2"], spelled["tp=2"]) == (dp, tp)
     multicast_off = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     for x in launched:
         adapter.check_flags(spelled[x.arm.name], install)
