@@ -8,6 +8,7 @@ token. Without a GPU it says so and shows the host and server side; nothing is m
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -266,9 +267,7 @@ def _agreed(regimes: list[Regime]) -> tuple[Regime, str, str]:
     if not decided:
         r = max(regimes, key=sure)
         return r, r.confidence, ""
-    counts: dict[str, int] = {}
-    for x in decided:
-        counts[x.regime] = counts.get(x.regime, 0) + 1
+    counts = Counter(x.regime for x in decided)
     top = max(counts, key=lambda g: (counts[g], max(sure(x) for x in decided if x.regime == g)))
     r = max((x for x in decided if x.regime == top), key=sure)
     # decided verdicts that disagree leave the regime in doubt; fewer than MIN_PAIRS that agree are too few to hold in
@@ -280,10 +279,7 @@ def _agreed(regimes: list[Regime]) -> tuple[Regime, str, str]:
         n = len(regimes)
         return r, confidence, (f" (from {'one verdict' if n == 1 else f'{n} verdicts'} at this level, one per "
                                f"repetition and device: {capped})" if capped else "")
-    others: dict[str, int] = {}
-    for x in regimes:
-        if x.regime != top:
-            others[x.regime] = others.get(x.regime, 0) + 1
+    others = Counter(x.regime for x in regimes if x.regime != top)
     words = ", ".join(f"{v} {g}" for g, v in others.items())
     return r, confidence, (f" ({counts[top]} of the {len(regimes)} verdicts at this level, one per repetition and device, "
                            f"reached it; {words}{': ' + capped if capped else ''})")
