@@ -261,6 +261,26 @@ def test_thread07_verifies_02s_graphs_and_04s_mps_replicas_together(offline_run)
     assert "Run one server again in place of the replicas and their balancer (and stop the MPS control daemon)" in text
 
 
+def test_thread03_rule_on_a_level_whose_repetitions_disagreed_on_the_h200(tmp_path):
+    """The known answer for 03's "decided verdicts disagree" branch, from real readings: 05's eager piecewise launches at
+    c=1 read host-bound in three repetitions and launch-bound in the fourth. By the rule 03 applies at a configuration's
+    top level, that is host-bound, low (the verdicts that decided disagree)."""
+    from servescope import nb
+    from servescope.suite import load_suite
+    from servescope.threads import clocks_power as t03
+
+    s = load_suite(SUITE)
+    shutil.copytree(REF / "store", tmp_path / "store")
+    ctx = nb.context(s.engine, s.model, s.load, store_dir=str(tmp_path / "store"), offline=True, telemetry=s.telemetry)
+    ps = t03.run(ctx)
+    level = [r for i, r in ps.verdicts if i["config"] == "cuda_graph=piecewise, torch_compile=False" and i["point"] == "c=1"]
+    assert sorted(r.regime for r in level) == ["host-bound", "host-bound", "host-bound", "launch-bound"]
+    r, confidence, words = t03._agreed(level)
+    assert (r.regime, confidence) == ("host-bound", "low")
+    assert words == " (3 of the 4 verdicts at this level, one per repetition and device, reached it; 1 launch-bound: low " \
+                    "confidence at most)"
+
+
 def test_thread03_page_shows_one_row_per_configuration_and_each_advice_once(offline_run):
     """03 on this store has 30 findings (the headline and one regime per configuration at its top point); its page
     laid every one out as a section with the same "What to try" paragraph, 29 times over. Now: the headline in full,
