@@ -315,6 +315,19 @@ def test_thread04_page_lists_the_layouts_one_gpu_cannot_run_in_one_table(offline
     assert "tp=2 x dp=1 needs 2 GPUs; 1 visible here" in table
 
 
+def test_the_front_page_shows_a_change_in_words_as_text_with_its_flags_as_code(offline_run):
+    """04's change is words with `quoted` flags; the front page showed it in one code span, backticks and all."""
+    from servescope.report import change_html
+
+    page = (offline_run / "index.html").read_text()
+    assert "run 2 vllm servers on one GPU, each with <code>--gpu-memory-utilization 0.45</code>, pinned" in page
+    assert "`--gpu-memory-utilization" not in page
+    assert '<code>--compilation-config {&#34;cudagraph_mode&#34;: &#34;FULL_AND_PIECEWISE&#34;}' in page
+    assert str(change_html("a <b> `--x 1` c")) == "a &lt;b&gt; <code>--x 1</code> c"
+    assert str(change_html("--max-num-seqs 8")) == "<code>--max-num-seqs 8</code>"
+    assert str(change_html("drop --enforce-eager", words=True)) == "drop --enforce-eager"
+
+
 def test_the_paired_tables_show_the_columns_that_matter_and_fit_the_page(offline_run):
     """07's and 05's paired tables were 16 columns wide (p-value, ranges and spreads beside the interval) and ran off
     the page; they show the interval's columns, and the pair's names only where more than one pair is in the table."""
