@@ -39,7 +39,7 @@ def show_findings(findings: list[Finding], path: str | Path, res: Results | None
     for f in shown[:len(shown) - len(rest)]:
         lines.append(f"### {f.title}\n")
         lines.append(f"**{f.claim}**\n")
-        if not f.applies:
+        if not f.applies and f.reason not in f.claim:  # the claim often says why already, word for word
             lines.append(f"Does not apply here: {f.reason}\n")
         if f.effect is not None:
             lines.append(f"- measured effect: {f.effect.text()} ({f.effect.treatment} vs {f.effect.baseline})")
@@ -70,13 +70,14 @@ def findings_table(findings: list[Finding]) -> list[str]:
     rows it belongs to, instead of the same paragraphs thirty times."""
     if not findings:
         return []
-    out = [f"\n### {len(findings)} more, one row each\n", "| # | finding | confidence | what was read | change |",
-           "|---|---|---|---|---|"]
+    changes = [" ".join(f.recommended_flags) or f.recommendation for f in findings]
+    head = "| # | finding | confidence | what was read |" + (" change |" if any(changes) else "")
+    out = [f"\n### {len(findings)} more, one row each\n", head, "|---" * head.count(" | ") + "|---|"]
     details: dict[str, list[int]] = {}
-    for i, f in enumerate(findings, 1):
-        change = " ".join(f.recommended_flags) or f.recommendation
-        out.append(f"| {i} | {_cell(f.title)} | {f.confidence} | {_cell(f.headline)} | "
-                   + ("`" + " ".join(change.split()).replace("|", "\\|") + "`" if change else "none") + " |")
+    for i, (f, change) in enumerate(zip(findings, changes, strict=True), 1):
+        cell = "`" + " ".join(change.split()).replace("|", "\\|") + "`" if change else "none"
+        out.append(f"| {i} | {_cell(f.title)} | {f.confidence} | {_cell(f.headline)} |"
+                   + (f" {cell} |" if any(changes) else ""))
         if f.detail:
             details.setdefault(" ".join(f.detail.split()), []).append(i)
     if details:
