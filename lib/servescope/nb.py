@@ -71,8 +71,8 @@ def findings_table(findings: list[Finding]) -> list[str]:
     if not findings:
         return []
     changes = [" ".join(f.recommended_flags) or f.recommendation for f in findings]
-    head = "| # | finding | confidence | what was read |" + (" change |" if any(changes) else "")
-    out = [f"\n### {len(findings)} more, one row each\n", head, "|---" * head.count(" | ") + "|---|"]
+    head = ["#", "finding", "confidence", "what was read"] + (["change"] if any(changes) else [])
+    out = [f"\n### {len(findings)} more, one row each\n", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     details: dict[str, list[int]] = {}
     for i, (f, change) in enumerate(zip(findings, changes, strict=True), 1):
         cell = "`" + " ".join(change.split()).replace("|", "\\|") + "`" if change else "none"
