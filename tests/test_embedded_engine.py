@@ -169,8 +169,8 @@ def test_report_end_to_end_on_vllm(tmp_path):
     # the operating point, of the engine's defaults: here (04 at one repetition) only their profiled launch, 02's,
     # carries that name (05's compiled launches are named by their knobs)
     assert cpu_head["title"].startswith("CPU server (engine defaults (+torch profile)) at c=4: "), cpu_head["title"]
-    assert "per level (engine defaults (+torch profile), the verdict most repetitions reached) c=1 " in \
-        cpu_head["claim"]
+    assert "per level (engine defaults (+torch profile); the regime most of its decided verdicts reached, of its " \
+        "verdicts, one per repetition) c=1 " in cpu_head["claim"]
     assert "The telemetry read no GPU" in cpu_head["claim"] and set(cpu_head["evidence"]["cpu_regimes"]) == \
         {"c=1", "c=4"}
     assert "Regime under load:</b> CPU server (engine defaults (+torch profile))" in index

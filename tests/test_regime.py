@@ -291,3 +291,34 @@ def test_03_takes_the_regime_most_verdicts_at_a_level_reached_and_says_how_many(
     # a tie between decided regimes goes to the more confident one, still low
     r, conf, _ = _agreed([v("compute-bound", "medium"), v("launch-bound", "high")])
     assert (r.regime, conf) == ("launch-bound", "low")
+
+
+def test_03s_cpu_headline_takes_each_levels_regime_by_the_same_rule_as_a_gpus():
+    """The CPU server's per-level regime counted an undecided verdict as a regime of its own (two undecided
+    repetitions and one compute-bound read "undecided") and its confidence was medium whatever the verdicts; now each
+    level is read as on a GPU (`_agreed`), with the tally in the claim and the top level's confidence."""
+    from types import SimpleNamespace
+
+    from servescope.analysis.regime import Regime
+    from servescope.threads.clocks_power import _cpu_headline
+
+    def v(point: str, regime: str, confidence: str = "high") -> tuple[dict, Regime]:
+        return ({"config": "engine defaults", "point": point},
+                Regime(regime, "because", {"server_cores": 2}, confidence,
+                       ("compute-bound", "under-loaded") if regime == "undecided" else ()))
+
+    def study(verdicts: list) -> SimpleNamespace:
+        return SimpleNamespace(verdicts=verdicts, study=SimpleNamespace(
+            results=SimpleNamespace(engine_default_configs=lambda: ["engine defaults"])))
+
+    title, claim, confidence, top = _cpu_headline(study(
+        [v("c=1", "under-loaded")] * 3 + [v("c=16", "undecided", "none")] * 2 + [v("c=16", "compute-bound")]))
+    assert title == "CPU server (engine defaults) at c=16: compute-bound" and confidence == "medium"
+    assert top == {"c=1": "under-loaded", "c=16": "compute-bound"}
+    assert claim.endswith("c=1 under-loaded (3 of 3), c=16 compute-bound (1 of 3, 2 undecided)")
+    # three that agree: high; decided verdicts that disagree: low
+    assert _cpu_headline(study([v("c=16", "compute-bound")] * 3))[2] == "high"
+    assert _cpu_headline(study([v("c=16", "compute-bound")] * 3 + [v("c=16", "under-loaded")]))[2] == "low"
+    assert _cpu_headline(study([v("c=16", "undecided", "none")]))[1:3] == (
+        "The server computes on the CPU, so its cores are the device: per level (engine defaults; the regime most of "
+        "its decided verdicts reached, of its verdicts, one per repetition) c=16 undecided (one verdict)", "none")

@@ -550,3 +550,16 @@ def test_a_run_budget_reaches_the_notebooks_and_launches_nothing_past_it(tmp_pat
     assert DEADLINE_ENV not in os.environ
     with pytest.raises(SpecError, match="budget_s"):
         run_suite(second, reports_dir=tmp_path / "r", store_dir=store, budget_s=-1)
+
+
+def test_a_findings_table_drops_the_change_column_when_no_row_has_one():
+    """The CPU server's 03 page had a change column of eight "none"s: tables drop all-empty columns."""
+    from servescope.findings import Change, Finding
+    from servescope.nb import findings_table
+
+    a = Finding(thread="t", kind="regime", title="A", headline="read a", applies=True)
+    b = Finding(thread="t", kind="regime", title="B", headline="read | b", applies=True, change=Change(flags=["--x", "1"]))
+    assert findings_table([a, a])[1:] == ["| # | finding | confidence | what was read |", "|---|---|---|---|",
+                                          "| 1 | A | none | read a |", "| 2 | A | none | read a |"]
+    assert findings_table([a, b])[1:] == ["| # | finding | confidence | what was read | change |", "|---|---|---|---|---|",
+                                          "| 1 | A | none | read a | none |", "| 2 | B | none | read &#124; b | `--x 1` |"]

@@ -6,6 +6,7 @@ modes that gain most are not told apart (so 02 picks the engine's default, piece
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -296,6 +297,35 @@ def test_thread03_page_shows_one_row_per_configuration_and_each_advice_once(offl
     host_bound = "A server thread saturates a core while the GPU waits"
     assert answer.count(host_bound) == 1 and sum(host_bound in f.detail for f in fs) > 5
     assert '<td><code>--compilation-config {"cudagraph_mode": "FULL"}</code></td>' in answer
+
+
+def test_thread04_page_lists_the_layouts_one_gpu_cannot_run_in_one_table(offline_run):
+    """04 on one H200 refuses four layouts (2 GPUs each); each was a section of its own saying "nothing measured to
+    recommend from". Now the measured findings keep their sections and the refusals are one table with their reasons,
+    after them; the findings JSON still holds all of them."""
+    fs = read_findings(offline_run / "04_data_parallelism.findings.json")
+    refused = [f for f in fs[1:] if f.kind == "failure"]
+    assert len(refused) == 4
+    page = (offline_run / "04_data_parallelism.html").read_text()
+    answer = page[page.index(">Answer<"):page.index("Findings written to")]
+    assert "nothing measured to recommend from" not in answer and "Not launched or not measured (4)" in answer
+    assert answer.count("<h3") == len(fs) - 4 + 1
+    table = answer[answer.index("Not launched or not measured (4)"):]
+    assert [html.unescape(t) for t in re.findall(r"<tr>\s*<td>([^<]*)</td>", table)] == [f.title for f in refused]
+    assert "tp=2 x dp=1 needs 2 GPUs; 1 visible here" in table
+
+
+def test_the_front_page_shows_a_change_in_words_as_text_with_its_flags_as_code(offline_run):
+    """04's change is words with `quoted` flags; the front page showed it in one code span, backticks and all."""
+    from servescope.report import change_html
+
+    page = (offline_run / "index.html").read_text()
+    assert "run 2 vllm servers on one GPU, each with <code>--gpu-memory-utilization 0.45</code>, pinned" in page
+    assert "`--gpu-memory-utilization" not in page
+    assert '<code>--compilation-config {&#34;cudagraph_mode&#34;: &#34;FULL_AND_PIECEWISE&#34;}' in page
+    assert str(change_html("a <b> `--x 1` c")) == "a &lt;b&gt; <code>--x 1</code> c"
+    assert str(change_html("--max-num-seqs 8")) == "<code>--max-num-seqs 8</code>"
+    assert str(change_html("drop --enforce-eager", words=True)) == "drop --enforce-eager"
 
 
 def test_the_paired_tables_show_the_columns_that_matter_and_fit_the_page(offline_run):

@@ -28,11 +28,18 @@ def show_findings(findings: list[Finding], path: str | Path, res: Results | None
         thread=thread, findings_total=len(findings), findings_answering=sum(f.answers for f in findings))
     write_outcome(outcome, path)
     lines = []
-    rest = findings[table_after:] if table_after is not None and len(findings) > table_after + 1 else []
-    for f in findings[:len(findings) - len(rest)]:
+    # what was refused before launch or not measured (04's layouts that need more GPUs): one table at the end, not a
+    # section each repeating "nothing measured to recommend from"; never the answer itself
+    unmeasured = [f for f in findings[1:] if f.kind == "failure" and f.effect is None and not f.recommended_flags
+                  and not f.recommendation]
+    if len(unmeasured) < 2:
+        unmeasured = []
+    shown = [f for f in findings if not any(f is u for u in unmeasured)]
+    rest = shown[table_after:] if table_after is not None and len(shown) > table_after + 1 else []
+    for f in shown[:len(shown) - len(rest)]:
         lines.append(f"### {f.title}\n")
         lines.append(f"**{f.claim}**\n")
-        if not f.applies:
+        if not f.applies and f.reason not in f.claim:  # the claim often says why already, word for word
             lines.append(f"Does not apply here: {f.reason}\n")
         if f.effect is not None:
             lines.append(f"- measured effect: {f.effect.text()} ({f.effect.treatment} vs {f.effect.baseline})")
@@ -45,6 +52,9 @@ def show_findings(findings: list[Finding], path: str | Path, res: Results | None
             lines.append("- recommended flags: none (keep the current configuration)" if f.applies
                          else "- recommended flags: none (nothing measured to recommend from)")
     lines += findings_table(rest)
+    if unmeasured:
+        lines += [f"\n### Not launched or not measured ({len(unmeasured)})\n", "| finding | why | confidence |", "|---|---|---|"]
+        lines += [f"| {_cell(f.title)} | {_cell(f.reason or f.claim)} | {f.confidence} |" for f in unmeasured]
     # the name only: a report rendered in a temporary folder and moved (the references) kept a path gone since
     lines.append(f"\nFindings written to `{Path(p).name}` (the notebook's findings_path).")
     return Markdown("\n".join(lines))
@@ -60,13 +70,14 @@ def findings_table(findings: list[Finding]) -> list[str]:
     rows it belongs to, instead of the same paragraphs thirty times."""
     if not findings:
         return []
-    out = [f"\n### {len(findings)} more, one row each\n", "| # | finding | confidence | what was read | change |",
-           "|---|---|---|---|---|"]
+    changes = [" ".join(f.recommended_flags) or f.recommendation for f in findings]
+    head = ["#", "finding", "confidence", "what was read"] + (["change"] if any(changes) else [])
+    out = [f"\n### {len(findings)} more, one row each\n", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     details: dict[str, list[int]] = {}
-    for i, f in enumerate(findings, 1):
-        change = " ".join(f.recommended_flags) or f.recommendation
-        out.append(f"| {i} | {_cell(f.title)} | {f.confidence} | {_cell(f.headline)} | "
-                   + ("`" + " ".join(change.split()).replace("|", "\\|") + "`" if change else "none") + " |")
+    for i, (f, change) in enumerate(zip(findings, changes, strict=True), 1):
+        cell = "`" + " ".join(change.split()).replace("|", "\\|") + "`" if change else "none"
+        out.append(f"| {i} | {_cell(f.title)} | {f.confidence} | {_cell(f.headline)} |"
+                   + (f" {cell} |" if any(changes) else ""))
         if f.detail:
             details.setdefault(" ".join(f.detail.split()), []).append(i)
     if details:

@@ -19,6 +19,7 @@ import nbformat
 import papermill as pm
 import psutil
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup, escape
 from nbconvert import HTMLExporter
 
 from . import summary
@@ -398,6 +399,15 @@ def measured_host(store_dir: Path) -> str:
             "store's points were measured; rendered offline")
 
 
+def change_html(change: str, words: bool = False) -> Markup:
+    """A change or claim for the front page: flags alone as one code span (words=True: as text); a change in words (04's
+    layout) as text with its `quoted` flags as code, not one code span showing the backticks."""
+    if "`" not in change:
+        return escape(change) if words else Markup("<code>{}</code>").format(change)
+    parts = change.split("`")
+    return Markup("").join(Markup("<code>{}</code>").format(p) if i % 2 else escape(p) for i, p in enumerate(parts))
+
+
 def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_start: float,
                 runs: list[NotebookRun], interrupted: str = "", skipped: Sequence[str] = (),
                 host: str = "") -> None:
@@ -411,6 +421,7 @@ def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_st
     recs = summary.recommendations(ranked).to_dict("records")
     for rec in recs:  # a link only where the thread's HTML exists
         rec["href"] = rec["evidence"] if html_of.get(rec["thread"]) else ""
+        rec["change_html"] = change_html(rec["change"])
     optimal = ranked[ranked["tier"] == "Already optimal"]
     # one entry per thread, its headline where that is among them: the headline already says what its comparisons found
     heads = {t: fs[0].title for t, fs in by_thread.items() if fs}
@@ -422,7 +433,7 @@ def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_st
         f"Not verified: this run did not measure the recommended changes together ({verify.THREAD} did not run)"
     docs = sorted(p.name for p in (out_dir / "changes").glob("*.md")) if (out_dir / "changes").is_dir() else []
     page = env.get_template("index.html.j2").render(
-        recs=recs, optimal=optimal, verified=verified, documents=docs,
+        recs=recs, optimal=optimal, change_html=change_html, verified=verified, documents=docs,
         verified_href=f"{verify.THREAD}.html#Answer" if html_of.get(verify.THREAD) else "",
         regime=summary.regime(by_thread) if by_thread else "",
         summary_html=html_of.get(summary.SELF, ""), tiers=ranked["tier"].value_counts().to_dict(),

@@ -223,8 +223,8 @@ def findings(ps: PowerStudy) -> list[Finding]:
             "are shown instead."
         out.append(Finding(thread=THREAD, kind="regime", title=title,
                            **(sentences(cpu[1], said) if cpu else sentences(said)),
-                           applies=False, reason=why, confidence="medium" if cpu else "high",
-                           evidence={"gpu_status": why, "cpu_regimes": cpu[2] if cpu else {}}))
+                           applies=False, reason=why, confidence=cpu[2] if cpu else "high",
+                           evidence={"gpu_status": why, "cpu_regimes": cpu[3] if cpu else {}}))
     if ps.has_gpu:
         out.append(_headline(ps))
     s = res.summary
@@ -285,9 +285,10 @@ def _agreed(regimes: list[Regime]) -> tuple[Regime, str, str]:
                            f"reached it; {words}{': ' + capped if capped else ''})")
 
 
-def _cpu_headline(ps: PowerStudy) -> tuple[str, str, dict[str, str]] | None:
-    """A server that computes on the CPU: its regime per level (the most repetitions' verdict) for the first
-    configuration (the engine's defaults where measured), as (title, claim, level -> regime); None if undecided."""
+def _cpu_headline(ps: PowerStudy) -> tuple[str, str, str, dict[str, str]] | None:
+    """A server that computes on the CPU: its regime per level (what most verdicts that decided one reached, as on a
+    GPU) for the first configuration (the engine's defaults where measured), as (title, claim, confidence of the
+    highest level, level -> regime); None without a CPU verdict."""
     cpu = [(i, r) for i, r in ps.verdicts if "server_cores" in r.evidence]
     if not cpu:
         return None
@@ -295,19 +296,26 @@ def _cpu_headline(ps: PowerStudy) -> tuple[str, str, dict[str, str]] | None:
     # the engine's defaults, else their profiled launch (the default suite's 02 is one), else the first
     defaults = ps.study.results.engine_default_configs()
     cfg = "engine defaults" if "engine defaults" in cfgs else next((c for c in cfgs if c in defaults), cfgs[0])
-    per: dict[str, dict[str, int]] = {}
+    per: dict[str, list[Regime]] = {}
     for i, r in cpu:
         if i["config"] == cfg:
-            per.setdefault(i["point"], {}).setdefault(r.regime, 0)
-            per[i["point"]][r.regime] += 1
+            per.setdefault(i["point"], []).append(r)
     levels = sorted(per, key=point_level)
-    top = {p: max(per[p].items(), key=lambda kv: kv[1])[0] for p in levels}
-    words = ", ".join(f"{p} {top[p]}" for p in levels)
-    claim = (f"The server computes on the CPU, so its cores are the device: per level ({cfg}, the verdict most "
-             f"repetitions reached) {words}")
+    agreed = {p: _agreed(per[p]) for p in levels}
+    top = {p: agreed[p][0].regime for p in levels}
+
+    def tally(p: str) -> str:
+        if len(per[p]) == 1:
+            return f"{p} {top[p]} (one verdict)"
+        others = Counter(r.regime for r in per[p] if r.regime != top[p])
+        n = len(per[p]) - sum(others.values())
+        return f"{p} {top[p]} ({n} of {len(per[p])}" + "".join(f", {v} {g}" for g, v in others.items()) + ")"
+    claim = (f"The server computes on the CPU, so its cores are the device: per level ({cfg}; the regime most of "
+             f"its decided verdicts reached, of its verdicts, one per repetition) {', '.join(tally(p) for p in levels)}")
     # the title names the operating point (the highest level) only: a lower level's regime sits near a boundary
     # (two cold runs here called c=4 under-loaded and compute-bound) and is in the claim
-    return f"CPU server ({cfg}) at {levels[-1]}: {top[levels[-1]]}", claim, top
+    sure = agreed[levels[-1]][1] if top[levels[-1]] != "undecided" else "none"
+    return f"CPU server ({cfg}) at {levels[-1]}: {top[levels[-1]]}", claim, sure, top
 
 
 def _headline(ps: PowerStudy) -> Finding:
