@@ -180,3 +180,20 @@ def test_launch_retries_on_a_fresh_port_when_the_first_is_taken(tmp_path, monkey
     with serve(prep, Knobs(), tmp_path) as target:
         assert not target.base_url.endswith(f":{busy}")
     taken.close()
+
+
+def test_a_slow_preparation_says_where_its_time_went(monkeypatch, stub_engine):
+    """A fresh GPU machine spent 2 min before its first notebook with nothing in the log: prepare names each step's
+    seconds once they add up to SLOW_PREPARE_S, and says nothing on a prepared machine."""
+    from servescope import launch
+    from servescope.launch import prepare
+    from servescope.spec import EngineSpec, ModelSpec
+
+    said: list[str] = []
+    prepare(EngineSpec(**stub_engine), ModelSpec(path="stub"), say=said.append)
+    assert not said
+    monkeypatch.setattr(launch, "SLOW_PREPARE_S", 0.0)
+    prepare(EngineSpec(**stub_engine), ModelSpec(path="stub"), say=said.append)
+    (line,) = said
+    assert line.startswith("prepared before the first launch in finding the engine ")
+    assert ", reading its flags " in line and ", the model " in line and line.endswith(" s")

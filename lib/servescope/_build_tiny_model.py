@@ -63,6 +63,15 @@ def train_tokenizer(vocab_size: int, out: Path):
     return fast
 
 
+def _sha256(path: Path) -> str:
+    """The file's digest, read in chunks: the weights are gigabytes (read whole, they doubled the build's memory)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:  # not hashlib.file_digest: the engine's interpreter may be older than 3.11
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def build(spec: dict, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -105,7 +114,7 @@ def build(spec: dict, out: Path) -> None:
         model.config.eos_token_id = None
     model.save_pretrained(out, safe_serialization=True)
     digests = {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        p.name: _sha256(p)
         for p in sorted(out.iterdir())
         if p.suffix in {".safetensors", ".json"} and p.name != "servescope-model.json"
     }

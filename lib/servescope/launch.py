@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,10 @@ def _api_key(engine: EngineSpec) -> str | None:
     return os.environ[engine.api_key_env]
 
 
+# a preparation longer than this is said, step by step (a built model, a cold engine import)
+SLOW_PREPARE_S = 10.0
+
+
 def prepare(engine: EngineSpec, model: ModelSpec, say: Callable[[str], None] = print,
             adapter: EngineAdapter | None = None) -> Prepared:
     """Create the engine environment and the model if missing; validate everything that can be checked early.
@@ -104,9 +109,20 @@ def prepare(engine: EngineSpec, model: ModelSpec, say: Callable[[str], None] = p
         return Prepared(engine, adapter.probe(""), model.path or "", served, adapter)
     if engine.url:
         raise SpecError(f"engine.url is only for engine 'external'; {engine.name!r} is launched by servescope")
+    steps: list[tuple[str, float]] = []
+    t0 = time.monotonic()
     install = _install_for_launch(engine, adapter, say)
+    steps.append(("finding the engine", time.monotonic() - t0))
+    t0 = time.monotonic()
     check_base_args(engine, adapter, install)
+    steps.append(("reading its flags", time.monotonic() - t0))
+    t0 = time.monotonic()
     path, served = resolve_model(model, install.python, install.env)
+    steps.append(("the model", time.monotonic() - t0))
+    # a fresh machine's first preparation took minutes before anything launched (the H200, 2026-12-05): say where
+    # they went, once they are long enough to matter; a prepared machine says nothing
+    if sum(s for _, s in steps) >= SLOW_PREPARE_S:
+        say("prepared before the first launch in " + ", ".join(f"{w} {s:.0f} s" for w, s in steps))
     return Prepared(engine, install, path, adapter.served_name(path, served), adapter)
 
 

@@ -34,7 +34,8 @@ def show_findings(findings: list[Finding], path: str | Path, res: Results | None
                   and not f.recommendation]
     if len(unmeasured) < 2:
         unmeasured = []
-    shown = [f for f in findings if not any(f is u for u in unmeasured)]
+    tabled = {id(u) for u in unmeasured}
+    shown = [f for f in findings if id(f) not in tabled]
     rest = shown[table_after:] if table_after is not None and len(shown) > table_after + 1 else []
     for f in shown[:len(shown) - len(rest)]:
         lines.append(f"### {f.title}\n")

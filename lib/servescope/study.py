@@ -799,7 +799,7 @@ def _headline_words(h: Headline, direction: str, words: str) -> tuple[str, str]:
                              f"n={h.n}) lies inside +-{h.equivalence_pct:g}%")
     if h.n < MIN_PAIRS:
         return "unresolved", (f"is not resolved: {h.words()}; {h.n} paired repetition{'s' if h.n > 1 else ''} "
-                              f"resolve nothing, however one-sided (at least {MIN_PAIRS} are needed)")
+                              f"resolve{'' if h.n > 1 else 's'} nothing, however one-sided (at least {MIN_PAIRS} are needed)")
     if h.same_sign:
         way = "up" if h.effect_pct > 0 else "down"
         return "unresolved", (f"moved throughput {way} in every repetition at every level ({h.words()}), but the "
