@@ -50,7 +50,10 @@ def first_line(out_dir: Path) -> tuple[str, tuple[str, ...], str]:
     """The front page's first line: (Verified or Not verified, the flags it names and the scheduler setting verified
     on top, the whole line)."""
     m = re.search(r'id="verified" class="verified"><b>(.*?)</b>', (out_dir / "index.html").read_text(), re.S)
-    line = html.unescape(re.sub(r"<[^>]+>", "", m.group(1))) if m else ""
+    raw = m.group(1) if m else ""
+    line = html.unescape(re.sub(r"<[^>]+>", "", raw))
+    # the flags it quotes: code spans (a page written before they were, backticks)
+    quoted = [html.unescape(c) for c in re.findall(r"<code>(.*?)</code>", raw, re.S)] + re.findall(r"`([^`]+)`", line)
     # the changes it names, in prose too (replicas have no flag: "by the changes (run 2 vllm servers ...; drop
     # --enforce-eager)"), numbers masked: a second run naming another change set is not the same line
     named = re.search(r"by the changes? \((.*)\), against", line)
@@ -60,7 +63,7 @@ def first_line(out_dir: Path) -> tuple[str, tuple[str, ...], str]:
     # verified: ...)"); a verified change is spelled "with" too, so the words before it decide
     tuned = re.search(r"scheduler tuning on top: .*? with (--.*?), against", line) or \
         (re.match(r"Verified: .*? with (--.*?), against .* \(not verified", line) if " (not verified" in line else None)
-    return line.split(":")[0], tuple(sorted(set(re.findall(r"`([^`]+)`", line)))) + (
+    return line.split(":")[0], tuple(sorted(set(quoted))) + (
         changes, f"scheduler: {tuned.group(1) if tuned else 'none'}"), line
 
 

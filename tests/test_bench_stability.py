@@ -55,3 +55,10 @@ def test_a_change_spelled_with_flags_is_not_taken_for_a_scheduler_setting(tmp_pa
                             "--max-num-seqs 16, against the engine's defaults (not verified: this run recommends no "
                             "change to verify)"))
     assert only[1][-1] == "scheduler: --max-num-seqs 16"
+
+
+def test_a_page_with_code_spans_names_the_same_flags_as_one_with_backticks(tmp_path, first_line):
+    """The front page renders a quoted flag as code since 2026-12-05; a run before and one after are the same line."""
+    before = first_line(_page(tmp_path / "a", HEAD))
+    after = first_line(_page(tmp_path / "b", HEAD.replace("(`--enforce-eager`)", "(<code>--enforce-eager</code>)")))
+    assert before[:2] == after[:2] and "--enforce-eager" in after[1]

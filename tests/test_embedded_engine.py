@@ -107,7 +107,7 @@ def test_report_end_to_end_on_vllm(tmp_path):
     said05 = [f"{f['confidence']} {f['direction']}: {f['claim']}" for f in
               json.loads((out / "05_torch_compile.findings.json").read_text())]
     assert re.match(r"Verified: \+\d+\.\d% output_tok_s \(90% CI \+\d+\.\d\.\.\+\d+\.\d%, n=\d", line), (line, said05)
-    assert "`--enforce-eager`" in line, line
+    assert "<code>--enforce-eager</code>" in line and "`" not in line, line
     head, tune = json.loads((out / "07_verified_changes.findings.json").read_text())
     assert head["title"].startswith("Verified") and head["effect"]["n"] >= 3 and head["effect"]["ci_low_pct"] > 0
     assert head["confidence"] in ("high", "medium") and tune["title"] == "Scheduler tuning: not searched", (head, tune)

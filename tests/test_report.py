@@ -91,14 +91,21 @@ def test_index_lists_each_notebook_with_status_and_finding(offline_run):
     # search a screen (the default suite verifies no one-launch lead)
     assert ('id="verified" class="verified"><b>Verified: +59.3% output_tok_s (90% CI +10.1..+130.5%, n=4, mean over '
             "c=1, 4, 16) by the change (drop --enforce-eager), against the baseline torch_compile=False "
-            "(`--enforce-eager`); no scheduler setting was verified: this suite&#39;s search only screens (2 settings "
-            "at c=16, one launch each, verify_lead: false)</b>") in index
+            "(<code>--enforce-eager</code>); no scheduler setting was verified: this suite&#39;s search only screens "
+            "(2 settings at c=16, one launch each, verify_lead: false)</b>") in index
+    assert "`" not in index  # a flag in words is code, never its backticks (the first line showed them)
     # 04 is not among the already optimal: its one server stalled the load client where the replicas did not
     # (tests/test_client_stall.py), so it claims no layout
     assert re.search(r"Already optimal:</b> MoE already grouped: cpu_experts \(06_grouped_gemm\)\.", index)
     assert "No layout shown to beat 1 server" in index
     assert 'href="changes/01-drop-enforce-eager.md"' in index
     assert "oversubscribed" in index  # the client health caveat travels with the finding
+    # each notebook's row: the answer in one sentence, its measurement folded away (05's row was 1,100 characters)
+    row = index[index.index('<a href="05_torch_compile.html">'):index.index('<a href="06_grouped_gemm.html">')]
+    shown, folded = row.split("<details>")
+    assert "torch.compile helps: +59.3% (90% CI +10.1..+130.5%, n=4, mean over c=1, 4, 16)." in shown
+    assert "recommended: drop --enforce-eager" in shown and "Per repetition" not in shown
+    assert folded.startswith("<summary>details</summary>Per repetition (mean over c=1, 4, 16)")
     assert (offline_run.parent / "latest").resolve() == offline_run.resolve()
 
 
