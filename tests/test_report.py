@@ -570,3 +570,20 @@ def test_a_findings_table_drops_the_change_column_when_no_row_has_one():
                                           "| 1 | A | none | read a |", "| 2 | A | none | read a |"]
     assert findings_table([a, b])[1:] == ["| # | finding | confidence | what was read | change |", "|---|---|---|---|---|",
                                           "| 1 | A | none | read a | none |", "| 2 | B | none | read &#124; b | `--x 1` |"]
+
+
+def test_a_configuration_not_measured_shares_no_value_in_the_resolved_caption():
+    """SGLang's 02 had a mode not measured (its row empty but for 'not measured'): the values every configuration
+    read back shares are said once; the unmeasured row neither breaks nor joins them."""
+    from types import SimpleNamespace
+
+    from servescope import nb
+
+    df = pd.DataFrame([{"config": "off", "requested": "cuda_graph=off", "flags": "--a", "source": "/server_info",
+                        "compile": "off", "graph_mode": "NONE", "tp": 1},
+                       {"config": "full", "requested": "cuda_graph=full", "flags": "", "source": "not measured"},
+                       {"config": "piecewise", "requested": "cuda_graph=piecewise", "flags": "--b",
+                        "source": "/server_info", "compile": "off", "graph_mode": "PIECEWISE", "tp": 1}])
+    st = nb.resolved_table(SimpleNamespace(resolved=lambda: df))
+    assert st.caption == "Every configuration read back: compile off; tp 1"
+    assert list(st.data.columns) == ["config", "requested", "flags", "source", "graph_mode"]

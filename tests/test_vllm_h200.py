@@ -342,6 +342,53 @@ def test_the_paired_tables_show_the_columns_that_matter_and_fit_the_page(offline
         assert ("treatment" in heads) == pairs, (name, heads)
 
 
+def test_what_each_mode_resolved_to_shows_what_differs_and_says_the_rest_once(offline_run):
+    """02's resolved table had 19 columns, a dozen of one value (tp, dp, the attention backend's class path) and ran
+    off the page; the columns where the modes differ stay, the shared ones are said once in its caption."""
+    page = (offline_run / "02_piecewise_cuda_graphs.html").read_text()
+    seg = page[page.index("What each mode resolved to"):]
+    table = seg[:seg.index("</table>")]
+    heads = re.findall(r'<th[^>]*col_heading level0[^>]*>([^<]*)</th>', table)
+    assert heads[:3] == ["config", "requested", "flags"] and {"graph_decode", "graph_prefill", "graph_mode"} <= set(heads)
+    assert not {"tp", "dp", "attention_backend", "device", "dtype", "source"} & set(heads), heads
+    caption = html.unescape(re.search(r"<caption>(.*?)</caption>", table, re.S).group(1))
+    assert caption.startswith("Every configuration read back: source /server_info; compile on; compile_mode VLLM_COMPILE")
+    assert "tp 1; dp 1" in caption and "attention_backend vllm.v1.attention.backends.flash_attn.FlashAttentionBackend" \
+        in caption
+
+
+def test_each_modes_verification_is_one_row(offline_run):
+    """02's verification was 16 rows of 'as requested' with an empty why column; one row per mode now."""
+    page = (offline_run / "02_piecewise_cuda_graphs.html").read_text()
+    seg = page[page.index("What each mode resolved to"):]
+    seg = seg[seg.index("</table>") + 8:]
+    table = seg[:seg.index("</table>")]
+    heads = re.findall(r'<th[^>]*col_heading level0[^>]*>([^<]*)</th>', table)
+    assert heads == ["config", "as requested"], heads  # nothing differed: no column for it
+    cells = [html.unescape(c) for c in re.findall(r"<td[^>]*>([^<]*)</td>", table)]
+    assert cells[cells.index("piecewise") + 1] == "graph_decode full, graph_prefill piecewise, tp 1, dp 1"
+    assert len(cells) == 8
+
+
+def test_a_field_not_as_requested_is_said_with_why():
+    from types import SimpleNamespace
+
+    from servescope import nb
+
+    v = pd.DataFrame([
+        {"config": "full", "field": "graph_decode", "requested": "full", "resolved": "full", "status": "as requested",
+         "why": ""},
+        {"config": "full", "field": "graph_prefill", "requested": "full", "resolved": "off", "status": "differs",
+         "why": "asked full, the server resolved off"},
+        {"config": "full", "field": "tp", "requested": "1", "resolved": "not reported", "status": "not verified",
+         "why": "the server does not report it"}])
+    got = nb.verification_table(SimpleNamespace(verification=lambda: v)).data
+    assert got.to_dict("records") == [{
+        "config": "full", "as requested": "graph_decode full",
+        "not as requested": "graph_prefill: differs (asked full, the server resolved off); tp: not verified (the "
+                            "server does not report it)"}]
+
+
 def test_committed_reference_report_says_the_same(offline_run):
     for name in ("01_cuda_graph_disable_reason", "02_piecewise_cuda_graphs", "05_torch_compile", "06_grouped_gemm"):
         ours = [f["claim"] for f in json.loads((offline_run / f"{name}.findings.json").read_text())]

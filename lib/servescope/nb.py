@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 from IPython.display import HTML, Markdown, display
+from pandas.io.formats.style import Styler
 
 from .context import RunContext, context  # noqa: F401  (notebooks build their run context through nb)
 from .experiment import Results
@@ -233,6 +234,46 @@ def table_or(df: pd.DataFrame, words: str) -> pd.DataFrame | Markdown:
         return Markdown(words)
     out = df.replace("", pd.NA).dropna(axis=1, how="all")
     return out.style.hide(axis="index").format(precision=1, na_rep="")
+
+
+def resolved_table(study: Study) -> Styler | Markdown:
+    """What each configuration resolved to (Study.resolved()) as the page shows it: the columns where they differ,
+    what every one shares said once above (a dozen columns of one value pushed the table off the page)."""
+    df = study.resolved()
+    if df.empty:
+        return Markdown("No configuration was read back.")
+    # what was read back; a configuration not measured has no values and shares none
+    read = df[df["source"] != "not measured"] if "source" in df else df
+    keep = ("config", "requested", "flags") + (("source",) if len(read) < len(df) else ())
+    same = [c for c in df.columns if c not in keep and len(read) > 1
+            and read[c].notna().all() and read[c].astype(str).nunique() == 1 and str(read[c].iloc[0]) != ""]
+    out = table_or(df.drop(columns=same), "")
+    if same:
+        out = out.set_caption("Every configuration read back: " + "; ".join(f"{c} {_value(read[c].iloc[0])}"
+                                                                            for c in same))
+    return out
+
+
+def _value(v: object) -> str:
+    """A cell as words: a count that a missing row made a float (tp 1.0) as the integer it is."""
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def verification_table(study: Study) -> Styler | Markdown:
+    """Each configuration's pinned fields (Study.verification()) in one row: those as requested, then each that
+    differs or could not be verified with why (16 rows of 'as requested' and an empty why column read as nothing)."""
+    v = study.verification()
+    if v.empty:
+        return Markdown("Nothing was read back to verify.")
+    rows = []
+    for cfg, g in v.groupby("config", sort=False):
+        ok = g[g["status"] == "as requested"]
+        other = g[g["status"] != "as requested"]
+        rows.append({"config": cfg,
+                     "as requested": ", ".join(f"{f} {r}" for f, r in zip(ok["field"], ok["resolved"], strict=True)),
+                     "not as requested": "; ".join(
+                         f"{r.field}: {r.status}" + (f" ({r.why})" if r.why else "") for r in other.itertuples())})
+    return table_or(pd.DataFrame(rows), "")
 
 
 # what a paired comparison's table shows on the page; the p-value, the plain range of the ratios and each side's spread
