@@ -119,8 +119,8 @@ def prepare(engine: EngineSpec, model: ModelSpec, say: Callable[[str], None] = p
     t0 = time.monotonic()
     path, served = resolve_model(model, install.python, install.env)
     steps.append(("the model", time.monotonic() - t0))
-    # a fresh machine's first preparation took minutes before anything launched (the H200, 2026-12-05): say where
-    # they went, once they are long enough to matter; a prepared machine says nothing
+    # a fresh machine's first preparation took minutes before anything launched (the H200, 2026-12-05), with nothing
+    # in the log: say where they went, once they are long enough to matter
     if sum(s for _, s in steps) >= SLOW_PREPARE_S:
         say("prepared before the first launch in " + ", ".join(f"{w} {s:.0f} s" for w, s in steps))
     return Prepared(engine, install, path, adapter.served_name(path, served), adapter)
