@@ -587,3 +587,22 @@ def test_a_configuration_not_measured_shares_no_value_in_the_resolved_caption():
     st = nb.resolved_table(SimpleNamespace(resolved=lambda: df))
     assert st.caption == "Every configuration read back: compile off; tp 1"
     assert list(st.data.columns) == ["config", "requested", "flags", "source", "graph_mode"]
+
+
+def test_a_field_not_as_requested_is_said_with_why():
+    from types import SimpleNamespace
+
+    from servescope import nb
+
+    v = pd.DataFrame([
+        {"config": "full", "field": "graph_decode", "requested": "full", "resolved": "full", "status": "as requested",
+         "why": ""},
+        {"config": "full", "field": "graph_prefill", "requested": "full", "resolved": "off", "status": "differs",
+         "why": "asked full, the server resolved off"},
+        {"config": "full", "field": "tp", "requested": "1", "resolved": "not reported", "status": "not verified",
+         "why": "the server does not report it"}])
+    got = nb.verification_table(SimpleNamespace(verification=lambda: v)).data
+    assert got.to_dict("records") == [{
+        "config": "full", "as requested": "graph_decode full",
+        "not as requested": "graph_prefill: differs (asked full, the server resolved off); tp: not verified (the "
+                            "server does not report it)"}]

@@ -370,25 +370,6 @@ def test_each_modes_verification_is_one_row(offline_run):
     assert len(cells) == 8
 
 
-def test_a_field_not_as_requested_is_said_with_why():
-    from types import SimpleNamespace
-
-    from servescope import nb
-
-    v = pd.DataFrame([
-        {"config": "full", "field": "graph_decode", "requested": "full", "resolved": "full", "status": "as requested",
-         "why": ""},
-        {"config": "full", "field": "graph_prefill", "requested": "full", "resolved": "off", "status": "differs",
-         "why": "asked full, the server resolved off"},
-        {"config": "full", "field": "tp", "requested": "1", "resolved": "not reported", "status": "not verified",
-         "why": "the server does not report it"}])
-    got = nb.verification_table(SimpleNamespace(verification=lambda: v)).data
-    assert got.to_dict("records") == [{
-        "config": "full", "as requested": "graph_decode full",
-        "not as requested": "graph_prefill: differs (asked full, the server resolved off); tp: not verified (the "
-                            "server does not report it)"}]
-
-
 def test_committed_reference_report_says_the_same(offline_run):
     for name in ("01_cuda_graph_disable_reason", "02_piecewise_cuda_graphs", "05_torch_compile", "06_grouped_gemm"):
         ours = [f["claim"] for f in json.loads((offline_run / f"{name}.findings.json").read_text())]

@@ -109,20 +109,22 @@ def prepare(engine: EngineSpec, model: ModelSpec, say: Callable[[str], None] = p
         return Prepared(engine, adapter.probe(""), model.path or "", served, adapter)
     if engine.url:
         raise SpecError(f"engine.url is only for engine 'external'; {engine.name!r} is launched by servescope")
-    steps: list[tuple[str, float]] = []
-    t0 = time.monotonic()
-    install = _install_for_launch(engine, adapter, say)
-    steps.append(("finding the engine", time.monotonic() - t0))
-    t0 = time.monotonic()
-    check_base_args(engine, adapter, install)
-    steps.append(("reading its flags", time.monotonic() - t0))
-    t0 = time.monotonic()
-    path, served = resolve_model(model, install.python, install.env)
-    steps.append(("the model", time.monotonic() - t0))
+    steps: dict[str, float] = {}
+
+    def timed(step: str, work: Callable[[], Any]) -> Any:
+        t0 = time.monotonic()
+        try:
+            return work()
+        finally:
+            steps[step] = time.monotonic() - t0
+
+    install = timed("finding the engine", lambda: _install_for_launch(engine, adapter, say))
+    timed("reading its flags", lambda: check_base_args(engine, adapter, install))
+    path, served = timed("the model", lambda: resolve_model(model, install.python, install.env))
     # a fresh machine's first preparation took minutes before anything launched (the H200, 2026-12-05), with nothing
     # in the log: say where they went, once they are long enough to matter
-    if sum(s for _, s in steps) >= SLOW_PREPARE_S:
-        say("prepared before the first launch in " + ", ".join(f"{w} {s:.0f} s" for w, s in steps))
+    if sum(steps.values()) >= SLOW_PREPARE_S:
+        say("prepared before the first launch in " + ", ".join(f"{w} {s:.0f} s" for w, s in steps.items()))
     return Prepared(engine, install, path, adapter.served_name(path, served), adapter)
 
 
