@@ -107,9 +107,11 @@ def test_the_changes_together_are_verified_with_each_ones_share(tmp_path, stub_e
 def test_the_scheduler_search_finds_and_verifies_a_setting(tmp_path, stub_engine):
     """Known answer: no recommended change, the stub capped at 2 running requests by default; at c=8 every larger
     max_running_requests is faster, so the search must pick one and verify it against the engine's defaults. Both
-    levels (c=4, 8) are above the cap: at a level below it the effect is zero and noise alone would decide its sign."""
+    levels (c=4, 8) are above the cap: at a level below it the effect is zero and noise alone would decide its sign.
+    Tokens 20 ms apart: with the stub's 1 ms a launch lasted ~0.1 s and one hiccup of the 2-core host under the full
+    suite turned a 4x faster setting into -76% (CI at b3d4aa7)."""
     d = _report(tmp_path)
-    eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2"}}
+    eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2", "STUB_ITL_MS": "20"}}
     ctx = context(eng, {"path": "stub"}, {**LOAD, "concurrency": [4, 8]}, repetitions=3, max_repetitions=3,
                   store_dir=str(tmp_path / "s"), progress=False)
     v = t07.run(ctx, collect(d), search=["max_running_requests"], search_budget_s=120)
@@ -129,7 +131,7 @@ def test_a_screening_search_names_its_lead_and_launches_nothing_to_verify_it(tmp
     a cold make report): the same known answer as above leads by >20% and is named, but no verification is launched,
     and the front line's scheduler half reads the same whether a setting led or none did (the chunked-prefill knob
     the stub ignores), so that a lead found by chance in one launch cannot change the first line of a second run."""
-    eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2"}}
+    eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2", "STUB_ITL_MS": "20"}}
     ctx = context(eng, {"path": "stub"}, {**LOAD, "concurrency": [4, 8]}, repetitions=1, max_repetitions=1,
                   store_dir=str(tmp_path / "s"), progress=False)
     v = t07.run(ctx, collect(_report(tmp_path)), search=["max_running_requests"], search_budget_s=120, search_settings=2,
