@@ -589,6 +589,18 @@ def test_a_configuration_not_measured_shares_no_value_in_the_resolved_caption():
     assert list(st.data.columns) == ["config", "requested", "flags", "source", "graph_mode"]
 
 
+def test_a_count_column_a_missing_row_made_float_shows_as_integers():
+    """tp of a row not measured is NaN, which makes the column float: the table said '1.0' and '2.0'. A measured
+    column with fractions keeps them."""
+    from servescope import nb
+
+    df = pd.DataFrame([{"config": "a", "tp": 1, "ttft_ms": 12.25}, {"config": "b", "tp": None, "ttft_ms": None},
+                       {"config": "c", "tp": 2, "ttft_ms": 9.0}])
+    html = nb.table_or(df, "").to_html()
+    cells = [c.strip() for c in re.findall(r"<td[^>]*>([^<]*)</td>", html)]
+    assert cells == ["a", "1", "12.2", "b", "", "", "c", "2", "9.0"]
+
+
 def test_a_field_not_as_requested_is_said_with_why():
     from types import SimpleNamespace
 

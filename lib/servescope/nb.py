@@ -233,6 +233,10 @@ def table_or(df: pd.DataFrame, words: str) -> pd.DataFrame | Markdown:
     if df is None or df.empty:
         return Markdown(words)
     out = df.replace("", pd.NA).dropna(axis=1, how="all")
+    # a count column that a missing row made float (tp 1.0, 2.0) shows as the integers it holds
+    whole = [c for c in out.columns if pd.api.types.is_float_dtype(out[c]) and out[c].notna().any()
+             and (out[c].dropna() % 1 == 0).all()]
+    out = out.astype({c: "Int64" for c in whole})
     return out.style.hide(axis="index").format(precision=1, na_rep="")
 
 
