@@ -589,6 +589,23 @@ def test_a_configuration_not_measured_shares_no_value_in_the_resolved_caption():
     assert list(st.data.columns) == ["config", "requested", "flags", "source", "graph_mode"]
 
 
+def test_the_header_says_the_engine_and_model_in_words():
+    """The header showed Python reprs (args=['--attention-backend', 'FLASH_ATTN'], tiny={'num_layers': 8, ...}) and
+    hid the engine's env; a default tiny model ({}) said nothing of its shape."""
+    from servescope.report import engine_words, model_words
+
+    assert engine_words({"name": "vllm", "version": "0.26.0", "python": "/opt/py", "startup_timeout_s": 600,
+                         "env": {"PYTHONPATH": "/tmp/vsite"}, "args": ["--attention-backend", "FLASH_ATTN"]}) == (
+        "vllm 0.26.0; python /opt/py; startup_timeout_s 600; env PYTHONPATH=/tmp/vsite; "
+        "args --attention-backend FLASH_ATTN")
+    assert engine_words({"name": "sglang", "url": "http://h:30000"}) == (
+        "sglang; at http://h:30000 (running already, nothing launched)")
+    assert model_words({"tiny": {}}) == (
+        "random-weight Qwen3-MoE generated locally: 4 layers, hidden 128, 4 heads (2 KV, dim 32), 16 experts top-4 "
+        "(expert FFN 64), vocab 512, bfloat16, seed 0")
+    assert model_words({"path": "/models/q", "served_name": "q"}) == "path /models/q; served_name q"
+
+
 def test_a_count_column_a_missing_row_made_float_shows_as_integers():
     """tp of a row not measured is NaN, which makes the column float: the table said '1.0' and '2.0'. A measured
     column with fractions keeps them."""

@@ -6,6 +6,7 @@ import contextlib
 import html
 import os
 import platform
+import shlex
 import signal
 import socket
 import threading
@@ -29,7 +30,7 @@ from .experiment import DEADLINE_ENV
 from .findings import Finding, Outcome, read_findings, read_outcome
 from .launch import prepare
 from .paths import default_reports_dir, default_store_dir
-from .spec import EngineSpec, Knobs, ModelSpec, parse
+from .spec import EngineSpec, Knobs, ModelSpec, TinyModelSpec, parse
 from .store import Store
 from .suite import QUESTIONS, Suite, load_suite, notebook_file
 from .threads import verify
@@ -439,10 +440,38 @@ def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_st
         summary_html=html_of.get(summary.SELF, ""), tiers=ranked["tier"].value_counts().to_dict(),
         suite=suite, suite_path=str(suite_path), run_id=run_id, rows=runs, interrupted=interrupted, skipped=skipped,
         started=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_start)), total_s=time.time() - t_start,
-        engine_line=html.unescape(", ".join(f"{k}={v}" for k, v in suite.engine.items() if k != "env")),
-        model_line=", ".join(f"{k}={v}" for k, v in suite.model.items()),
+        engine_line=engine_words(suite.engine), model_line=model_words(suite.model),
         host=host or f"{socket.gethostname()} ({platform.machine()}, {os.cpu_count()} CPUs)")
     atomic_write_text(out_dir / "index.html", page)
+
+
+def engine_words(engine: dict[str, Any]) -> str:
+    """The suite's engine as the page's header says it: name and version, then what else the suite set, in words."""
+    head = " ".join(str(engine[k]) for k in ("name", "version") if engine.get(k)) or "vllm"
+    rest = []
+    for k, v in engine.items():
+        if k in ("name", "version"):
+            continue
+        if k == "args":
+            rest.append("args " + shlex.join(v))
+        elif k == "env":
+            rest.append("env " + " ".join(f"{n}={x}" for n, x in v.items()))
+        elif k == "url":
+            rest.append(f"at {v} (running already, nothing launched)")
+        else:
+            rest.append(f"{k} {v}")
+    return "; ".join([head, *[r for r in rest if not r.endswith(" ")]])
+
+
+def model_words(model: dict[str, Any]) -> str:
+    """The suite's model in words: a path as given, a generated one by its shape (defaults filled in, as served)."""
+    if model.get("tiny") is None:
+        return "; ".join(f"{k} {v}" for k, v in model.items() if v is not None)
+    t = TinyModelSpec(**model["tiny"])
+    words = (f"random-weight Qwen3-MoE generated locally: {t.num_layers} layers, hidden {t.hidden_size}, "
+             f"{t.num_attention_heads} heads ({t.num_key_value_heads} KV, dim {t.head_dim}), {t.num_experts} experts "
+             f"top-{t.top_k} (expert FFN {t.moe_intermediate_size}), vocab {t.vocab_size}, {t.dtype}, seed {t.seed}")
+    return words + (f"; served as {model['served_name']}" if model.get("served_name") else "")
 
 
 def _point_latest(reports: Path, out_dir: Path) -> None:
