@@ -616,6 +616,9 @@ def test_a_count_column_a_missing_row_made_float_shows_as_integers():
     html = nb.table_or(df, "").to_html()
     cells = [c.strip() for c in re.findall(r"<td[^>]*>([^<]*)</td>", html)]
     assert cells == ["a", "1", "12.2", "b", "", "", "c", "2", "9.0"]
+    # numbers keep their digits lined up on a page that reads words from the left
+    rule = re.search(r"([^{}]*)\{\s*text-align: right", html)
+    assert rule and set(re.findall(r"_(col\d+)", rule.group(1))) == {"col1", "col2"}
 
 
 def test_a_field_not_as_requested_is_said_with_why():

@@ -214,3 +214,32 @@ def test_rewording_thread_05s_rule_changes_nothing_07_leaves_out():
     got = _decisions(by_thread)
     assert got[0] == Knobs(torch_compile=True) and [x[2] for x in got[1]] == [False, True]
     assert _decisions(_reworded(by_thread)) == got
+
+
+def test_a_notebook_pages_tables_read_from_the_left_in_headless_chromium(tmp_path):
+    """JupyterLab's stylesheet right-aligns every output table cell: the ranked table's flags and sentences read as
+    ragged columns (seen on the vLLM H200 summary). The page's own stylesheet must win in a real browser; the ranked
+    table links each thread to its answer instead of a column of links that ran off the page."""
+    import nbformat
+
+    from servescope import nb as nbmod
+    from servescope.report import render_html
+
+    assert CHROMIUM is not None, "Debian's chromium is not installed: `make browser` (part of make test) installs it"
+    ranked = summary.rank(FINDINGS)
+    table = nbmod.ranked_table(ranked)
+    assert "evidence" not in table.data and '<a href="05_torch_compile.html#Answer">05_torch_compile</a>' in table.data
+    note = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("nb.ranked_table(ranked)")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={"text/html": table.data})]
+    note.cells = [cell]
+    nbformat.write(note, str(tmp_path / "x.ipynb"))
+    render_html(tmp_path / "x.ipynb", tmp_path / "x.html", hide_code=True)
+    page = (tmp_path / "x.html").read_text()
+    probe = ("<script>window.addEventListener('load', () => { const td = document.querySelector("
+             "'table.servescope-ranked td'); document.body.dataset.align = getComputedStyle(td).textAlign; });"
+             "</script>")
+    (tmp_path / "x.html").write_text(page.replace("</body>", probe + "</body>"))
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                          f"file://{tmp_path / 'x.html'}"], capture_output=True, text=True, timeout=120).stdout
+    assert re.search(r'<body[^>]*data-align="left"', dom), re.search(r"<body[^>]*>", dom)

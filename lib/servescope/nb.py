@@ -237,7 +237,10 @@ def table_or(df: pd.DataFrame, words: str) -> pd.DataFrame | Markdown:
     whole = [c for c in out.columns if pd.api.types.is_float_dtype(out[c]) and out[c].notna().any()
              and (out[c].dropna() % 1 == 0).all()]
     out = out.astype({c: "Int64" for c in whole})
-    return out.style.hide(axis="index").format(precision=1, na_rep="")
+    # the page reads words from the left (report.PAGE_CSS); numbers stay right-aligned, so their digits line up
+    numbers = [c for c in out.columns if pd.api.types.is_numeric_dtype(out[c]) and not pd.api.types.is_bool_dtype(out[c])]
+    return out.style.hide(axis="index").format(precision=1, na_rep="") \
+        .set_properties(subset=numbers, **{"text-align": "right"})
 
 
 def resolved_table(study: Study) -> Styler | Markdown:
@@ -298,15 +301,17 @@ def effects_table(df: pd.DataFrame, words: str = "No paired comparison measured.
 
 
 def ranked_table(ranked: pd.DataFrame) -> Markdown | HTML:
-    """The summary's ranking as one table, each evidence cell a link to the thread's answer."""
+    """The summary's ranking as one table, each thread a link to its answer."""
     if ranked.empty:
         return Markdown("No finding to rank: no thread of this run wrote findings.")
     # 'optimal' (what an Already-optimal setting beat) is the front page's wording of the same row
     df = ranked.drop(columns=["optimal", "knob_keys"], errors="ignore").replace("", pd.NA).dropna(axis=1, how="all").fillna("")
     df = df.map(lambda v: html.escape(str(v)))
-    df["evidence"] = ranked["evidence"].map(lambda h: f'<a href="{html.escape(h)}">{html.escape(h.split("#")[0])}</a>')
-    style = "<style>table.servescope-ranked td, table.servescope-ranked th { text-align: left; }</style>"
-    return HTML(style + df.to_html(index=False, escape=False, classes="servescope-ranked"))
+    # the thread names its page: a column of links repeating it pushed the table past the page's edge
+    df["thread"] = [f'<a href="{html.escape(h)}">{html.escape(t)}</a>' if h else html.escape(t)
+                    for t, h in zip(ranked["thread"], ranked["evidence"].fillna(""), strict=True)]
+    return HTML(df.drop(columns="evidence", errors="ignore").to_html(index=False, escape=False,
+                                                                     classes="servescope-ranked"))
 
 
 def engines_side_by_side(store_dir: str, model: dict | None = None, load: dict | None = None) -> Markdown | pd.DataFrame:

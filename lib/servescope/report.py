@@ -173,7 +173,17 @@ def render_html(ipynb: Path, html_path: Path, hide_code: bool = False) -> None:
     exporter = HTMLExporter(template_name="lab", embed_images=True, exclude_input=hide_code,
                             exclude_input_prompt=hide_code, exclude_output_prompt=hide_code)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": ipynb.stem}})
-    atomic_write_text(html_path, body)
+    atomic_write_text(html_path, body.replace("</head>", PAGE_CSS + "</head>", 1))
+
+
+# JupyterLab's stylesheet right-aligns every cell of an output's table (numbers' habit), which left ragged columns of
+# flags and sentences; a table wider than the page ran off its edge instead of scrolling
+PAGE_CSS = """<style>
+:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon table td,
+:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon table th { text-align: left; vertical-align: top; }
+.jp-OutputArea-output.jp-RenderedHTMLCommon { overflow-x: auto; }
+</style>
+"""
 
 
 def _error_excerpt(e: BaseException) -> str:
