@@ -229,6 +229,8 @@ def test_a_notebook_pages_tables_read_from_the_left_in_headless_chromium(tmp_pat
     ranked = summary.rank(FINDINGS)
     table = nbmod.ranked_table(ranked)
     assert "evidence" not in table.data and '<a href="05_torch_compile.html#Answer">05_torch_compile</a>' in table.data
+    quoted = ranked.head(1).assign(change="run 2 servers, each with `--mem 0.45` <pinned>")
+    assert "run 2 servers, each with <code>--mem 0.45</code> &lt;pinned&gt;" in nbmod.ranked_table(quoted).data
     note = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("nb.ranked_table(ranked)")
     cell.outputs = [nbformat.v4.new_output("display_data", data={"text/html": table.data})]

@@ -306,7 +306,10 @@ def ranked_table(ranked: pd.DataFrame) -> Markdown | HTML:
         return Markdown("No finding to rank: no thread of this run wrote findings.")
     # 'optimal' (what an Already-optimal setting beat) is the front page's wording of the same row
     df = ranked.drop(columns=["optimal", "knob_keys"], errors="ignore").replace("", pd.NA).dropna(axis=1, how="all").fillna("")
-    df = df.map(lambda v: html.escape(str(v)))
+    from .summary import change_html
+
+    # a change or why in words quotes its flags in backticks: code there, as on the front page
+    df = df.map(lambda v: str(change_html(str(v), words=True)))
     # the thread names its page: a column of links repeating it pushed the table past the page's edge
     df["thread"] = [f'<a href="{html.escape(h)}">{html.escape(t)}</a>' if h else html.escape(t)
                     for t, h in zip(ranked["thread"], ranked["evidence"].fillna(""), strict=True)]

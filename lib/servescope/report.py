@@ -20,7 +20,6 @@ import nbformat
 import papermill as pm
 import psutil
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from markupsafe import Markup, escape
 from nbconvert import HTMLExporter
 
 from . import summary
@@ -33,6 +32,7 @@ from .paths import default_reports_dir, default_store_dir
 from .spec import EngineSpec, Knobs, ModelSpec, TinyModelSpec, parse
 from .store import Store
 from .suite import QUESTIONS, Suite, load_suite, notebook_file
+from .summary import change_html
 from .threads import verify
 from .util import atomic_write_text
 
@@ -408,15 +408,6 @@ def measured_host(store_dir: Path) -> str:
     gpus = f", {where['gpus']} x {where['gpu']}" if where.get("gpu") else ""
     return (f"{where['host']} ({where['platform']}, {where['cpus']} CPUs{gpus}), where {where['points']} of the "
             "store's points were measured; rendered offline")
-
-
-def change_html(change: str, words: bool = False) -> Markup:
-    """A change or claim for the front page: flags alone as one code span (words=True: as text); a change in words (04's
-    layout) as text with its `quoted` flags as code, not one code span showing the backticks."""
-    if "`" not in change:
-        return escape(change) if words else Markup("<code>{}</code>").format(change)
-    parts = change.split("`")
-    return Markup("").join(Markup("<code>{}</code>").format(p) if i % 2 else escape(p) for i, p in enumerate(parts))
 
 
 def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_start: float,

@@ -9,6 +9,7 @@ measured (a thread that could not answer). Within a tier, larger measured effect
 from __future__ import annotations
 
 import pandas as pd
+from markupsafe import Markup, escape
 
 from .findings import SUMMARY as SELF
 from .findings import TIERS, Change, Finding, Verdict, collect, failed_change, failures_of, sentences, tier  # noqa: F401
@@ -131,3 +132,12 @@ def front_line(verification: list[Finding]) -> str:
     if head is not None and head.verified:
         return f"{said(head)}; scheduler tuning on top: {tune.words}"
     return f"Verified: {tune.words}" + (f" (not verified: {head.words})" if head is not None else "")
+
+
+def change_html(change: str, words: bool = False) -> Markup:
+    """A change or claim for the front page: flags alone as one code span (words=True: as text); a change in words (04's
+    layout) as text with its `quoted` flags as code, not one code span showing the backticks."""
+    if "`" not in change:
+        return escape(change) if words else Markup("<code>{}</code>").format(change)
+    parts = change.split("`")
+    return Markup("").join(Markup("<code>{}</code>").format(p) if i % 2 else escape(p) for i, p in enumerate(parts))
