@@ -449,6 +449,10 @@ def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_st
 def engine_words(engine: dict[str, Any]) -> str:
     """The suite's engine as the page's header says it: name and version, then what else the suite set, in words."""
     head = " ".join(str(engine[k]) for k in ("name", "version") if engine.get(k)) or "vllm"
+    if not engine.get("python") and not engine.get("url"):  # the environment servescope installs: which release
+        managed = get_engine(engine.get("name") or "vllm").managed_env(engine.get("version"))
+        if managed is not None:
+            head += f" (servescope's own environment: {' '.join(managed.requirements)})"
     rest = []
     for k, v in engine.items():
         if k in ("name", "version"):
