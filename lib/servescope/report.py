@@ -23,7 +23,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from nbconvert import HTMLExporter
 
 from . import summary
-from .engines import get_engine
+from .engines import engine_names, get_engine
 from .errors import KnobError, SpecError
 from .experiment import DEADLINE_ENV
 from .findings import Finding, Outcome, read_findings, read_outcome
@@ -448,24 +448,18 @@ def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_st
 
 def engine_words(engine: dict[str, Any]) -> str:
     """The suite's engine as the page's header says it: name and version, then what else the suite set, in words."""
-    head = " ".join(str(engine[k]) for k in ("name", "version") if engine.get(k)) or "vllm"
-    if not engine.get("python") and not engine.get("url"):  # the environment servescope installs: which release
-        managed = get_engine(engine.get("name") or "vllm").managed_env(engine.get("version"))
+    name = engine.get("name") or "vllm"
+    head = " ".join([name, *([str(engine["version"])] if engine.get("version") else [])])
+    if not engine.get("python") and not engine.get("url") and name in engine_names():
+        managed = get_engine(name).managed_env(engine.get("version"))  # the environment servescope installs
         if managed is not None:
             head += f" (servescope's own environment: {' '.join(managed.requirements)})"
-    rest = []
-    for k, v in engine.items():
-        if k in ("name", "version"):
-            continue
-        if k == "args":
-            rest.append("args " + shlex.join(v))
-        elif k == "env":
-            rest.append("env " + " ".join(f"{n}={x}" for n, x in v.items()))
-        elif k == "url":
-            rest.append(f"at {v} (running already, nothing launched)")
-        else:
-            rest.append(f"{k} {v}")
-    return "; ".join([head, *[r for r in rest if not r.endswith(" ")]])
+    said = {"args": lambda v: "args " + shlex.join(v),
+            "env": lambda v: "env " + " ".join(f"{n}={x}" for n, x in v.items()),
+            "url": lambda v: f"at {v} (running already, nothing launched)"}
+    rest = [said.get(k, lambda v, k=k: f"{k} {v}")(v) for k, v in engine.items()
+            if k not in ("name", "version") and v not in (None, "", [], {}, ())]
+    return "; ".join([head, *rest])
 
 
 def model_words(model: dict[str, Any]) -> str:
