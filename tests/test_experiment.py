@@ -142,6 +142,7 @@ def test_thread02_picks_the_mode_that_helps_most(tmp_path, stub_engine):
     load = {"concurrency": [2], "num_requests": 8, "output_len": 16, "warmup_requests": 0}
     gs = t02.run(context(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path)))
     assert list(gs.modes["mode"][gs.modes["expressible"]]) == ["off", "decode_only", "full", "piecewise"]
+    assert list(gs.modes_table()) == ["mode", "expressible", "flags", "reason"]  # 'asked' is the code's, not the page's
     assert set(gs.study.verification()["status"]) == {"as requested"}
     head, ceiling, *per_mode = t02.findings(gs)
     assert head.title == "Use CUDA graphs: piecewise" and head.recommended_flags == ["--itl-ms", "2"]

@@ -612,14 +612,38 @@ def test_a_count_column_a_missing_row_made_float_shows_as_integers():
     column with fractions keeps them."""
     from servescope import nb
 
-    df = pd.DataFrame([{"config": "a", "tp": 1, "ttft_ms": 12.25}, {"config": "b", "tp": None, "ttft_ms": None},
-                       {"config": "c", "tp": 2, "ttft_ms": 9.0}])
+    df = pd.DataFrame([{"config": "a", "tp": 1, "ttft_ms": 12.25, "j_per_tok": 0.01234},
+                       {"config": "b", "tp": None, "ttft_ms": None, "j_per_tok": None},
+                       {"config": "c", "tp": 2, "ttft_ms": 9.0, "j_per_tok": 0.0}])
     html = nb.table_or(df, "").to_html()
     cells = [c.strip() for c in re.findall(r"<td[^>]*>([^<]*)</td>", html)]
-    assert cells == ["a", "1", "12.2", "b", "", "", "c", "2", "9.0"]
+    # and a small measured value keeps its digits (one decimal showed 0.0123 J as 0.0)
+    assert cells == ["a", "1", "12.2", "0.0123", "b", "", "", "", "c", "2", "9.00", "0.0"]
     # numbers keep their digits lined up on a page that reads words from the left
     rule = re.search(r"([^{}]*)\{\s*text-align: right", html)
-    assert rule and set(re.findall(r"_(col\d+)", rule.group(1))) == {"col1", "col2"}
+    assert rule and set(re.findall(r"_(col\d+)", rule.group(1))) == {"col1", "col2", "col3"}
+
+
+def test_a_table_a_thread_returns_bare_shows_as_the_page_shows_tables():
+    """02's gs.modes, 04's ps.table() and the rest are bare DataFrames: in the notebook they showed row numbers 0..4
+    and all-empty columns. Through the formatter nb registers in IPython they show as table_or does; an index that
+    means something stays, as columns; an empty frame keeps its text form."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from servescope import nb
+
+    shell = InteractiveShell.instance()
+    nb.use_page_tables(shell)
+    modes = pd.DataFrame([{"mode": "off", "expressible": True, "flags": "--x", "reason": ""},
+                          {"mode": "full", "expressible": False, "flags": "", "reason": ""}])
+    shown = shell.display_formatter.format(modes)[0]["text/html"]
+    assert "<th" in shown and ">reason<" not in shown and not re.search(r'class="row_heading', shown)
+    assert [c.strip() for c in re.findall(r"<td[^>]*>([^<]*)</td>", shown)] == ["off", "yes", "--x", "full", "no", ""]
+    by = pd.DataFrame({"gpu": [0, 1], "power_w": [310.5, 120.25]}).set_index("gpu")
+    assert ">gpu<" in shell.display_formatter.format(by)[0]["text/html"]
+    assert "text/html" not in shell.display_formatter.format(pd.DataFrame())[0]
+    clash = pd.DataFrame({"gpu": [0, 1]}, index=pd.Index([0, 1], name="gpu"))
+    assert "<table" in shell.display_formatter.format(clash)[0]["text/html"]  # pandas' own table, not an error
 
 
 def test_a_field_not_as_requested_is_said_with_why():

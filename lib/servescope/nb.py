@@ -19,6 +19,30 @@ from .util import atomic_write_text
 # long words (a verdict's "because", a flag list) wrap in the HTML report instead of ending in "..."
 pd.set_option("display.max_colwidth", 400)
 
+
+def frame_html(df: pd.DataFrame) -> str | None:
+    """A DataFrame as a page shows it (table_or): no row numbers (an index that means something becomes columns),
+    no all-empty columns, words from the left and numbers right; None for an empty one (its text form says so)."""
+    shown = df if isinstance(df.index, pd.RangeIndex) and df.index.names == [None] else \
+        df.reset_index(allow_duplicates=True)
+    if not shown.columns.is_unique:  # a Styler refuses repeated names: pandas' own table then
+        return df.to_html()
+    table = table_or(shown, "")
+    if not isinstance(table, Styler):
+        return None
+    rows = pd.get_option("display.max_rows")  # a long kernel list stays as long as pandas would show it
+    return table.to_html(max_rows=rows) if len(shown) > rows else table.to_html()
+
+
+def use_page_tables(shell=None) -> None:
+    """Every DataFrame a notebook shows (threads return them bare: gs.modes, ps.table()) renders as frame_html; a
+    no-op outside IPython."""
+    from IPython import get_ipython
+
+    shell = shell or get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, frame_html)
+
 def show_findings(findings: list[Finding], path: str | Path, res: Results | None = None, thread: str = "",
                   outcome: Outcome | None = None, table_after: int | None = None) -> Markdown:
     """Write the findings JSON and, beside it, the notebook's outcome (what it measured, for the index: from res, or
@@ -237,10 +261,24 @@ def table_or(df: pd.DataFrame, words: str) -> pd.DataFrame | Markdown:
     whole = [c for c in out.columns if pd.api.types.is_float_dtype(out[c]) and out[c].notna().any()
              and (out[c].dropna() % 1 == 0).all()]
     out = out.astype({c: "Int64" for c in whole})
+    # a yes/no column reads as words (True/False is Python's spelling)
+    yes_no = [c for c in out.columns if out[c].notna().any() and out[c].dropna().map(type).eq(bool).all()]
+    if yes_no:
+        out = out.copy()
+        for c in yes_no:
+            out[c] = out[c].map({True: "yes", False: "no"})
     # the page reads words from the left (report.PAGE_CSS); numbers stay right-aligned, so their digits line up
-    numbers = [c for c in out.columns if pd.api.types.is_numeric_dtype(out[c]) and not pd.api.types.is_bool_dtype(out[c])]
-    return out.style.hide(axis="index").format(precision=1, na_rep="") \
+    numbers = [c for c in out.columns if pd.api.types.is_numeric_dtype(out[c])]
+    floats = [c for c in out.columns if pd.api.types.is_float_dtype(out[c])]
+    return out.style.hide(axis="index").format(na_rep="").format(_number, subset=floats, na_rep="") \
         .set_properties(subset=numbers, **{"text-align": "right"})
+
+
+def _number(v: float) -> str:
+    """A measured value with the digits that matter: one decimal from 10 up, two from 1, three significant below
+    (one decimal everywhere showed a 0.04 ms kernel or a 0.012 J token as 0.0)."""
+    a = abs(v)
+    return f"{v:.1f}" if a >= 10 or a == 0 else f"{v:.2f}" if a >= 1 else f"{v:.3g}"
 
 
 def resolved_table(study: Study) -> Styler | Markdown:
@@ -332,3 +370,6 @@ def engines_side_by_side(store_dir: str, model: dict | None = None, load: dict |
         return Markdown("Not compared: the store holds this model under this load on one engine only.")
     display(Markdown(engines.words(t)))
     return t.drop(columns=["model", "load", "configs_a", "configs_b"]).round(1)
+
+
+use_page_tables()  # every notebook imports nb before it shows a table

@@ -58,6 +58,10 @@ class GraphStudy:
     # the ceiling probe: rows (form, batch, ms_per_step, ...), what ran (device, dtype, MoE method), or why not
     ceiling: ProbeRun = field(default_factory=ProbeRun)
 
+    def modes_table(self) -> pd.DataFrame:
+        """The modes as the page shows them: whether the engine was asked is the flags' and reason's to say."""
+        return self.modes.drop(columns="asked", errors="ignore")
+
     def ceiling_gains(self) -> pd.DataFrame:
         """Per batch size and form of the probe: ms per step (median of its runs), and the gain over eager with its
         range over the paired runs (the forms ran interleaved, run by run); resolved where every pair agrees."""
