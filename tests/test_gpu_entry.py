@@ -305,9 +305,50 @@ def test_budget_s_counts_from_the_calls_start_the_install_comes_out_of_it(tmp_pa
     monkeypatch.setattr(gpu.subprocess, "run", lambda *a, **k: None)
     monkeypatch.setattr(gpu.signal, "signal", lambda *a: None)
     monkeypatch.setattr(gpu, "leftovers", lambda: [])
+    monkeypatch.setattr(gpu, "suite_store", lambda name: tmp_path / "store")
+    monkeypatch.setattr(gpu, "check_store_card", lambda store, env: None)
     monkeypatch.setattr(gpu, "run_suite", lambda path, name, env, budget_s, only: got.update(budget_s=budget_s) or 0)
     monkeypatch.setenv("BUDGET_S", "470")
     monkeypatch.setenv("SENT", "01")
     monkeypatch.setattr(gpu.sys, "argv", ["on_gpu.py", "data/suites/vllm-h200-second.yaml"])
     assert gpu.main() == 0
     assert got["budget_s"] == 470 - 41
+
+
+def _fake_smi(tmp_path: Path, monkeypatch, name: str) -> None:
+    """nvidia-smi on PATH that names one GPU."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir(exist_ok=True)
+    smi = bin_ / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho '{name}'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}:{__import__('os').environ['PATH']}")
+
+
+def test_a_call_that_lands_on_another_card_stops_before_it_stores_anything(tmp_path, monkeypatch):
+    """A call without a kind may get an H100 while the recording it continues is the H200's: GPU_NAME stops it at
+    once, and the store check stops it after the install even without GPU_NAME (the store's keys do not hold the card,
+    so an H100's repetitions would be read beside the H200's)."""
+    import os
+
+    gpu = _load("on_gpu")
+    _fake_smi(tmp_path, monkeypatch, "NVIDIA H100 80GB HBM3")
+    with pytest.raises(SystemExit, match="this machine's GPU is NVIDIA H100 80GB HBM3, not the NVIDIA H200 the call"):
+        gpu.check_card("NVIDIA H200")
+    gpu.check_card("H100")
+    gpu.check_card("")  # not asked: no check
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
+    store = ROOT / "data" / "reference" / "vllm-h200" / "store"
+    with pytest.raises(SystemExit, match="measured on NVIDIA H200; this machine has NVIDIA H100 80GB HBM3: not "
+                                         "continued"):
+        gpu.check_store_card(store, env)
+    _fake_smi(tmp_path, monkeypatch, "NVIDIA H200")
+    gpu.check_store_card(store, env)  # the same card: continued
+    (tmp_path / "empty").mkdir()
+    gpu.check_store_card(tmp_path / "empty", env)  # a cold recording: nothing to match
+
+
+def test_pack_names_the_card_of_the_store_a_recording_continues():
+    pack = _load("pack")
+    assert pack.reference_card(ROOT / "data" / "suites" / "vllm-h200-second.yaml") == "NVIDIA H200"
+    assert pack.reference_card(ROOT / "data" / "suites" / "sglang-h200x2.yaml") == ""  # not recorded yet

@@ -1,7 +1,7 @@
 """Run a suite on the GPU machine: the one entry point for every H200 recording (device calls, from the repository
 root). Standard library only: it runs before anything is installed.
 
-    SENT=01,02 BUDGET_S=540 ONLY="--only 02" python3 benchmarks/gpu/on_gpu.py data/suites/sglang-h200.yaml
+    SENT=01,02 BUDGET_S=540 ONLY="--only 02" GPU_NAME=H200 python3 benchmarks/gpu/on_gpu.py data/suites/sglang-h200.yaml
 
 What it needs travels in parts (benchmarks/gpu/pack.py splits it; benchmarks/gpu/parts.json lists every file with its
 part and sha256), one part per call, carried as .device/parts/NN. Each call:
@@ -15,6 +15,8 @@ part and sha256), one part per call, carried as .device/parts/NN. Each call:
    when there is one, so a recording continues across sessions), saving the store into $OUT every 15 s; the suite
    itself launches no point that would not finish within the budget (servescope run --budget-s), the SIGTERM at
    BUDGET_S stays as the backstop;
+   (GPU_NAME, where given, stops the call at once on another card; a store measured on another GPU model is not
+   continued);
 4. leaves no suite, server, engine process or MPS daemon behind (checked, and killed if found, also when the driver
    itself fails), and says what it found; a suite an earlier call left running is stopped before this one starts.
 $OUT gets store.tgz, reports.tgz, run.log, gpu.txt.
@@ -120,6 +122,39 @@ def check_machine(sent: list[int]) -> None:
                          "Send the parts again from 01, back to back.")
     WORK.mkdir(parents=True, exist_ok=True)
     mark.write_text(boot_id())
+
+
+def gpu_names() -> list[str]:
+    """The GPUs' names as nvidia-smi gives them ('NVIDIA H200'), one per GPU."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+
+
+def check_card(want: str) -> None:
+    """GPU_NAME=H200: stop at once on a machine whose GPU is another (a call without a kind may get an H100), before
+    any part is stored: repetitions of one recording measured on two cards would be compared as one."""
+    if not want:
+        return
+    names = gpu_names()
+    if not any(want in n for n in names):
+        raise SystemExit(f"this machine's GPU is {', '.join(names) or 'none nvidia-smi names'}, not the {want} the call "
+                         "asked for (GPU_NAME): nothing stored, nothing run")
+
+
+def check_store_card(store: Path, env: dict[str, str]) -> None:
+    """A store continued here (the reference the recording goes on from) holds points measured on one GPU model:
+    stop before launching when this machine's is another, naming both (the store's keys do not hold the card, so
+    its points would be read as this machine's)."""
+    code = ("import sys; from servescope.store import Store; "
+            "print(Store(sys.argv[1]).measured_where().get('gpu', ''))")
+    got = subprocess.run([sys.executable, "-c", code, str(store)], env=env, capture_output=True, text=True)
+    if got.returncode:
+        raise SystemExit(f"reading where the store's points were measured failed: {got.stderr.strip()[-500:]}")
+    theirs, ours = got.stdout.strip(), gpu_names()
+    if theirs and ours and theirs not in ours:
+        raise SystemExit(f"the store this suite continues was measured on {theirs}; this machine has {', '.join(ours)}:"
+                         " not continued (its repetitions would mix two cards). Ask for that card (GPU_NAME, the call's"
+                         " kind), or record into another suite's store")
 
 
 def install(manifest: dict, suite: dict) -> dict[str, str]:
@@ -292,6 +327,7 @@ def main() -> int:
     started, budget_s = time.monotonic(), float(os.environ.get("BUDGET_S", "540"))
     only = os.environ.get("ONLY", "").split()
     OUT.mkdir(parents=True, exist_ok=True)
+    check_card(os.environ.get("GPU_NAME", ""))
     check_machine(sent)
     manifest = json.loads((ROOT / "benchmarks" / "gpu" / "parts.json").read_text())
     have, missing = gather(manifest)
@@ -303,6 +339,7 @@ def main() -> int:
 
     suite = yaml.safe_load(Path(suite_path).read_text())
     env = install(manifest, suite)
+    check_store_card(suite_store(suite["name"]), env)
     subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,power.limit,memory.total", "--format=csv"],
                    stdout=open(OUT / "gpu.txt", "w"), stderr=subprocess.STDOUT)
     # a SIGTERM to this driver (the call's time limit) runs the clean-up below instead of leaving the suite running

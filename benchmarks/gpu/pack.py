@@ -122,6 +122,16 @@ def split(files: list[tuple[str, Path]], budget: int) -> list[list[tuple[str, Pa
     return parts
 
 
+def reference_card(suite: Path) -> str:
+    """The GPU the suite's committed reference store was measured on ('' for none yet: a cold recording)."""
+    import yaml
+
+    from servescope.store import Store
+
+    store = ROOT / "data" / "reference" / yaml.safe_load(suite.read_text())["name"] / "store"
+    return str(Store(store).measured_where().get("gpu", "")) if store.is_dir() else ""
+
+
 def main() -> None:
     """Build, split, write the manifest, print the calls."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -172,11 +182,16 @@ def main() -> None:
         print(f"The tree alone is {tree_bytes() / 2**20:.1f} MiB of the {LIMIT / 2**20:.0f} a call carries: take what "
               f"the GPU machine never reads out of it first (benchmarks/gpu/slim_index.py slim {a.suite}), then pack "
               "again.")
+    card = reference_card(a.suite)
+    gpu_name = f'GPU_NAME="{card}" ' if card else ""
     print("Make these device calls back to back (the machine keeps files 30 s after a call):")
     for n in range(1, len(parts) + 1):
         sent = ",".join(f"{i:02d}" for i in range(1, n))
-        print(f"  run(carry=['.device/parts/{n:02d}'], command='SENT={sent} BUDGET_S={a.budget_s} "
+        print(f"  run(carry=['.device/parts/{n:02d}'], command='SENT={sent} BUDGET_S={a.budget_s} {gpu_name}"
               f"python3 benchmarks/gpu/on_gpu.py {a.suite}')")
+    if card:
+        print(f"GPU_NAME: the reference store this recording continues was measured on {card}; a call that lands on "
+              "another card stops before it stores or runs anything.")
     print("Each call before the last only stores its part; the last installs and runs the suite. Later calls of the "
           "same session (SENT=" + ",".join(f"{i:02d}" for i in range(1, len(parts) + 1)) + ", no carry) continue the "
           "store.")
