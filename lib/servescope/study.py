@@ -33,6 +33,7 @@ from .experiment import Config, Results, point_parts, read_store, run_configs
 from .findings import Change, Confidence, Direction, Effect, Failure, Finding, Outcome, capped, sentences
 from .launch import find_install, prepare
 from .load.health import LOOP_LAG_LIMIT_MS
+from .load.metrics import BUFFERED_MS, buffered
 from .plots import Figure
 from .probes.run import ProbeRun
 from .probes.run import failed as probe_failed
@@ -86,6 +87,10 @@ def run_study(thread: str, ctx: RunContext, arms: Sequence[Arm],
 
     res = run_configs(ctx, [Config(a.name, a.knobs) for a in arms], until=until)
     return Study(thread, ctx, list(arms), res)
+
+
+# a side with this share of its requests' output buffered has no TPOT to compare (load.metrics.BUFFERED_MS)
+BUFFERED_SHARE = 0.1
 
 
 def needs_repetition(h: Headline) -> bool:
@@ -189,7 +194,25 @@ class Study:
                     ttft_ms_p50=("ttft_ms_p50", "median"), tpot_ms_p50=("tpot_ms_p50", "median"),
                     e2e_ms_p50=("e2e_ms_p50", "median"), mean_output_tokens=("mean_output_tokens", "median"),
                     short_outputs=("short_outputs", "sum"), failed=("failed", "sum")).reset_index()
+        share = self._buffered().groupby(["config", "concurrency"], sort=False).mean().mul(100).rename("buffered_pct")
+        if share.gt(0).any():  # a column only where some output came buffered (its TTFT and TPOT say so)
+            out = out.merge(share.reset_index(), on=["config", "concurrency"], how="left")
         return drop_empty(out)
+
+    def _buffered(self) -> pd.Series:
+        """Per measured request of more than one token (config, concurrency): whether its output came buffered."""
+        r = self.results.requests
+        if r.empty or not {"e2e_ms", "ttft_ms", "output_tokens", "concurrency"} <= set(r):
+            return pd.Series(dtype=bool, index=pd.MultiIndex.from_tuples([], names=["config", "concurrency"]))
+        ok = r[(r["phase"] == "measure") & (r["status"] == "ok") & (r["output_tokens"] > 1)]
+        return buffered(ok).set_axis(pd.MultiIndex.from_frame(ok[["config", "concurrency"]]))
+
+    def buffered_share(self, config: str) -> float:
+        """Share of a configuration's measured requests whose output after the first token came buffered (at once,
+        load.metrics.BUFFERED_MS); NaN where it has none."""
+        b = self._buffered()
+        b = b[b.index.get_level_values("config") == config]
+        return float(b.mean()) if len(b) else float("nan")
 
     def short_outputs(self) -> list[str]:
         """Points whose requests came back shorter than asked (their throughput is mostly prefill)."""
@@ -479,6 +502,17 @@ class Comparison:
             cap = "low"
             said.add(r.field)
         return says, cap, varied
+
+    def buffered_words(self) -> str:
+        """Which side got its requests' output buffered (BUFFERED_SHARE of them or more), and what that does to the
+        latencies compared; '' where neither did."""
+        sides = [(n, self.study.buffered_share(n)) for n in (self.baseline, self.treatment)]
+        hit = [f"{100 * v:.0f}% of the requests on {n}" for n, v in sides if v >= BUFFERED_SHARE]
+        if not hit:
+            return ""
+        return (f"TPOT not compared: the output after the first token came at once, within {BUFFERED_MS:g} ms of it, "
+                f"for {' and '.join(hit)} (the server delivered it buffered, not as it decoded), so there TPOT "
+                "measures delivery and TTFT includes the decoding")
 
     def peak(self, metric: str = "output_tok_s") -> pd.Series | None:
         """The paired effect at the highest concurrency with pairs (the throughput operating point)."""

@@ -25,6 +25,18 @@ def stats(values: Any, name: str) -> dict[str, float]:
     return out
 
 
+# A request whose tokens after the first all arrived within this long of it got its output buffered: the server
+# flushed a queue it had not streamed as it decoded (vLLM CPU on 2 cores: its API process starved by the engine's,
+# 22-75% of one server's requests at a level; none of vLLM's or SGLang's on the H200). Its TTFT then includes the
+# decoding and its TPOT measures delivery, not decoding.
+BUFFERED_MS = 1.0
+
+
+def buffered(df: pd.DataFrame) -> pd.Series:
+    """Per request: whether its whole output after the first token arrived within BUFFERED_MS of it."""
+    return (df["output_tokens"] > 1) & ((df["e2e_ms"] - df["ttft_ms"]) < BUFFERED_MS)
+
+
 def per_request_tpot(df: pd.DataFrame) -> pd.Series:
     """Time per output token after the first, per request (NaN for single-token outputs)."""
     return (df["e2e_ms"] - df["ttft_ms"]) / (df["output_tokens"] - 1).where(df["output_tokens"] > 1)

@@ -555,13 +555,15 @@ def _latency(cmp: Any) -> tuple[str, list[str]]:
     """A sentence with TTFT and TPOT against the baseline (each a headline with its interval and call), and which of
     them got worse, resolved."""
     parts, worse = [], []
-    for metric, short in (("ttft_ms_p50", "TTFT"), ("tpot_ms_p50", "TPOT")):
+    buffered = cmp.buffered_words()  # a side whose output came at once has no TPOT of its decoding to compare
+    for metric, short in (("ttft_ms_p50", "TTFT"), *(() if buffered else (("tpot_ms_p50", "TPOT"),))):
         h = cmp.headline(metric)
         if h is None:
             continue
         parts.append(f"{short} {h.words()}, {'higher' if h.status == 'worse' else 'lower' if h.status == 'better' else h.status}")
         if h.status == "worse":
             worse.append(short)
+    parts += [buffered] if buffered else []
     return (f" Latency against {cmp.baseline} (median per level): {'; '.join(parts)}." if parts else ""), worse
 
 

@@ -690,9 +690,11 @@ WORSE_METRICS = {"ttft_ms_p50": "TTFT", "tpot_ms_p50": "TPOT"}
 
 def _worse(study: Study, base: str, treat: str) -> list[str]:
     """Latency metrics that got resolvedly worse (medium or high confidence) at some level, in words."""
-    e = study.compare(base, treat, ()).effects()
-    out = []
+    cmp = study.compare(base, treat, ())
+    e, out = cmp.effects(), []
     for m, words in WORSE_METRICS.items():
+        if m == "tpot_ms_p50" and cmp.buffered_words():  # a buffered side's TPOT is its delivery's, not a cost
+            continue
         r = e[(e["metric"] == m) & (e["n_pairs"] > 0) & (e["effect_pct"] > 0) & e["confidence"].isin(["high", "medium"])]
         if len(r):
             w = r.sort_values("effect_pct", ascending=False).iloc[0]
@@ -738,8 +740,10 @@ def _combined_finding(v: Verification) -> Finding:
         ev["shares"] = shares.to_dict("records")
     elif len(v.included) > 1:
         extra += " Each change's share: not measured (leave_one_out off)."
+    buffered = v.study.compare(BASELINE, COMBINED, ()).buffered_words()
     extra += (" Worse with the changes: " + "; ".join(worse) + ".") if worse else \
-        " No latency metric got resolvedly worse (TTFT, TPOT)."
+        f" No latency metric got resolvedly worse ({'TTFT' if buffered else 'TTFT, TPOT'})."
+    extra += f" {buffered}." if buffered else ""
     extra += v.memory_words() or " Memory: not read for these points."
     eff = f.effect
     if f.applies and eff is not None and f.direction == "better" and f.confidence in ("high", "medium"):
@@ -810,6 +814,8 @@ def _tuning_finding(v: Verification) -> Finding:
     worse = _worse(s.tuned, base, setting)
     if worse:
         more += " Worse with it: " + "; ".join(worse) + "."
+    buffered = s.tuned.compare(base, setting, ()).buffered_words()
+    more += f" {buffered}." if buffered else ""
     eff, title, verdict, change = f.effect, f.title, f.verdict, f.change
     # a search picks the fastest of several one-launch settings, so its lead is biased upward: it counts only when
     # its verified interval clears the equivalence band ('high'), not merely zero (a stub's +4.5% at one level did)
