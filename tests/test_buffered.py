@@ -43,8 +43,9 @@ def test_the_cpu_engines_one_server_delivered_buffered_and_04_does_not_compare_i
     ps = t04.run(_ctx("default", REFERENCE / "store", tmp_path), routes=("round_robin",))
     one, two = ps.study.buffered_share("1 server"), ps.study.buffered_share("2 replicas, round-robin")
     assert one > 0.3 and two == 0
-    table = ps.study.table()
+    table = ps.table()  # the page's layout table says it beside TTFT and TPOT
     assert (table[table["config"] == "1 server"]["buffered_pct"] > 10).all()
+    assert (table[table["config"] == "2 replicas, round-robin"]["buffered_pct"] == 0).all()
     (f,) = [f for f in t04.findings(ps) if f.title.startswith("2 replicas, round-robin vs 1 server")]
     assert (f"TPOT not compared: the output after the first token came at once, within 1 ms of it, for {100 * one:.0f}% "
             "of the requests on 1 server (the server delivered it buffered, not as it decoded)") in f.claim

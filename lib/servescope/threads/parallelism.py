@@ -138,7 +138,7 @@ class ParallelStudy:
         t[f"output_tok_s_per_{self.device_kind.rstrip('s').lower()}"] = t["output_tok_s"] / t[self.device_kind]
         cols = ["config", "concurrency", "reps", self.device_kind, "output_tok_s", "output_tok_s_min",
                 "output_tok_s_max", f"output_tok_s_per_{self.device_kind.rstrip('s').lower()}", "ttft_ms_p50",
-                "tpot_ms_p50", "failed"]
+                "tpot_ms_p50", "buffered_pct", "failed"]
         return drop_empty(t[[c for c in cols if c in t]])
 
     def balance(self) -> pd.DataFrame:
