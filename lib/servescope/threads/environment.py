@@ -141,7 +141,8 @@ def findings(info: pd.DataFrame, gpu: pd.DataFrame, gpu_reason: str, caps: pd.Da
     if "not available" in facts:
         return [Finding(thread=THREAD, kind="environment", title="Engine not available here", applies=False,
                         **sentences(f"{facts['engine']}: {facts['not available']}"), reason=facts["not available"])]
-    where = f"{len(gpu)} x {gpu['name'].iloc[0]}" if len(gpu) else gpu_reason
+    where = f"{len(gpu)} x {gpu['name'].iloc[0]}" if len(gpu) else \
+        f"a host with no NVIDIA GPU ({gpu_reason.removeprefix('no NVIDIA GPU / NVML: ')})"
     n_ok = int(caps["supported"].sum()) if len(caps) else 0
     return [Finding(thread=THREAD, kind="environment", title="Measured on", applies=True, confidence="high",
                     headline=f"{facts.get('engine')} {facts.get('version', '')} ({facts.get('platform', '')}) on "
