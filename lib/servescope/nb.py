@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from IPython.display import HTML, Markdown, display
@@ -34,7 +35,7 @@ def frame_html(df: pd.DataFrame) -> str | None:
     return table.to_html(max_rows=rows) if len(shown) > rows else table.to_html()
 
 
-def use_page_tables(shell=None) -> None:
+def use_page_tables(shell: Any = None) -> None:
     """Every DataFrame a notebook shows (threads return them bare: gs.modes, ps.table()) renders as frame_html; a
     no-op outside IPython."""
     from IPython import get_ipython
@@ -42,6 +43,7 @@ def use_page_tables(shell=None) -> None:
     shell = shell or get_ipython()
     if shell is not None:
         shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, frame_html)
+
 
 def show_findings(findings: list[Finding], path: str | Path, res: Results | None = None, thread: str = "",
                   outcome: Outcome | None = None, table_after: int | None = None) -> Markdown:
@@ -252,7 +254,7 @@ def write_documents(docs: dict[str, str], report_dir: str | Path) -> list[Path]:
     return paths
 
 
-def table_or(df: pd.DataFrame, words: str) -> pd.DataFrame | Markdown:
+def table_or(df: pd.DataFrame, words: str) -> Styler | Markdown:
     """The table without its all-empty columns and row numbers, or words saying why there is none."""
     if df is None or df.empty:
         return Markdown(words)
@@ -327,7 +329,7 @@ EFFECT_COLUMNS = ("concurrency", "metric", "baseline", "treatment", "baseline_me
                   "ci_low_pct", "ci_high_pct", "n_pairs", "confidence")
 
 
-def effects_table(df: pd.DataFrame, words: str = "No paired comparison measured.") -> pd.DataFrame | Markdown:
+def effects_table(df: pd.DataFrame, words: str = "No paired comparison measured.") -> Styler | Markdown:
     """A comparison's effects (Comparison.effects()) as the page shows them: the columns that matter, the pair's
     names only where the table holds more than one pair."""
     if df is None or df.empty:
