@@ -49,12 +49,12 @@ class StubAdapter(EngineAdapter):
         return EngineInstall(python=python, version="0.0-stub", distribution="stub", platform="cpu", env=dict(env or {}))
 
     def knob_flags(self, knobs: Knobs, install):
-        if knobs.cuda_graph == "compiled_piecewise":
-            raise KnobError("the stub has one piecewise form: ask for cuda_graph 'piecewise'")
         return self._flags(knobs, 1.0)
 
     @staticmethod
     def _flags(knobs: Knobs, itl_ms: float) -> list[str]:
+        if knobs.cuda_graph == "compiled_piecewise":
+            raise KnobError("the stub has one piecewise form: ask for cuda_graph 'piecewise'")
         itl = itl_ms * (4.0 if knobs.torch_compile is False else 1.0)
         itl *= GRAPH_SPEED.get(knobs.cuda_graph, 1.0) if knobs.cuda_graph else 1.0
         flags = ["--itl-ms", f"{itl:g}"]
@@ -63,7 +63,6 @@ class StubAdapter(EngineAdapter):
         return flags + list(knobs.extra_args)
 
     def plan(self, *, install, model_path, served_name, host, port, knobs, extra_env):
-        self.knob_flags(knobs, install)  # its refusals
         # STUB_ITL_MS: the base gap between tokens (1 ms); a timing test whose effect must outweigh a 2-core host's
         # hiccups (a few hundred ms under the full suite) sets it longer
         flags = self._flags(knobs, float(extra_env.get("STUB_ITL_MS", 1.0)))

@@ -15,6 +15,7 @@ from .experiment import Results
 from .findings import Finding, Outcome, write_findings, write_outcome
 from .probes.run import Failed, ProbeRun
 from .study import Study
+from .summary import change_html
 from .util import atomic_write_text
 
 # long words (a verdict's "because", a flag list) wrap in the HTML report instead of ending in "..."
@@ -346,8 +347,6 @@ def ranked_table(ranked: pd.DataFrame) -> Markdown | HTML:
         return Markdown("No finding to rank: no thread of this run wrote findings.")
     # 'optimal' (what an Already-optimal setting beat) is the front page's wording of the same row
     df = ranked.drop(columns=["optimal", "knob_keys"], errors="ignore").replace("", pd.NA).dropna(axis=1, how="all").fillna("")
-    from .summary import change_html
-
     # a change or why in words quotes its flags in backticks: code there, as on the front page
     df = df.map(lambda v: str(change_html(str(v), words=True)))
     # the thread names its page: a column of links repeating it pushed the table past the page's edge

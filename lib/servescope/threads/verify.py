@@ -688,19 +688,20 @@ def _first_error(study: Study) -> str:
 WORSE_METRICS = {"ttft_ms_p50": "TTFT", "tpot_ms_p50": "TPOT"}
 
 
-def _worse(study: Study, base: str, treat: str) -> list[str]:
-    """Latency metrics that got resolvedly worse (medium or high confidence) at some level, in words."""
+def _worse(study: Study, base: str, treat: str) -> tuple[list[str], str]:
+    """Latency metrics that got resolvedly worse (medium or high confidence) at some level, in words; and why TPOT
+    was not compared, where a side's output came buffered ('' otherwise)."""
     cmp = study.compare(base, treat, ())
-    e, out = cmp.effects(), []
+    e, out, buffered = cmp.effects(), [], cmp.buffered_words()
     for m, words in WORSE_METRICS.items():
-        if m == "tpot_ms_p50" and cmp.buffered_words():  # a buffered side's TPOT is its delivery's, not a cost
+        if m == "tpot_ms_p50" and buffered:  # a buffered side's TPOT is its delivery's, not a cost
             continue
         r = e[(e["metric"] == m) & (e["n_pairs"] > 0) & (e["effect_pct"] > 0) & e["confidence"].isin(["high", "medium"])]
         if len(r):
             w = r.sort_values("effect_pct", ascending=False).iloc[0]
             out.append(f"{words} {w.effect_pct:+.0f}% at c={int(w.concurrency)} (90% CI {w.ci_low_pct:+.0f}.."
                        f"{w.ci_high_pct:+.0f}%, {w.confidence})")
-    return out
+    return out, buffered
 
 
 def findings(v: Verification) -> list[Finding]:
@@ -730,7 +731,7 @@ def _combined_finding(v: Verification) -> Finding:
     f = cmp.finding("Recommended changes combined", "The combination", better=v.combined, worse=v.baseline,
                     deployed=v.baseline, named="the combination")
     how, f = _how(v, f)
-    worse = _worse(v.study, BASELINE, COMBINED)
+    worse, buffered = _worse(v.study, BASELINE, COMBINED)
     shares = v.shares()
     extra = ""
     if len(shares):
@@ -740,7 +741,6 @@ def _combined_finding(v: Verification) -> Finding:
         ev["shares"] = shares.to_dict("records")
     elif len(v.included) > 1:
         extra += " Each change's share: not measured (leave_one_out off)."
-    buffered = v.study.compare(BASELINE, COMBINED, ()).buffered_words()
     extra += (" Worse with the changes: " + "; ".join(worse) + ".") if worse else \
         f" No latency metric got resolvedly worse ({'TTFT' if buffered else 'TTFT, TPOT'})."
     extra += f" {buffered}." if buffered else ""
@@ -811,10 +811,9 @@ def _tuning_finding(v: Verification) -> Finding:
     more = (f"Found by the search ({s.note}): {tried}; the lead of one launch is verified with repetitions before it "
             f"counts, and {base}'s side reads any launch of the same configuration the store already holds (another "
             f"thread's points of this run) instead of launching it again.{f' {sk}' if sk else ''}")
-    worse = _worse(s.tuned, base, setting)
+    worse, buffered = _worse(s.tuned, base, setting)
     if worse:
         more += " Worse with it: " + "; ".join(worse) + "."
-    buffered = s.tuned.compare(base, setting, ()).buffered_words()
     more += f" {buffered}." if buffered else ""
     eff, title, verdict, change = f.effect, f.title, f.verdict, f.change
     # a search picks the fastest of several one-launch settings, so its lead is biased upward: it counts only when
@@ -920,7 +919,7 @@ def documents(v: Verification, fs: list[Finding]) -> dict[str, str]:
         risks += [f"{x.label} was left out because of it: {x.excluded}" for x in v.changes
                   if x.excluded and not x.alternative_to and c.label in x.excluded]
         risks += [f"Measured alternative, not taken: {x.label} ({x.effect} alone, {x.tier})" for x in alternatives]
-        worse = _worse(v.study, BASELINE, COMBINED) if v.study is not None and not c.excluded else []
+        worse = _worse(v.study, BASELINE, COMBINED)[0] if v.study is not None and not c.excluded else []
         risks += [f"With the combination: {w}" for w in worse]
         dropped = " ".join(c.drop_flags)
         rollback = (f"Remove `{' '.join(c.flags)}` from the launch command"
