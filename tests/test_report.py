@@ -398,10 +398,11 @@ def test_h200_suite_renders_offline_as_measured(tmp_path):
     assert lay["2 replicas on 1 GPU, least-outstanding: not measured"]["confidence"] == "none"
     assert lay["MPS with 2 replicas on 1 GPU: not measured"]["confidence"] == "none"
     assert lay["tp=2: not available here"]["confidence"] == "high"
-    # thread 07 has not run on the H200, and no finding of this recording is High or Medium: nothing to verify, no
-    # improvement document
+    # thread 07 has not run on the H200, and no finding of this recording is High or Medium: nothing verified, no
+    # improvement document; 04's repetition the budget never launched is why it is not an answer
     combined, tuning = json.loads((done.out_dir / "07_verified_changes.findings.json").read_text())
-    assert combined["title"] == "Nothing to verify: no recommended change" and combined["confidence"] == "none"
+    assert combined["title"] == "Not verified: an earlier thread did not finish" and combined["confidence"] == "none"
+    assert combined["claim"].startswith("Not verified: no change to verify yet: 04_data_parallelism (partial: 4 of 5")
     assert tuning["title"] == "Scheduler tuning: nothing measured"
     assert list(done.out_dir.glob("changes/*.md")) == []
     (summ,) = json.loads((done.out_dir / "99_summary.findings.json").read_text())

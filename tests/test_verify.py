@@ -79,7 +79,10 @@ def test_the_changes_together_are_verified_with_each_ones_share(tmp_path, stub_e
     eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2"}}
     ctx = context(eng, {"path": "stub"}, LOAD, repetitions=3, max_repetitions=3, store_dir=str(tmp_path / "s"),
                   progress=False)
-    v = t07.run(ctx, collect(d), baseline={"torch_compile": False})
+    # a thread that did not finish is named (its change may be missing); 07's own earlier outcome is not
+    v = t07.run(ctx, collect(d), baseline={"torch_compile": False},
+                unfinished={"06_moe_grouped_gemm": "partial: 2 of 3 points measured, 1 failed",
+                            "07_verified_changes": "no result: no finding states an answer"})
     assert v.combined == Knobs(torch_compile=True, max_running_requests=8)
     fs = t07.findings(v)
     head = fs[0]
@@ -90,6 +93,8 @@ def test_the_changes_together_are_verified_with_each_ones_share(tmp_path, stub_e
     shares = v.shares().set_index("change")
     assert len(shares) == 2 and (shares["share_pct"] > 0).all() and shares["resolved"].all()
     assert "Left out: --torch_compile=False (sets torch_compile=False, which the higher-ranked" in head.claim
+    assert "Not finished, so a change it would name may be missing here: 06_moe_grouped_gemm (partial: 2 of 3 points " \
+           "measured, 1 failed)." in head.claim and "07_verified_changes" not in head.claim
     assert fs[1].title == "Scheduler tuning: not searched"
     docs = nb.write_documents(t07.documents(v, fs), d)
     # the third change sets the same knob as the first otherwise: an alternative, said in the first one's document

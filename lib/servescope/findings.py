@@ -367,6 +367,25 @@ def tier(f: Finding, failed: list[Failure] | None = None) -> str:
     return "Measured, no change"
 
 
+def unfinished(report_dir: str | Path) -> dict[str, str]:
+    """The threads of a report folder that did not finish, with their status and why in words ('partial: 5 of 9
+    points measured, 4 not in the store'): stopped before their findings, nothing measured, or points never measured
+    (the budget ended first). A point that failed is a finished answer (that configuration dies here), and a thread
+    with nothing to measure here is not unfinished; the summary's own left out."""
+    d, out = Path(report_dir), {}
+    # every notebook the run executed (its .ipynb, finished or not) or wrote findings for (a rendered reference
+    # keeps no .ipynb)
+    threads = {p.stem for p in d.glob("*.ipynb")} | {p.name[: -len(".findings.json")] for p in d.glob("*.findings.json")}
+    for thread in sorted(threads - {SUMMARY}):
+        p = d / f"{thread}.findings.json"
+        o = read_outcome(p) if p.is_file() else None
+        if not p.is_file():
+            out[thread] = "failed: the notebook stopped before it wrote its findings"
+        elif o is not None and (o.status() == "failed" or o.points_unmeasured):
+            out[thread] = f"{o.status()}: {o.summary()}"
+    return out
+
+
 def collect(report_dir: str | Path) -> dict[str, list[Finding]]:
     """Every thread's findings in a report folder (X.findings.json), the summary's own left out (99's tiers:
     summary)."""

@@ -281,6 +281,9 @@ class Verification:
     loo: list[tuple[Candidate, str]] = field(default_factory=list)  # (change, its leave-one-out arm)
     verify_lead: bool = True  # False: the search screens only; a lead is named, not verified (no launch spent on it)
     tuning: Search | None = None
+    # threads before this one that did not finish (thread: status and why, findings.unfinished): a change they
+    # would recommend may be missing from the combination
+    unfinished: dict[str, str] = field(default_factory=dict)
 
     @property
     def search(self) -> pd.DataFrame:
@@ -403,12 +406,13 @@ def tune_base(study: Study | None, baseline_words: str) -> str:
 
 def run(ctx: RunContext, by_thread: dict[str, list[Finding]], baseline: dict[str, Any] | None = None,
         leave_one_out: bool = True, search: list[str] | None = None, search_budget_s: float = 0.0,
-        search_settings: int = 0, verify_lead: bool = True) -> Verification:
+        search_settings: int = 0, verify_lead: bool = True, unfinished: dict[str, str] | None = None) -> Verification:
     """Compose the run's recommended changes (by_thread: the findings of the threads before this one, as
     findings.collect reads a report folder), measure them together against the baseline (and each one left out,
     where leave_one_out and more than one joined), then search the scheduler knobs (search: which; default all this
     engine can express) within search_budget_s (0: no search), launching at most search_settings of them (0: as many
-    as the budget allows), and verify the best (unless verify_lead is False: then the search only screens)."""
+    as the budget allows), and verify the best (unless verify_lead is False: then the search only screens);
+    unfinished: the threads before this one that did not finish (findings.unfinished)."""
     base = Knobs(**(baseline or {}))
     words = f"the baseline {base.label()}{_spelled(ctx, base)}" if baseline else "the engine's defaults"
     wanted = list(DEFAULT_SEARCH) if search is None else list(search)
@@ -436,7 +440,8 @@ def run(ctx: RunContext, by_thread: dict[str, list[Finding]], baseline: dict[str
         study = run_study(THREAD, ctx, arms, headlines=[(BASELINE, COMBINED)])
     tuning = _search(ctx, study, combined, words, wanted, search_budget_s, search_settings, verify_lead) \
         if search_budget_s > 0 and wanted else None
-    return Verification(ctx, base, words, found, combined, study, loo, verify_lead, tuning)
+    return Verification(ctx, base, words, found, combined, study, loo, verify_lead, tuning,
+                        {t: w for t, w in (unfinished or {}).items() if t != THREAD})
 
 
 def _removed_only(flags: list[str], drop: list[str]) -> str:
@@ -714,6 +719,14 @@ def _combined_finding(v: Verification) -> Finding:
     left = [c for c in v.changes if c.excluded]
     left_words = ("Left out: " + "; ".join(f"{c.label} ({c.excluded})" for c in left) + ".") if left else ""
     ev: dict[str, Any] = {"changes": v.changes_table().to_dict("records"), "baseline": v.baseline_words}
+    gaps = "; ".join(f"{t} ({w})" for t, w in v.unfinished.items())
+    if not v.changes and gaps:
+        # no change because a thread that could name one did not finish: not an answer, and never "nothing to do"
+        words = f"no change to verify yet: {gaps} did not finish; a run that finishes it may name one"
+        return Finding(thread=THREAD, kind="verification", title="Not verified: an earlier thread did not finish",
+                       applies=False, confidence="none", reason="an earlier thread did not finish",
+                       headline=f"Not verified: {words}", evidence={**ev, "unfinished": v.unfinished},
+                       verdict=Verdict(verified=False, words=words))
     if not v.changes:
         words = "this run recommends no change to verify (no High or Medium finding names one)"
         return Finding(thread=THREAD, kind="verification", title="Nothing to verify: no recommended change",
@@ -756,6 +769,9 @@ def _combined_finding(v: Verification) -> Finding:
     else:
         title = f.title
         verdict = Verdict(verified=False, words=title)
+    if gaps:
+        extra += f" Not finished, so a change it would name may be missing here: {gaps}."
+        ev["unfinished"] = v.unfinished
     return f.extended(extra + (f" {left_words}" if left_words else ""), ev, kind="verification", title=title,
                       verdict=verdict)
 
