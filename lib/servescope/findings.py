@@ -311,11 +311,19 @@ class Outcome(BaseModel):
             (f", {self.points_unmeasured} not in the store" if self.points_unmeasured else "")
 
 
+FINDINGS_SUFFIX = ".findings.json"
+
+
+def _thread_of(findings_path: Path) -> str:
+    """The notebook a findings file belongs to (X.findings.json -> X)."""
+    n = findings_path.name
+    return n[: -len(FINDINGS_SUFFIX)] if n.endswith(FINDINGS_SUFFIX) else findings_path.stem
+
+
 def outcome_path(findings_path: str | Path) -> Path:
     """Where a notebook's outcome sits: beside its findings (X.findings.json -> X.outcome.json)."""
     p = Path(findings_path)
-    stem = p.name[: -len(".findings.json")] if p.name.endswith(".findings.json") else p.stem
-    return p.with_name(f"{stem}.outcome.json")
+    return p.with_name(f"{_thread_of(p)}.outcome.json")
 
 
 def write_outcome(outcome: Outcome, findings_path: str | Path) -> Path:
@@ -375,13 +383,12 @@ def unfinished(report_dir: str | Path) -> dict[str, str]:
     d, out = Path(report_dir), {}
     # every notebook the run executed (its .ipynb, finished or not) or wrote findings for (a rendered reference
     # keeps no .ipynb)
-    threads = {p.stem for p in d.glob("*.ipynb")} | {p.name[: -len(".findings.json")] for p in d.glob("*.findings.json")}
+    threads = {p.stem for p in d.glob("*.ipynb")} | {_thread_of(p) for p in d.glob(f"*{FINDINGS_SUFFIX}")}
     for thread in sorted(threads - {SUMMARY}):
-        p = d / f"{thread}.findings.json"
-        o = read_outcome(p) if p.is_file() else None
+        p = d / f"{thread}{FINDINGS_SUFFIX}"
         if not p.is_file():
             out[thread] = "failed: the notebook stopped before it wrote its findings"
-        elif o is not None and (o.status() == "failed" or o.points_unmeasured):
+        elif (o := read_outcome(p)) is not None and (o.status() == "failed" or o.points_unmeasured):
             out[thread] = f"{o.status()}: {o.summary()}"
     return out
 
@@ -390,8 +397,7 @@ def collect(report_dir: str | Path) -> dict[str, list[Finding]]:
     """Every thread's findings in a report folder (X.findings.json), the summary's own left out (99's tiers:
     summary)."""
     out = {}
-    for p in sorted(Path(report_dir).glob("*.findings.json")):
-        thread = p.name[: -len(".findings.json")]
-        if thread != SUMMARY:
+    for p in sorted(Path(report_dir).glob(f"*{FINDINGS_SUFFIX}")):
+        if (thread := _thread_of(p)) != SUMMARY:
             out[thread] = read_findings(p)
     return out
