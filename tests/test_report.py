@@ -561,6 +561,31 @@ def test_a_run_budget_reaches_the_notebooks_and_launches_nothing_past_it(tmp_pat
         run_suite(second, reports_dir=tmp_path / "r", store_dir=store, budget_s=-1)
 
 
+def test_the_run_budget_counts_from_the_runs_start_including_its_first_preparation(tmp_path, monkeypatch):
+    """Known answer from real hardware (vllm-h100-second, gpu-logs/call3.run.log): the budget's clock started after
+    check_baseline's preparation (the random model, 102 s on the H100), so the notebooks' deadline fell 109 s past the
+    caller's own, a point was launched that the caller's SIGTERM then cut short, and 02 was reported failed."""
+    import os
+    import time
+
+    from servescope import report
+    from servescope.experiment import DEADLINE_ENV
+
+    class Seen(Exception):
+        pass
+
+    def first_notebook(*args, **kwargs):
+        raise Seen(os.environ[DEADLINE_ENV])
+
+    monkeypatch.setattr(report, "check_baseline", lambda suite: time.sleep(1.0))  # the preparation, shortened
+    monkeypatch.setattr(report, "_run_notebook", first_notebook)
+    suite = _suite(tmp_path, [_stub_entry("97_none_die", "none")])
+    t0 = time.time()
+    with pytest.raises(Seen) as seen:
+        run_suite(suite, reports_dir=tmp_path / "r", store_dir=tmp_path / "s", budget_s=60, progress=False)
+    assert t0 + 60 <= float(str(seen.value)) < t0 + 60.5
+
+
 def test_a_findings_table_drops_the_change_column_when_no_row_has_one():
     """The CPU server's 03 page had a change column of eight "none"s: tables drop all-empty columns."""
     from servescope.findings import Change, Finding
