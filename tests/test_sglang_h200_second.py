@@ -12,16 +12,14 @@ recordings verify piecewise."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from servescope import nb
+from recordings import graph_study
 from servescope.engines import get_engine
 from servescope.engines.base import EngineInstall
 from servescope.findings import collect, read_findings
-from servescope.suite import load_suite
 from servescope.summary import rank, recommendations
 from servescope.threads import graph_modes as t02
 from servescope.threads import verify
@@ -32,18 +30,9 @@ PIECEWISE = ["--cuda-graph-backend-decode", "full", "--cuda-graph-backend-prefil
 SEED = ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]  # cuda_graph=off on 0.5.17
 
 
-def _graph_study(name: str, tmp: Path) -> t02.GraphStudy:
-    """Thread 02 computed again offline from a copy of a recording's store (its ceiling probe left out)."""
-    s = load_suite(ROOT / "data" / "suites" / f"{name}.yaml")
-    shutil.copytree(ROOT / "data" / "reference" / name / "store", tmp / "store")
-    ctx = nb.context(s.engine, s.model, s.load, repetitions=3, max_repetitions=4, store_dir=str(tmp / "store"),
-                     offline=True, telemetry=s.telemetry)
-    return t02.run(ctx, ceiling=False)
-
-
 @pytest.fixture(scope="module")
 def second(tmp_path_factory) -> t02.GraphStudy:
-    return _graph_study("sglang-h200-second", tmp_path_factory.mktemp("second"))
+    return graph_study("sglang-h200-second", tmp_path_factory.mktemp("second"))
 
 
 def test_the_second_recording_picks_the_engines_default_of_modes_it_cannot_tell_apart(second):
@@ -69,7 +58,7 @@ def test_without_an_engine_default_the_least_machinery_is_picked(second, monkeyp
 
 def test_the_first_recording_resolved_its_pick_head_to_head(tmp_path):
     """The first recording's piecewise led both other modes head to head (high), so its pick is the largest gain."""
-    head = t02.findings(_graph_study("sglang-h200", tmp_path))[0]
+    head = t02.findings(graph_study("sglang-h200", tmp_path))[0]
     assert head.title == "Use CUDA graphs: piecewise" and head.evidence["chosen_by"] == "largest gain"
     assert head.evidence["tied"] == ["piecewise"]
     assert [h["confidence"] for h in head.evidence["head_to_head"]] == ["high", "high"]

@@ -12,15 +12,13 @@ magnitude: another card and another machine start (02: +293.8% on the H200, +399
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from servescope import nb
+from recordings import graph_study
 from servescope.findings import collect, read_findings
 from servescope.store import Store
-from servescope.suite import load_suite
 from servescope.summary import rank, recommendations
 from servescope.threads import graph_modes as t02
 from servescope.threads import verify
@@ -31,19 +29,10 @@ PIECEWISE = ["--compilation-config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}']
 MODES = {"off": "NONE", "decode_only": "FULL_DECODE_ONLY", "full": "FULL", "piecewise": "FULL_AND_PIECEWISE"}
 
 
-def _graph_study(name: str, tmp: Path) -> t02.GraphStudy:
-    """Thread 02 computed again offline from a copy of a recording's store (its ceiling probe left out)."""
-    s = load_suite(ROOT / "data" / "suites" / f"{name}.yaml")
-    shutil.copytree(ROOT / "data" / "reference" / name / "store", tmp / "store")
-    ctx = nb.context(s.engine, s.model, s.load, repetitions=3, max_repetitions=4, store_dir=str(tmp / "store"),
-                     offline=True, telemetry=s.telemetry)
-    return t02.run(ctx, ceiling=False)
-
-
 @pytest.mark.parametrize(("name", "largest"), [("vllm-h200", "full"), ("vllm-h100-second", "piecewise")],
                          ids=["first", "second"])
 def test_both_recordings_pick_the_engines_default_whichever_mode_led_on_points(name, largest, tmp_path):
-    head = t02.findings(_graph_study(name, tmp_path))[0]
+    head = t02.findings(graph_study(name, tmp_path))[0]
     assert head.title == "Use CUDA graphs: piecewise" and head.confidence == "high"
     assert head.recommended_flags == PIECEWISE
     ev = head.evidence
