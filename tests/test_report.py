@@ -583,7 +583,7 @@ def test_the_run_budget_counts_from_the_runs_start_including_its_first_preparati
     t0 = time.time()
     with pytest.raises(Seen) as seen:
         run_suite(suite, reports_dir=tmp_path / "r", store_dir=tmp_path / "s", budget_s=60, progress=False)
-    assert t0 + 60 <= float(str(seen.value)) < t0 + 60.5
+    assert t0 + 59.99 <= float(str(seen.value)) < t0 + 60.5  # written to the millisecond
 
 
 def test_a_findings_table_drops_the_change_column_when_no_row_has_one():
