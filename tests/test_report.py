@@ -564,7 +564,8 @@ def test_a_run_budget_reaches_the_notebooks_and_launches_nothing_past_it(tmp_pat
 def test_the_run_budget_counts_from_the_runs_start_including_its_first_preparation(tmp_path, monkeypatch):
     """Known answer from real hardware (vllm-h100-second, gpu-logs/call3.run.log): the budget's clock started after
     check_baseline's preparation (the random model, 102 s on the H100), so the notebooks' deadline fell 109 s past the
-    caller's own, a point was launched that the caller's SIGTERM then cut short, and 02 was reported failed."""
+    caller's own: 02 launched a point the right deadline would have refused, and the caller's SIGTERM then cut 02 short
+    (reported failed)."""
     import os
     import time
 

@@ -230,7 +230,7 @@ def run_suite(
     lines the notebooks print (their progress) go as they run; their tables stay in the notebooks and the HTML.
     budget_s (0: none): no point is launched that would not finish within it, going by the longest a point like it
     took in the store; the notebooks still run and say what they did not measure."""
-    # the budget counts from here: check_baseline's first preparation (a random model: 102 s on the H100) is the run's
+    # the budget counts from here: check_baseline's first preparation (a random model: 102 s on the H100) is part of it
     t_start = time.time()
     if budget_s < 0:
         raise SpecError(f"budget_s: seconds the run may take, 0 for no limit (got {budget_s})")
