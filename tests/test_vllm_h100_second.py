@@ -11,7 +11,6 @@ magnitude: another card and another machine start (02: +293.8% on the H200, +399
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -68,10 +67,9 @@ def test_both_recordings_rank_and_verify_the_same_first_change(ref):
 def test_the_second_recording_is_its_own_cold_run_on_an_h100():
     """15 launches of its own (02's 12, 07's 3 eager baselines; 07's combined side is 02's piecewise points), all
     after the first recording's last and none read from it, each resolved as asked, on an H100."""
-    store = Store(SECOND / "store")
-    pts = [store.get(p.name) for p in (SECOND / "store").iterdir() if not p.name.startswith("_")]
-    started = [json.loads((SECOND / "store" / pt.key / "manifest.json").read_text())["started_unix"] for pt in pts]
-    first = [json.loads(m.read_text())["started_unix"] for m in (FIRST / "store").glob("*/manifest.json")]
+    pts = list(Store(SECOND / "store").points())
+    started = [pt.manifest["started_unix"] for pt in pts]
+    first = [pt.manifest["started_unix"] for pt in Store(FIRST / "store").points()]
     assert len(pts) == 15 and min(started) > max(first)
     for pt in pts:
         assert (pt.install.version, pt.install.platform) == ("0.26.0", "cuda"), pt.key
