@@ -84,6 +84,9 @@ def build_app(a: argparse.Namespace, worker: subprocess.Popen | None = None) -> 
             await asyncio.sleep(a.ttft_ms / 1e3)
         text = " ".join(m.get("content", "") for m in body["messages"]) if chat else str(body.get("prompt", ""))
         prompt_tokens = len(text.split())  # the stub's "tokenizer": one token per word
+        if a.log_prompts:  # what it was asked, one line a request (prompt reuse is visible to tests)
+            with open(a.log_prompts, "a") as f:
+                f.write(json.dumps({"prompt": text, "max_tokens": n}) + "\n")
         for i in range(n):
             if i and a.itl_ms:
                 await asyncio.sleep(a.itl_ms / 1e3)
@@ -162,6 +165,7 @@ def main() -> None:
     p.add_argument("--chunk-tokens", type=int, default=1, help="/generate: tokens per streamed chunk after the first")
     p.add_argument("--keepalive-s", type=float, default=75.0, help="close a connection idle this long (uvicorn: 5)")
     p.add_argument("--pid-file", default="")
+    p.add_argument("--log-prompts", default="", help="append each completion request's prompt to this JSONL file")
     p.add_argument("--mem-fraction", type=float, default=None, help="accepted and ignored (the stub-gpu memory knob)")
     p.add_argument("--max-running", type=int, default=0, help="serve at most this many requests at once (0: no cap)")
     p.add_argument("--fast-once", default="", help="while this file exists: remove it and serve 4x faster")

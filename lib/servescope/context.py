@@ -16,7 +16,7 @@ from .analysis.ab import EQUIVALENCE_PCT
 from .engines import get_engine
 from .engines.base import EngineAdapter
 from .errors import ServescopeError, SpecError
-from .spec import EngineSpec, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
+from .spec import DeploymentSpec, EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
 from .store import Store
 
 
@@ -56,6 +56,12 @@ class RunContext:
     profile: ProfileSpec = field(default_factory=ProfileSpec)
     plan: RepetitionPlan = field(default_factory=RepetitionPlan)
     equivalence_pct: float = EQUIVALENCE_PCT
+    # the user's deployment: every configuration a thread measures is launched as it, with the thread's knobs over it
+    deployment: DeploymentSpec = field(default_factory=DeploymentSpec)
+
+    def deployed(self, knobs: Knobs) -> Knobs:
+        """What a configuration launches: the deployment with the configuration's own knobs over it."""
+        return self.deployment.apply(knobs)
 
     def with_(self, **changes: Any) -> RunContext:
         """The same context with some fields replaced (a lighter load, one repetition, no profile)."""
@@ -74,8 +80,14 @@ class RunContext:
 
     @property
     def model_key(self) -> dict[str, Any]:
-        """The model as store keys name it (a tiny model in full: it is the model)."""
-        return self.model.model_dump(mode="json", exclude_none=True)
+        """The model as store keys name it (a tiny model in full: it is the model; an architecture with its config's
+        digest, so that a changed config is another model)."""
+        key = self.model.model_dump(mode="json", exclude_none=True)
+        if self.model.architecture is not None:
+            from .architectures import config_digest
+
+            key["config"] = config_digest(self.model.architecture)
+        return key
 
     def memo(self, kind: str, parts: dict[str, Any], compute: Callable[[], Any],
              keep: Callable[[Any], bool] = lambda _: True, reuse_online: bool = True,
@@ -103,7 +115,8 @@ def context(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSp
             budget_s: float = 0.0, store: Store | str | None = None, store_dir: str = "", offline: bool = False,
             force: bool = False, progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None,
             profile: dict[str, Any] | ProfileSpec | None = None,
-            equivalence_pct: float = EQUIVALENCE_PCT) -> RunContext:
+            equivalence_pct: float = EQUIVALENCE_PCT,
+            deployment: dict[str, Any] | DeploymentSpec | None = None) -> RunContext:
     """Validate every parameter (before anything launches) and resolve the engine to its adapter, once."""
     e = parse(EngineSpec, engine, "engine")
     try:
@@ -115,4 +128,4 @@ def context(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSp
                       load=parse(LoadSpec, load or {}, "load"), store=st, offline=offline, force=force,
                       progress=progress, telemetry=parse(TelemetrySpec, telemetry or {}, "telemetry"),
                       profile=parse(ProfileSpec, profile or {}, "profile"), plan=plan,
-                      equivalence_pct=equivalence_pct)
+                      equivalence_pct=equivalence_pct, deployment=parse(DeploymentSpec, deployment or {}, "deployment"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -33,7 +34,7 @@ from .errors import (
     SpecError,
 )
 from .findings import Finding, Outcome
-from .launch import Prepared, launch_plan, prepare, serve
+from .launch import Prepared, check_deployment_args, flag_dests, launch_plan, prepare, serve
 from .load import load_tokenizer, run_sweep
 from .load.health import level_failure
 from .load.metrics import rejudge
@@ -74,6 +75,7 @@ class Results:
     profiles: pd.DataFrame = field(default_factory=pd.DataFrame)  # one row per profiled window: level, seconds, ...
     runtime: pd.DataFrame = field(default_factory=pd.DataFrame)  # launch/runtime API calls of profiled points
     stopped: str = ""  # why the repetitions ended (resolved after n, a budget, the store's extent offline)
+    deployment: str = ""  # the deployment every configuration launched and what the configurations changed of it
 
     def outcome(self, thread: str, findings: list[Finding]) -> Outcome:
         """Points planned, measured and failed, the first error (and signal), and how many findings answer."""
@@ -112,7 +114,8 @@ class Results:
                        telemetry={k: pick(v) for k, v in self.telemetry.items()},
                        telemetry_status=pick(self.telemetry_status), planned=int(self.points["config"].isin(
                            keep).sum()) if len(self.points) else 0, kernels=pick(self.kernels),
-                       profiles=pick(self.profiles), runtime=pick(self.runtime), stopped=self.stopped)
+                       profiles=pick(self.profiles), runtime=pick(self.runtime), stopped=self.stopped,
+                       deployment=self.deployment)
 
     def client_health(self) -> pd.DataFrame:
         """Per configuration, repetition and point: how busy the load client was, whether it limited the
@@ -214,13 +217,15 @@ def _say(msg: str) -> None:
 
 def point_parts(ctx: RunContext, knobs: Knobs, rep: int, load: LoadSpec | None = None,
                 profile: ProfileSpec | None = None) -> dict[str, Any]:
-    """Key material of one point: engine identity, model, knobs, load (the context's unless given), repetition
+    """Key material of one point: engine identity, model, knobs (the deployment's with the configuration's over them),
+    load (the context's unless given), repetition
     index, and the profile when one is taken (a point with its profiler armed is another point; whether it is
     another launch for the load, launch_identity decides).
 
     Fields left at their defaults are left out, so adding a field keeps old keys valid; changing a default
     would silently change what old points mean, which tests/test_experiment.py guards against."""
     profile = ctx.profile if profile is None else profile
+    knobs = ctx.deployed(knobs)  # the deployment's settings are the point's too: a thread's knobs only change some
     parts = {"engine": ctx.engine_identity, "engine_env": dict(sorted(ctx.engine.env.items())),
              **({"engine_args": list(ctx.engine.args)} if ctx.engine.args else {}),
              "model": ctx.model_key, "knobs": knobs.model_dump(mode="json", exclude_defaults=True),
@@ -284,7 +289,7 @@ class _Loop:
             elif rep >= 1 and ctx.offline:  # a repetition the measuring run did not take (or an older, shorter run)
                 return "missing"
             else:
-                how = self._launch(rep, cfg, key, parts, tag)
+                how = self._launch(rep, Config(cfg.name, ctx.deployed(cfg.knobs)), key, parts, tag)
             pt = store.get(key)
         except SpecError:  # bad input (model path, a knob this version or machine cannot run): stop, launch nothing
             raise
@@ -302,7 +307,10 @@ class _Loop:
                 self.say("  " + row["death"].replace("\n", "\n  "))
             # a launch that dies before it is ready with the engine's own exception dies the same way again: its
             # later repetitions are not launched (they would spend the same startup to learn nothing)
-            return "dead" if row["before_ready"] and row["exception"] else "failed"
+            # so does one that never became ready in its time (a launch of minutes each), and one the store already
+            # holds as such a death
+            repeats = row["exception"] or row["error_type"] in (ServerStartTimeout.__name__, RecordedFailure.__name__)
+            return "dead" if row["before_ready"] and repeats else "failed"
         self.planned += 1
         self.acc.add(pt, key, {"config": cfg.name, "rep": rep})
         return how
@@ -313,7 +321,8 @@ class _Loop:
             raise NotMeasuredError(f"{tag}: not in the store ({key}) and offline=True")
         if self.prep is None:
             self.prep = prepare(ctx.engine, ctx.model, self.say, adapter=ctx.adapter)
-            _check_all(self.prep, self.configs)  # before the first launch, every configuration at once
+            # before the first launch, every configuration at once, as launched (the deployment under each)
+            _check_all(self.prep, [Config(c.name, ctx.deployed(c.knobs)) for c in self.configs], ctx.deployment.args)
         shared = None if ctx.force else _shared_point(ctx, key, parts, self.prep, cfg)
         if shared is not None:
             self.say(f"{tag}: the same launch as stored point {shared} (one configuration, measured once)")
@@ -402,7 +411,20 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
         stopped = _held(loop, configs)
     res = loop.acc.results(loop.planned)
     res.stopped = _keep_stopped(ctx, configs, rep, stopped)
+    res.deployment = deployment_words(ctx, configs)
     return res
+
+
+def deployment_words(ctx: RunContext, configs: Sequence[Config]) -> str:
+    """What a page says of the deployment: every configuration launched it, and which of its settings each changed
+    ('' where the suite names none)."""
+    dep = ctx.deployment
+    if dep.empty:
+        return ""
+    changes = [f"{c.name}: {', '.join(f'{k}={getattr(c.knobs, k)}' for k in dep.changed(c.knobs)) or 'none'}"
+               for c in configs]
+    return (f"Every configuration launches the suite's deployment ({dep.words()}), with only its own knobs over it "
+            f"(a knob it sets replaces the deployment's): " + "; ".join(changes) + ".")
 
 
 def _held(loop: _Loop, configs: Sequence[Config]) -> str:
@@ -531,6 +553,8 @@ def _run_point(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared,
     point's tables and read its profile; the point appears in the store only when all of it is written."""
     store, adapter = ctx.store, ctx.adapter
     load, tokenizer = _point_load(ctx, prep, say)
+    limit_s, why = startup_timeout(ctx)
+    prep = dataclasses.replace(prep, engine=prep.engine.model_copy(update={"startup_timeout_s": limit_s}))
     done = store.finished_levels(key)
     if done:
         say(f"{tag}: resuming: levels {', '.join(done)} were written by an earlier attempt")
@@ -540,7 +564,7 @@ def _run_point(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared,
             armed = profiling.arm(ctx.profile, adapter, prep.install, w.dir / "profile")
             knobs = knobs.model_copy(update={"extra_args": (*knobs.extra_args, *armed.flags)})
         say(f"{tag}: launching {prep.engine.name} {prep.install.version} ({cfg.knobs.label()})"
-            + (f", {ctx.profile.kind} profile armed" if armed else ""))
+            + (f", {ctx.profile.kind} profile armed" if armed else "") + f"; ready within {limit_s:.0f} s ({why})")
         t0 = time.monotonic()
         with serve(prep, knobs, w.dir, prefix=armed.prefix if armed else None, extra_env=armed.env if armed else None,
                    term_grace_s=armed.term_grace_s if armed else 15.0) as target:
@@ -557,6 +581,25 @@ def _run_point(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared,
             say(f"{tag}: profile: {info['kernels']} kernels in a {info['window_s']:.1f} s window at "
                 f"c={info['concurrency']}")
         _say_done(tag, say, summ)
+
+
+# a launch with no earlier one of its engine and model in the store to go by may take this long to its first token
+FIRST_STARTUP_S = 1800.0
+# later launches: this multiple of the slowest ready time stored for the engine and model, and at least STARTUP_FLOOR_S
+STARTUP_FACTOR, STARTUP_FLOOR_S = 4.0, 300.0
+
+
+def startup_timeout(ctx: RunContext) -> tuple[float, str]:
+    """How long a launch may take to be ready, and why: engine.startup_timeout_s where the suite gives it, else
+    STARTUP_FACTOR x the slowest ready time of this engine and model in the store (at least STARTUP_FLOOR_S), else
+    FIRST_STARTUP_S for the first."""
+    if ctx.engine.startup_timeout_s is not None:
+        return ctx.engine.startup_timeout_s, "engine.startup_timeout_s"
+    slowest = ctx.store.slowest_ready_s(ctx.engine_identity, ctx.model_key)
+    if slowest is None:
+        return FIRST_STARTUP_S, "the first launch of this engine and model here"
+    limit = max(STARTUP_FLOOR_S, STARTUP_FACTOR * slowest)
+    return limit, f"{STARTUP_FACTOR:g} x the slowest ready time stored for this engine and model ({slowest:.0f} s)"
 
 
 def _say_ready(tag: str, say: Callable[[str], None], target: Any, load: LoadSpec, cfg: Config, ready_s: float) -> None:
@@ -654,11 +697,17 @@ def hang_evidence(target: Any, lines: int = 20) -> str:
     return "\n".join(out)
 
 
-def _check_all(prep: Prepared, configs: Sequence[Config]) -> None:
+def _check_all(prep: Prepared, configs: Sequence[Config], deployment_args: tuple[str, ...] = ()) -> None:
     """Refuse, before anything launches, a configuration this engine version or this machine cannot run."""
     adapter = prep.adapter
     if not adapter.launches:
         return
+    check_deployment_args(adapter, prep.install, deployment_args)
+    dest = flag_dests(adapter, prep.install)
+
+    def name(flag: str) -> str:  # aliases share a destination
+        return dest.get(flag.split("=", 1)[0], flag.split("=", 1)[0])
+
     for cfg in configs:
         if cfg.knobs.replicas > 1 and prep.engine.port:
             raise SpecError(f"configuration {cfg.name!r}: engine.port pins one port, but it asks for "
@@ -667,8 +716,9 @@ def _check_all(prep: Prepared, configs: Sequence[Config]) -> None:
             flags = adapter.check_knobs(cfg.knobs, prep.install, prep.engine.env, prep.model_path)
         except KnobError as e:
             raise KnobError(f"configuration {cfg.name!r}: {e} (nothing was launched)") from None
-        both = sorted({f.split("=", 1)[0] for f in prep.engine.args if f.startswith("--")}
-                      & {f.split("=", 1)[0] for f in flags if f.startswith("--")})
+        own = flags[:len(flags) - len(cfg.knobs.extra_args)] if cfg.knobs.extra_args else flags
+        both = sorted({f.split("=", 1)[0] for f in prep.engine.args if f.startswith("--")
+                       and name(f) in {name(g) for g in own if g.startswith("--")}})
         if both:
             raise SpecError(f"configuration {cfg.name!r} sets {', '.join(both)} through its knobs, and engine.args "
                             "sets it too: leave it to the knobs (nothing was launched)")

@@ -19,7 +19,7 @@ from .engines import get_engine
 from .engines.base import EngineAdapter, EngineInstall, LaunchPlan
 from .engines.envs import EngineEnvSpec, ensure_engine_env
 from .errors import KnobError, PortInUseError, ServescopeError, SpecError
-from .models import resolve_model
+from .models import model_config, resolve_model
 from .mps import SharedGpu
 from .server import ManagedServer, free_port, replica_log_dir, write_resolved
 from .spec import EngineSpec, Knobs, ModelSpec
@@ -35,6 +35,7 @@ class Prepared:
     model_path: str
     served_name: str
     adapter: EngineAdapter
+    random_weights: bool = False  # an architecture alone: every launch asks the engine for its own random weights
 
 
 @dataclass
@@ -121,20 +122,45 @@ def prepare(engine: EngineSpec, model: ModelSpec, say: Callable[[str], None] = p
     install = timed("finding the engine", lambda: _install_for_launch(engine, adapter, say))
     timed("reading its flags", lambda: check_base_args(engine, adapter, install))
     path, served = timed("the model", lambda: resolve_model(model, install.python, install.env))
+    if model.random_weights:
+        timed("checking the architecture", lambda: check_architecture(adapter, install, path))
     # a fresh machine's first preparation took minutes before anything launched (the H200, 2026-12-05), with nothing
     # in the log: say where they went, once they are long enough to matter
     if sum(steps.values()) >= SLOW_PREPARE_S:
         say("prepared before the first launch in " + ", ".join(f"{w} {s:.0f} s" for w, s in steps.items()))
-    return Prepared(engine, install, path, adapter.served_name(path, served), adapter)
+    return Prepared(engine, install, path, adapter.served_name(path, served), adapter, model.random_weights)
+
+
+def check_architecture(adapter: EngineAdapter, install: EngineInstall, model_path: str) -> None:
+    """Refuse, before launch, an architecture this engine version cannot serve with its own random weights: no
+    random-weight loader, or no file of its source naming the config's architecture class."""
+    if not adapter.random_weight_flags:
+        raise SpecError(f"{adapter.name} {install.version} has no random-weight loader servescope knows: serve a model "
+                        "folder with weights (model.path) or a generated one (model.tiny) instead (nothing was "
+                        "launched)")
+    adapter.check_flags(list(adapter.random_weight_flags), install)
+    arch = (model_config(model_path).get("architectures") or [""])[0]
+    try:
+        tree = adapter.source_tree(install)
+        # engines register architectures in their models/ folders (vllm's model_executor/models/registry.py, sglang's
+        # srt/models/*.py EntryClass)
+        files = [f for f in tree.files(adapter.package + "/") if f.endswith(".py") and "/models/" in f]
+    except Exception:  # noqa: BLE001 - the source is not here: the launch says it
+        return
+    if arch and not any(arch in tree.read(f) for f in files):
+        raise SpecError(f"{adapter.name} {install.version} does not know the architecture {arch} (no file of its "
+                        f"source names it): choose another architecture or engine version (nothing was launched)")
 
 
 def launch_plan(prep: Prepared, knobs: Knobs, port: int, extra_env: dict[str, str] | None = None) -> LaunchPlan:
-    """The adapter's plan for knobs, with the suite's base arguments (engine.args) after the knobs' flags and the
-    engine's own environment under the launch's."""
+    """The adapter's plan for knobs, with the suite's base arguments (engine.args) after the knobs' flags, the
+    engine's random-weight loader where the model is an architecture alone, and the engine's own environment under
+    the launch's."""
     engine = prep.engine
     plan = prep.adapter.plan(install=prep.install, model_path=prep.model_path, served_name=prep.served_name,
                              host=engine.host, port=port, knobs=knobs, extra_env={**engine.env, **(extra_env or {})})
-    return dataclasses.replace(plan, command=[*plan.command, *engine.args]) if engine.args else plan
+    base = [*engine.args, *(prep.adapter.random_weight_flags if prep.random_weights else ())]
+    return dataclasses.replace(plan, command=[*plan.command, *base]) if base else plan
 
 
 def check_base_args(engine: EngineSpec, adapter: EngineAdapter, install: EngineInstall) -> None:
@@ -147,6 +173,57 @@ def check_base_args(engine: EngineSpec, adapter: EngineAdapter, install: EngineI
     except KnobError as e:
         raise KnobError(f"engine.args: {e}; change or drop it in the suite's engine section (nothing was "
                         "launched)") from None
+
+
+def knob_settings(adapter: EngineAdapter, install: EngineInstall) -> dict[str, str]:
+    """Every setting a knob can set on this version, by the flag's destination (what aliases share), -> the knob's
+    name: how a flag written in another spelling is still known as a knob's."""
+    from .engines.base import KNOB_PROBES
+
+    dest = flag_dests(adapter, install)
+    out: dict[str, str] = {}
+    for probe in KNOB_PROBES:
+        try:
+            flags = adapter.knob_flags(Knobs(**probe), install)
+        except (KnobError, SpecError):
+            continue
+        name = list(probe)[-1]
+        for f in flags:
+            if f.startswith("--"):
+                flag = f.split("=", 1)[0]
+                out.setdefault(dest.get(flag, flag), name)
+    return out
+
+
+def flag_dests(adapter: EngineAdapter, install: EngineInstall) -> dict[str, str]:
+    try:
+        table = adapter.flag_set(install).table
+    except ServescopeError:
+        return {}
+    return {f: str(d) for f, d in zip(table["flag"], table["dest"], strict=True) if d}
+
+
+def check_deployment_args(adapter: EngineAdapter, install: EngineInstall, args: tuple[str, ...]) -> None:
+    """Refuse, before launch, deployment flags this version does not define, and any that sets what a knob sets (in
+    any spelling): a thread that varies that knob could not replace it, so it must be written as the knob."""
+    if not args:
+        return
+    try:
+        adapter.check_flags(list(args), install)
+    except KnobError as e:
+        raise KnobError(f"deployment.args: {e} (nothing was launched)") from None
+    except ServescopeError:  # no source to read the version's flags from: the launch itself says what it rejects
+        pass
+    dest, settings = flag_dests(adapter, install), knob_settings(adapter, install)
+    for a in args:
+        flag = a.split("=", 1)[0]
+        knob = settings.get(dest.get(flag, flag)) if flag.startswith("--") else None
+        if knob is None and flag.startswith("--") and adapter.graph_off_flags([flag], install):
+            knob = "cuda_graph"
+        if knob is not None:
+            raise SpecError(f"deployment.args sets {flag}, which is the knob {knob} on {adapter.name} "
+                            f"{install.version}: write it under deployment.knobs ({knob}: ...) so that a thread that "
+                            "changes it replaces it (nothing was launched)")
 
 
 def check_env_paths(env: dict[str, str]) -> None:
@@ -301,6 +378,10 @@ def _tree(pid: int | None) -> list[int]:
         return [pid]
 
 
+# a launch outside a measured run (the doctor's token) with no startup_timeout_s of its own
+DEFAULT_STARTUP_S = 900.0
+
+
 @contextlib.contextmanager
 def _serve_one(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None = None,
                extra_env: dict[str, str] | None = None, term_grace_s: float = 15.0) -> Iterator[Target]:
@@ -323,7 +404,8 @@ def _serve_one(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | 
         ready = dataclasses.replace(plan.ready, api_key=api_key)
         server = ManagedServer(command=[*(prefix or []), *plan.command], port=port, host=engine.host,
                                log_dir=Path(log_dir), model=prep.served_name, env=plan.env,
-                               startup_timeout_s=engine.startup_timeout_s, ready=ready, term_grace_s=term_grace_s,
+                               startup_timeout_s=engine.startup_timeout_s or DEFAULT_STARTUP_S, ready=ready,
+                               term_grace_s=term_grace_s,
                                package=adapter.package, teardown_patterns=adapter.teardown_patterns,
                                raiser_patterns=adapter.raiser_patterns, stage_of=adapter.death_stage)
         try:

@@ -72,6 +72,11 @@ def resolve_model(model: ModelSpec, python: str | os.PathLike[str] | None,
     if model.tiny is not None:
         path = str(ensure_tiny_model(model.tiny, python, python_env))
         return path, model.served_name or f"tiny-moe-{model.tiny.digest()}"
+    if model.architecture is not None:
+        from .architectures import ensure_model
+
+        path = str(ensure_model(model.architecture))
+        return path, model.served_name or Path(path).name
     assert model.path is not None
     check_model_path(model.path)
     return model.path, model.served_name or model.path
@@ -140,5 +145,7 @@ def weights_bytes(path: str) -> int | None:
     p = Path(path)
     if not p.is_dir():
         return None
+    if (info := model_info(p)).get("weights_bytes"):  # an architecture alone: the engine makes weights of this size
+        return int(info["weights_bytes"])
     total = sum(f.stat().st_size for f in p.iterdir() if f.is_file() and f.suffix in WEIGHT_SUFFIXES)
     return total or None

@@ -11,6 +11,7 @@ from IPython.display import HTML, Markdown, display
 from pandas.io.formats.style import Styler
 
 from .context import RunContext, context  # noqa: F401  (notebooks build their run context through nb)
+from .errors import ServescopeError
 from .experiment import Results
 from .findings import Finding, Outcome, write_findings, write_outcome
 from .probes.run import Failed, ProbeRun
@@ -65,6 +66,8 @@ def show_findings(findings: list[Finding], path: str | Path, res: Results | None
     tabled = {id(u) for u in unmeasured}
     shown = [f for f in findings if id(f) not in tabled]
     rest = shown[table_after:] if table_after is not None and len(shown) > table_after + 1 else []
+    if res is not None and (said := model_said(res)):
+        lines.append(f"*Model: {said}.*\n")
     for f in shown[:len(shown) - len(rest)]:
         lines.append(f"### {f.title}\n")
         lines.append(f"**{f.claim}**\n")
@@ -87,6 +90,19 @@ def show_findings(findings: list[Finding], path: str | Path, res: Results | None
     # the name only: a report rendered in a temporary folder and moved (the references) kept a path gone since
     lines.append(f"\nFindings written to `{Path(p).name}` (the notebook's findings_path).")
     return Markdown("\n".join(lines))
+
+
+def model_said(res: Results) -> str:
+    """What the page must say of the model its points served, where that is not the model itself: an architecture
+    alone, with the engine's random weights ('' otherwise)."""
+    from .architectures import describe
+
+    archs = sorted({a for pt in res.stored.values() if (a := (pt.parts.get("model") or {}).get("architecture"))})
+    try:
+        return "; ".join(describe(a) for a in archs)
+    except ServescopeError:  # the checkout no longer ships it: the name alone
+        return "; ".join(f"random weights of the {a} architecture (speed is representative, outputs are not)"
+                         for a in archs)
 
 
 def _cell(words: str) -> str:
@@ -118,8 +134,10 @@ def findings_table(findings: list[Finding]) -> list[str]:
 def show_measured(res: Results) -> Markdown:
     """One line on what was measured, and for failures the first error with the signal that ended a process."""
     o = res.outcome("", [])
+    dep = f"\n\n{res.deployment}" if res.deployment else ""
     if not o.points_failed and not o.points_unmeasured:
-        return Markdown(f"Measured all {o.points_planned} points." if o.points_planned else "Nothing to measure.")
+        return Markdown((f"Measured all {o.points_planned} points." if o.points_planned else "Nothing to measure.")
+                        + dep)
     none = f"the run's budget (--budget-s) ended before any of the {o.points_planned} points" \
         if res.why_unmeasured() == "budget" else f"none of the {o.points_planned} points is in the store (offline)"
     word = f"**Partly measured: {o.summary()}.**" if o.points_measured else \
@@ -130,7 +148,7 @@ def show_measured(res: Results) -> Markdown:
         lines.append("\n```\n" + str(first["death"]) + "\n```")
     if o.points_failed:
         lines.append("Failed points keep their server logs under the store's `_failed/` folder (table at the end).")
-    return Markdown("\n\n".join(lines))
+    return Markdown("\n\n".join(lines) + dep)
 
 
 def show_errors(res: Results) -> Markdown | pd.DataFrame:

@@ -27,9 +27,9 @@ from .engines import get_engine
 from .errors import KnobError, SpecError
 from .experiment import DEADLINE_ENV
 from .findings import Finding, Outcome, read_findings, read_outcome
-from .launch import prepare
+from .launch import check_deployment_args, prepare
 from .paths import default_reports_dir, default_store_dir
-from .spec import EngineSpec, Knobs, ModelSpec, TinyModelSpec, parse
+from .spec import DeploymentSpec, EngineSpec, Knobs, ModelSpec, TinyModelSpec, parse
 from .store import Store
 from .suite import QUESTIONS, Suite, load_suite, notebook_file
 from .summary import change_html
@@ -104,7 +104,7 @@ def plan_parameters(suite: Suite, path: Path, nb_id: str, overrides: dict[str, A
     declared = pm.inspect_notebook(str(path))
     params: dict[str, Any] = {}
     suite_wide = {"engine": suite.engine, "model": suite.model, "load": suite.load, "telemetry": suite.telemetry,
-                  "profile": suite.profile, "baseline": suite.baseline,
+                  "profile": suite.profile, "baseline": suite.baseline_knobs, "deployment": suite.deployment,
                   "store_dir": str(store_dir), "offline": offline,
                   "findings_path": str(out_dir / f"{nb_id}.findings.json"), "report_dir": str(out_dir)}
     for k, v in suite_wide.items():
@@ -200,24 +200,32 @@ def _error_excerpt(e: BaseException) -> str:
 
 
 def check_baseline(suite: Suite) -> None:
-    """Refuse, before any notebook runs, a baseline (the deployment as it runs today) this engine version cannot
-    express, naming the knob and the version's reason. The engine's environment is created here where it is missing
-    (every launch needs it anyway); an engine servescope does not launch has no baseline to spell."""
-    if not suite.baseline:
+    """Refuse, before any notebook runs, a baseline or deployment (the deployment as it runs today) this engine
+    version cannot express, naming the knob and the version's reason, and deployment flags that are a knob's in
+    another spelling. The engine's environment is created here where it is missing (every launch needs it anyway);
+    an engine servescope does not launch has no baseline to spell."""
+    deployment = parse(DeploymentSpec, suite.deployment, "deployment")
+    if not suite.baseline and deployment.empty:
         return
     engine = parse(EngineSpec, suite.engine, "engine")
     adapter = get_engine(engine.name)
     if not adapter.launches:
-        raise SpecError(f"baseline {suite.baseline}: an external server runs as it was started; leave baseline empty")
+        raise SpecError(f"baseline {suite.baseline_knobs}: an external server runs as it was started; leave baseline "
+                        "and deployment empty")
     # the first launch's preparation, done here: it creates the engine's environment where it is missing
     install = prepare(engine, parse(ModelSpec, suite.model, "model"), say=lambda m: print(m, flush=True),
                       adapter=adapter).install
-    for knob, value in suite.baseline.items():
-        try:
-            adapter.knob_flags(Knobs(**{knob: value}), install)
-        except (KnobError, SpecError) as e:
-            raise SpecError(f"the suite's baseline sets {knob}={value!r}, which {engine.name} {install.version} cannot "
-                            f"express: {e} (nothing was launched)") from None
+    sides = [("baseline", suite.baseline), ("deployment", deployment.knobs.model_dump(exclude_defaults=True))]
+    for side, knobs in sides:
+        for knob, value in knobs.items():
+            if knob == "extra_args":
+                continue
+            try:
+                adapter.knob_flags(Knobs(**{knob: value}), install)
+            except (KnobError, SpecError) as e:
+                raise SpecError(f"the suite's {side} sets {knob}={value!r}, which {engine.name} {install.version} "
+                                f"cannot express: {e} (nothing was launched)") from None
+    check_deployment_args(adapter, install, deployment.args)
 
 
 def run_suite(
@@ -469,7 +477,16 @@ def engine_words(engine: dict[str, Any], ran: dict[str, Any] | None = None) -> s
 
 
 def model_words(model: dict[str, Any]) -> str:
-    """The suite's model in words: a path as given, a generated one by its shape (defaults filled in, as served)."""
+    """The suite's model in words: a path as given, a generated one by its shape (defaults filled in, as served), an
+    architecture alone by its size and what its random weights mean."""
+    if model.get("architecture"):
+        from .architectures import describe
+
+        try:
+            words = describe(model["architecture"])
+        except SpecError:
+            words = f"random weights of the {model['architecture']} architecture"
+        return words + (f"; served as {model['served_name']}" if model.get("served_name") else "")
     if model.get("tiny") is None:
         return "; ".join(f"{k} {v}" for k, v in model.items() if v is not None)
     t = TinyModelSpec(**model["tiny"])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -61,17 +63,25 @@ class TinyModelSpec(_Spec):
 
 
 class ModelSpec(_Spec):
-    """Which model to serve: an existing folder or hub id, or a generated tiny model."""
+    """Which model to serve: an existing folder or hub id, a generated tiny model, or a real architecture without its
+    weights (a shipped name such as qwen3-30b-a3b, or a folder holding a config.json), served with the engine's own
+    seeded random weights."""
 
     path: str | None = None
     tiny: TinyModelSpec | None = None
+    architecture: str | None = None
     served_name: str | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
-        if (self.path is None) == (self.tiny is None):
-            raise ValueError("give exactly one of model.path or model.tiny")
+        if sum(x is not None for x in (self.path, self.tiny, self.architecture)) != 1:
+            raise ValueError("give exactly one of model.path, model.tiny or model.architecture")
         return self
+
+    @property
+    def random_weights(self) -> bool:
+        """Served with the engine's own random weights (an architecture alone): speed is real, outputs are not."""
+        return self.architecture is not None
 
 
 # off: no graphs; decode_only: decode batches as full graphs, prefill eager; full: decode and prefill as full graphs;
@@ -140,6 +150,47 @@ class Knobs(_Spec):
         return ", ".join(parts) or "engine defaults"
 
 
+class DeploymentSpec(_Spec):
+    """The user's deployment as it runs today: every arm of every thread launches it, with only the thread's own knobs
+    changed (a thread's knob replaces the deployment's value of the same setting). knobs: its settings in intent
+    (parallelism, memory share, graph mode); args: any other flags, in the engine's own spelling."""
+
+    knobs: Knobs = Field(default_factory=Knobs)
+    args: tuple[str, ...] = ()
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if v and not v[0].startswith("-"):
+            raise ValueError(f"deployment.args must start with a flag (--name), not {v[0]!r}")
+        return v
+
+    @property
+    def empty(self) -> bool:
+        """No deployment named: the engine's defaults."""
+        return not self.args and not self.knobs.model_dump(exclude_defaults=True)
+
+    def apply(self, knobs: Knobs) -> Knobs:
+        """The deployment with a thread's knobs over it: each knob the thread set (explicitly, defaults included)
+        replaces the deployment's; the deployment's flags come first among the extra arguments."""
+        own = knobs.model_dump(include=knobs.model_fields_set - {"extra_args"})
+        merged = {**self.knobs.model_dump(exclude_defaults=True, exclude={"extra_args"}), **own}
+        merged["extra_args"] = (*self.knobs.extra_args, *self.args, *knobs.extra_args)
+        return Knobs(**merged)
+
+    def changed(self, knobs: Knobs) -> list[str]:
+        """The settings a thread's knobs change from the deployment (names)."""
+        base = self.knobs.model_dump()
+        return sorted(k for k in knobs.model_fields_set - {"extra_args"} if getattr(knobs, k) != base.get(k))
+
+    def words(self) -> str:
+        """'cuda_graph=off, mem_fraction=0.88; flags --foo 1' or 'the engine's defaults'."""
+        parts = [self.knobs.label()] if self.knobs.model_dump(exclude_defaults=True) else []
+        if self.args:
+            parts.append("flags " + " ".join(self.args))
+        return "; ".join(parts) or "the engine's defaults"
+
+
 class EngineSpec(_Spec):
     """Which engine to run and where; `url` alone means an external server (nothing launched)."""
 
@@ -149,7 +200,10 @@ class EngineSpec(_Spec):
     url: str | None = None
     host: str = "127.0.0.1"
     port: int | None = Field(None, ge=1, le=65535)
-    startup_timeout_s: float = Field(900, gt=0)
+    startup_timeout_s: float | None = Field(
+        None, gt=0, description="seconds a launch may take to serve its first token; default: the first launch of "
+        "this engine and model gets FIRST_STARTUP_S, every later one a multiple of the slowest ready time the store "
+        "holds for them (a launch of minutes is normal at real size; a hung one is caught in that time)")
     env: dict[str, str] = Field(default_factory=dict, description="the engine's own environment: every process run "
                                 "under engine.python (the server, its --help, the probes) gets it, e.g. PYTHONPATH of "
                                 "a site folder the engine is installed in")
@@ -212,14 +266,27 @@ class LoadSpec(_Spec):
     burstiness: float = Field(1.0, gt=0, description="gamma shape of inter-arrival times: 1 = Poisson, <1 burstier")
     max_concurrency: int | None = Field(None, ge=1, description="open loop: cap on requests in flight")
     num_requests: int = Field(32, ge=1, description="measured requests per point (the prompt pool, with duration_s)")
-    duration_s: float | None = Field(None, gt=0, description="if set, each point runs this long instead of a count")
+    requests_per_slot: float | None = Field(
+        None, gt=0, description="requests per concurrent slot: a level of concurrency c sends at least "
+        "requests_per_slot x c (so every level fills and runs past its ramp; num_requests is the floor)")
+    duration_s: float | None = Field(None, gt=0, description="if set, each point runs this long instead of a count "
+                                     "(or until its prompt pool is used up: prompts never repeat)")
     warmup_requests: int | None = Field(
         None, ge=0, description="unmeasured requests before each point; None = one per concurrent slot, so every "
         "batch size the point reaches is warmed (compiled engines build code per shape)")
     dataset: Literal["random", "sharegpt", "jsonl"] = "random"
     dataset_path: str | None = Field(None, description="ShareGPT JSON or JSONL prompts file")
-    input_len: int = Field(64, ge=1, description="random dataset: exact prompt tokens")
-    output_len: int = Field(64, ge=1, description="output tokens asked for (files may give their own per prompt)")
+    input_len: int = Field(64, ge=1, description="random dataset: prompt tokens (the mean, with a distribution)")
+    output_len: int = Field(64, ge=1, description="output tokens asked for (the mean, with a distribution; files may "
+                            "give their own per prompt)")
+    lengths: Literal["fixed", "lognormal"] = Field(
+        "fixed", description="random dataset: every request input_len/output_len, or lengths drawn per request from "
+        "a seeded lognormal of those means (so prefill and decode mix instead of marching in waves)")
+    length_sigma: float = Field(0.6, gt=0, le=2, description="lognormal: sigma of log length")
+    steady_state: bool = Field(
+        False, description="figures of each closed-loop level over its steady window only: from the first request "
+        "that completed (the end of the ramp, when every slot had started) to the last request sent (the start of the "
+        "drain); a level with no such window is said")
     ignore_eos: bool = Field(True, description="ask for exact output lengths (ignore_eos and min_tokens)")
     endpoint: Literal["completions", "chat", "generate"] = "completions"
     slo_ms: dict[str, float] = Field(default_factory=dict, description="goodput SLOs, e.g. {ttft_ms: 500, tpot_ms: 50}")
@@ -250,12 +317,35 @@ class LoadSpec(_Spec):
             raise ValueError(f"unknown SLO metric(s) {bad}; use {list(SLO_METRICS)}")
         return v
 
+    def level_requests(self, concurrency: int | None) -> int:
+        """Requests one level sends (a count), or its prompt pool (with duration_s)."""
+        n = self.num_requests
+        if self.requests_per_slot is not None and concurrency:
+            n = max(n, math.ceil(self.requests_per_slot * concurrency))
+        return n
+
+    def lengths_for(self, n: int, seed: int) -> list[tuple[int, int]]:
+        """(input, output) tokens of n requests: the configured lengths, or seeded lognormal draws of those means
+        (capped at 4x the mean, at least 1)."""
+        if self.lengths == "fixed":
+            return [(self.input_len, self.output_len)] * n
+        rng = random.Random(seed)
+        s = self.length_sigma
+
+        def draw(mean: int) -> int:
+            return max(1, min(4 * mean, round(mean * math.exp(rng.gauss(-s * s / 2, s)))))
+        return [(draw(self.input_len), draw(self.output_len)) for _ in range(n)]
+
     @model_validator(mode="after")
     def _consistent(self) -> LoadSpec:
         if self.mode == "closed" and not self.concurrency:
             raise ValueError("closed-loop load needs at least one concurrency level")
         if self.mode == "open" and not self.request_rate:
             raise ValueError("open-loop load needs at least one request_rate")
+        top = max(self.concurrency) if self.mode == "closed" and self.concurrency else 0
+        if top and self.level_requests(top) < top:
+            raise ValueError(f"{self.level_requests(top)} requests cannot fill the level c={top}: every slot needs one "
+                             f"at least (set requests_per_slot, e.g. 4, or num_requests >= {top})")
         if self.mode == "open" and self.duration_s and any(r == float("inf") for r in self.request_rate):
             raise ValueError("an infinite request_rate sends everything at once: give num_requests, not duration_s")
         if self.dataset != "random":

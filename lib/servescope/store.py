@@ -317,6 +317,16 @@ class Store:
                     alike.append(took)
         return max(alike or any_) if any_ else None
 
+    def slowest_ready_s(self, engine: str | None, model: dict[str, Any] | None) -> float | None:
+        """The longest a launch of this engine identity and model took to serve its first token here (its replicas'
+        slowest); None where the store holds none."""
+        out = []
+        for pt in self.points(engine, model):
+            for st in [pt.target.get("startup") or {}, *[r.get("startup") or {} for r in pt.target.get("replicas") or []]]:
+                if st.get("first_token_s"):
+                    out.append(float(st["first_token_s"]))
+        return max(out) if out else None
+
     def failed_manifests(self, engine: str | None = None, model: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """The manifests of every failed attempt kept in _failed/ (optionally of one engine identity and model),
         oldest first, each with its folder's name under 'folder'."""
@@ -343,6 +353,9 @@ class Store:
             man = json.loads(m.read_text())
             cause = man.get("cause") or {}
             if cause.get("exception") and man.get("error_type") in ("ServerExitedError", "RecordedFailure"):
+                return d, man
+            # a launch that never became ready in its time: minutes each, and the next attempt waits as long
+            if man.get("error_type") == "ServerStartTimeout" or man.get("timed_out"):
                 return d, man
         return None
 

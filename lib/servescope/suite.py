@@ -8,11 +8,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from .architectures import read_config
 from .engines import get_engine
 from .errors import SpecError
 from .models import check_model_path
 from .paths import project_root
-from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
+from .spec import DeploymentSpec, EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
 
 # What each notebook answers, for the index and the README.
 QUESTIONS = {
@@ -48,8 +49,17 @@ class Suite(BaseModel):
     load: dict[str, Any] = Field(default_factory=dict)
     telemetry: dict[str, Any] = Field(default_factory=dict)
     profile: dict[str, Any] = Field(default_factory=dict, description="ProfileSpec: a kernel profile with each point")
+    deployment: dict[str, Any] = Field(default_factory=dict, description="DeploymentSpec: the user's deployment "
+                                       "(knobs and flags) every configuration of every thread launches, the thread's "
+                                       "own knobs over it")
     baseline: dict[str, Any] = Field(default_factory=dict, description="Knobs of the deployment as it runs today "
-                                     "(thread 07 verifies the changes against it); empty: the engine's defaults")
+                                     "(thread 07 verifies the changes against it); empty: the deployment's knobs, "
+                                     "else the engine's defaults")
+
+    @property
+    def baseline_knobs(self) -> dict[str, Any]:
+        """What thread 07 verifies against: the baseline as given, else the deployment's knobs."""
+        return self.baseline or dict((self.deployment or {}).get("knobs") or {})
     notebooks: list[NotebookEntry]
 
 
@@ -75,8 +85,11 @@ def load_suite(path: str | Path) -> Suite:
     get_engine(parse(EngineSpec, suite.engine, f"{p}: engine").name)  # an unknown engine is named here, not at launch
     model = parse(ModelSpec, suite.model, f"{p}: model")
     parse(Knobs, suite.baseline, f"{p}: baseline")
+    parse(DeploymentSpec, suite.deployment, f"{p}: deployment")
     if model.path:
         check_model_path(model.path)
+    if model.architecture:
+        read_config(model.architecture)
     parse(LoadSpec, suite.load, f"{p}: load")
     parse(TelemetrySpec, suite.telemetry, f"{p}: telemetry")
     parse(ProfileSpec, suite.profile, f"{p}: profile")

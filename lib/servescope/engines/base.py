@@ -121,6 +121,8 @@ class EngineAdapter(ABC):
     # replicas sharing a GPU start one after another, each sizing its memory from what the ones before left (True),
     # or all at once (False: its share counts only what is free when its cache is made, so any order fits)
     shared_starts_in_turn: ClassVar[bool] = True
+    # the flags that make it serve a config's architecture with its own seeded random weights (() where it cannot)
+    random_weight_flags: ClassVar[tuple[str, ...]] = ()
     # lines of its log saying it is tearing its own process tree down after a child failed (so the signals that
     # follow are its teardown, not the cause), and lines naming the process that raised (a 'who' group)
     teardown_patterns: ClassVar[tuple[str, ...]] = ()

