@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from servescope.engines import register
-from servescope.engines.base import EngineAdapter, EngineInstall, LaunchPlan
+from servescope.engines.base import EngineAdapter, EngineInstall, LaunchPlan, openai_check_parse, openai_check_request
 from servescope.engines.http import get_json
 from servescope.engines.sglang import SglangAdapter
 from servescope.errors import KnobError
@@ -51,6 +51,12 @@ class StubAdapter(EngineAdapter):
     def knob_flags(self, knobs: Knobs, install):
         return self._flags(knobs, 1.0)
 
+    def output_check_request(self, model, text, max_tokens):
+        return openai_check_request(model, text, max_tokens)
+
+    def output_check_parse(self, obj):
+        return openai_check_parse(obj)
+
     @staticmethod
     def _flags(knobs: Knobs, itl_ms: float) -> list[str]:
         if knobs.cuda_graph == "compiled_piecewise":
@@ -86,6 +92,8 @@ class StubAdapter(EngineAdapter):
             flags += ["--max-running", extra_env["STUB_MAX_RUNNING"]]
         if extra_env.get("STUB_READY_AFTER"):  # seconds before it answers /health: a launch of known length
             flags += ["--ready-after", extra_env["STUB_READY_AFTER"]]
+        if extra_env.get("STUB_PERTURB") and knobs.cuda_graph == extra_env["STUB_PERTURB"]:  # answers wrongly
+            flags += ["--perturb-outputs", "0.5"]
         if extra_env.get("STUB_FAIL_EVERY"):
             flags += ["--fail-every", extra_env["STUB_FAIL_EVERY"]]
         mode = extra_env.get("STUB_STATE", "")

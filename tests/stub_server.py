@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import zlib
 import os
 import signal
 import subprocess
@@ -65,6 +66,13 @@ def build_app(a: argparse.Namespace, worker: subprocess.Popen | None = None) -> 
             await asyncio.sleep(0.2)
         n = int(body.get("max_tokens") or 16)
         chat = req.path.endswith("/chat/completions")
+        if body.get("prompt_logprobs") is not None:  # vLLM's extension: the output check's teacher-forced answer
+            inflight["n"] += 1
+            try:
+                await asyncio.sleep(0.05)  # long enough for a batched pass to overlap
+                return web.json_response(_logprobs(str(body.get("prompt", "")), n))
+            finally:
+                inflight["n"] -= 1
         if not body.get("stream"):
             text = "x" * n
             choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {"index": 0, "text": text}
@@ -73,6 +81,19 @@ def build_app(a: argparse.Namespace, worker: subprocess.Popen | None = None) -> 
             async with running:
                 return await _stream(req, body, n, chat)
         return await _stream(req, body, n, chat)
+
+    def _logprobs(text: str, n: int) -> dict:
+        """Log-probabilities that follow from the words alone (the same on every launch), a tiny batch-dependent
+        jitter (as real kernels have), and --perturb-outputs added where a configuration answers wrongly."""
+        words = text.split()
+        jitter = 1e-6 * min(inflight["n"], 8)
+        lp = [None] + [-1.0 - (zlib.crc32(f"{w}|{i}".encode()) % 1000) / 100 + jitter + a.perturb_outputs
+                       for i, w in enumerate(words[1:], 1)]
+        ids = [zlib.crc32(f"{text}|{k}".encode()) % 500 + (1 if a.perturb_outputs else 0) for k in range(n)]
+        return {"choices": [{"index": 0, "text": "x" * n,
+                             "prompt_logprobs": [None if v is None else {"7": {"logprob": v}} for v in lp],
+                             "logprobs": {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-2.0] * n}}],
+                "usage": {"prompt_tokens": len(words), "completion_tokens": n}}
 
     async def _stream(req: web.Request, body: dict, n: int, chat: bool) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -165,6 +186,8 @@ def main() -> None:
     p.add_argument("--chunk-tokens", type=int, default=1, help="/generate: tokens per streamed chunk after the first")
     p.add_argument("--keepalive-s", type=float, default=75.0, help="close a connection idle this long (uvicorn: 5)")
     p.add_argument("--pid-file", default="")
+    p.add_argument("--perturb-outputs", type=float, default=0.0,
+                   help="add this to every prompt log-probability (a configuration that answers wrongly)")
     p.add_argument("--log-prompts", default="", help="append each completion request's prompt to this JSONL file")
     p.add_argument("--mem-fraction", type=float, default=None, help="accepted and ignored (the stub-gpu memory knob)")
     p.add_argument("--max-running", type=int, default=0, help="serve at most this many requests at once (0: no cap)")

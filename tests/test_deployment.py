@@ -103,3 +103,42 @@ def test_a_launch_that_timed_out_is_a_death_and_is_not_launched_again(tmp_path, 
     assert not any("launching" in m for m in again)  # a later run reads the recorded death
     assert res2.errors["error_type"].tolist() == ["RecordedFailure"]
     assert "not ready after 2 s" in res2.errors["summary"].iloc[0]
+
+
+def test_outputs_are_checked_on_every_point_and_a_perturbed_configuration_is_never_recommended(tmp_path, stub_engine):
+    """Known answer on the stub: every launch answers the check set alone and batched; 'full' answers as 'off' does
+    (within the batch jitter), 'piecewise' is fault-injected (STUB_PERTURB) and is caught, so 02 never picks it
+    although it is the fastest."""
+    from servescope.threads import graph_modes as t02
+
+    engine = {**stub_engine, "env": {"STUB_PERTURB": "piecewise"}}
+    ctx = context(engine, {"path": "stub"}, LOAD, repetitions=3, store=Store(tmp_path), progress=False)
+    gs = t02.run(ctx, ceiling=False)
+    checks = gs.study.results.output_checks
+    assert set(checks["config"]) >= {"off", "full", "piecewise"} and set(checks["pass"]) == {"alone", "batched"}
+    assert set(checks["rep"]) == {0, 1, 2}
+    same = gs.study.output_verdict("full", "off")
+    assert same.status == "same" and 0 < same.floor < 1e-4, same
+    wrong = gs.study.output_verdict("piecewise", "off")
+    assert wrong.changes_outputs and wrong.max_dev == pytest.approx(0.5, abs=1e-3), wrong
+    fs = t02.findings(gs)
+    head = fs[0]
+    assert head.title != "Use CUDA graphs: piecewise" and head.change is not None
+    assert "piecewise" not in str(head.change.knob_settings)
+    bad = next(f for f in fs if f.title.endswith("piecewise changes outputs"))
+    assert bad.kind == "failure" and bad.change is None
+    assert any(x.outputs for x in bad.failures)
+    good = next(f for f in fs if f.title.startswith("CUDA graphs full"))
+    assert "answers as off does" in good.detail
+
+
+def test_output_verdicts_need_a_noise_floor_and_say_when_they_cannot_be_made():
+    import pandas as pd
+
+    from servescope.outputs import verdict
+
+    assert verdict(pd.DataFrame(), "off", "full").status == "not verified"
+    one = pd.DataFrame([{"config": "off", "rep": 0, "pass": "alone", "prompt": 0, "prompt_tokens": 3,
+                         "kind": "prompt", "position": 1, "token_id": -1, "logprob": -2.0}])
+    v = verdict(one, "off", "full")
+    assert v.status == "not verified" and "full has no answers" in v.why

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import psutil
 
+from . import outputs
 from .context import RepetitionPlan, RunContext, context
 from .engines.base import EngineAdapter
 from .errors import (
@@ -39,7 +40,7 @@ from .load import load_tokenizer, run_sweep
 from .load.health import level_failure
 from .load.metrics import rejudge
 from .load.runner import LoadResult
-from .models import model_info
+from .models import model_config, model_info
 from .profile import window as profiling
 from .server import log_tails, read_logs
 from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec
@@ -76,6 +77,7 @@ class Results:
     runtime: pd.DataFrame = field(default_factory=pd.DataFrame)  # launch/runtime API calls of profiled points
     stopped: str = ""  # why the repetitions ended (resolved after n, a budget, the store's extent offline)
     deployment: str = ""  # the deployment every configuration launched and what the configurations changed of it
+    output_checks: pd.DataFrame = field(default_factory=pd.DataFrame)  # each point's answers to the check set
 
     def outcome(self, thread: str, findings: list[Finding]) -> Outcome:
         """Points planned, measured and failed, the first error (and signal), and how many findings answer."""
@@ -115,7 +117,7 @@ class Results:
                        telemetry_status=pick(self.telemetry_status), planned=int(self.points["config"].isin(
                            keep).sum()) if len(self.points) else 0, kernels=pick(self.kernels),
                        profiles=pick(self.profiles), runtime=pick(self.runtime), stopped=self.stopped,
-                       deployment=self.deployment)
+                       deployment=self.deployment, output_checks=pick(self.output_checks))
 
     def client_health(self) -> pd.DataFrame:
         """Per configuration, repetition and point: how busy the load client was, whether it limited the
@@ -151,6 +153,7 @@ class _Tables:
         self.kernels: list[pd.DataFrame] = []
         self.windows: list[dict[str, Any]] = []
         self.runtimes: list[pd.DataFrame] = []
+        self.checks: list[pd.DataFrame] = []
         self.tele: dict[str, list[pd.DataFrame]] = {name: [] for name in TELEMETRY_TABLES}
         self.tele_status: list[dict[str, Any]] = []
         self.stored: dict[tuple[str, int], Point] = {}
@@ -168,6 +171,9 @@ class _Tables:
                             "command": pt.target.get("command", ""),
                             "started_unix": m.get("started_unix"), "ended_unix": m.get("ended_unix")})
         self.stored.setdefault((ids["config"], int(ids["rep"])), pt)
+        oc = pt.table("output_check")
+        if not oc.empty:
+            self.checks.append(oc.assign(**ids))
         k = pt.table("kernels")
         if not k.empty:
             self.kernels.append(k.assign(**ids))
@@ -191,7 +197,8 @@ class _Tables:
                        errors=pd.DataFrame(self.errors, columns=list(ERROR_COLUMNS)), stored=self.stored,
                        telemetry={k: cat(v) for k, v in self.tele.items()},
                        telemetry_status=pd.DataFrame(self.tele_status), planned=planned, kernels=cat(self.kernels),
-                       profiles=pd.DataFrame(self.windows), runtime=cat(self.runtimes))
+                       profiles=pd.DataFrame(self.windows), runtime=cat(self.runtimes),
+                       output_checks=cat(self.checks))
 
 
 def point_label(parts: dict[str, Any]) -> str:
@@ -572,7 +579,7 @@ def _run_point(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared,
             w.manifest["target"] = target.describe()
             # the engine-neutral record, for people reading the store (studies re-read the evidence through Point)
             w.manifest["resolved"] = adapter.resolved_state(target.resolved_config, read_logs(w.dir)).to_dict()
-            window, summ = _sweep(ctx, key, w, target, cfg, load, tokenizer, done, armed, tag, say)
+            window, summ = _sweep(ctx, key, w, target, cfg, load, tokenizer, done, armed, tag, say, prep.model_path)
         if armed is not None and window is not None:  # nsys writes its report once the server has exited
             kernels, runtime, info = profiling.read(armed, window)
             w.put_table("kernels", kernels)
@@ -610,8 +617,8 @@ def _say_ready(tag: str, say: Callable[[str], None], target: Any, load: LoadSpec
 
 
 def _sweep(ctx: RunContext, key: str, w: Any, target: Any, cfg: Config, load: LoadSpec, tokenizer: Any,
-           done: dict[str, Path], armed: Any, tag: str,
-           say: Callable[[str], None]) -> tuple[dict[str, Any] | None, pd.DataFrame]:
+           done: dict[str, Path], armed: Any, tag: str, say: Callable[[str], None],
+           model_path: str = "") -> tuple[dict[str, Any] | None, pd.DataFrame]:
     """The measured load on a ready server with telemetry around it, then the profiled window where one is armed;
     the point's tables are written from every finished level. Returns the profiled window (or None) and the
     summary."""
@@ -627,6 +634,8 @@ def _sweep(ctx: RunContext, key: str, w: Any, target: Any, cfg: Config, load: Lo
                       route=cfg.knobs.route or "round_robin")
         except HungError as e:  # the server is alive but silent: what it was doing, where it can be read
             raise HungError(f"{e}\n{hang_evidence(target)}") from None
+        # after the measured load (its figures stay the load's): does this configuration answer as the others do?
+        _check_outputs(ctx, w, target, tokenizer, model_path, say, tag)
         if armed is not None:  # after the measured load, on the same server: the figures stay unprofiled
             window = profiling.take(armed, ctx.adapter, target, load, tokenizer,
                                     tel.set_phase if tel else (lambda _: None))
@@ -635,6 +644,33 @@ def _sweep(ctx: RunContext, key: str, w: Any, target: Any, cfg: Config, load: Lo
             tel.stop()
             w.manifest["telemetry"] = tel.status
     return window, _write_point_tables(ctx.store, key, w, tel, load, done)
+
+
+# a CPU build answers the check set's long prompts slowly on a few cores: its set stops below this many tokens
+CPU_CHECK_MAX_TOKENS = 600
+
+
+def _check_outputs(ctx: RunContext, w: Any, target: Any, tokenizer: Any, model_path: str, say: Callable[[str], None],
+                   tag: str) -> None:
+    """The check set answered on the running server (outputs.take), stored as the point's output_check table; where
+    the engine gives no log-probabilities, the reason is kept in the manifest and the point is 'not verified'."""
+    install = target.install
+    limit = model_config(model_path).get("max_position_embeddings") if model_path else None
+    if install.platform == "cpu":
+        limit = min(int(limit or CPU_CHECK_MAX_TOKENS), CPU_CHECK_MAX_TOKENS)
+    t0 = time.monotonic()
+    try:
+        prompts = outputs.check_prompts(tokenizer, int(limit) if limit else None)
+        table = outputs.take(ctx.adapter, target.base_urls[0], target.model, prompts, target.api_key)
+    except (outputs.CheckUnavailable, OSError, ValueError, KeyError, TypeError) as e:
+        w.manifest["output_check"] = {"status": "unavailable", "reason": f"{type(e).__name__}: {e}"[:500]}
+        say(f"{tag}: outputs not checked: {e}")
+        return
+    w.put_table("output_check", table)
+    w.manifest["output_check"] = {"status": "taken", "prompts": len(prompts), "seconds": time.monotonic() - t0,
+                                  "prompt_tokens": [p.input_tokens for p in prompts]}
+    say(f"{tag}: outputs checked: {len(prompts)} prompts of {', '.join(str(p.input_tokens) for p in prompts)} "
+        f"tokens, alone and batched, in {time.monotonic() - t0:.0f} s")
 
 
 def _write_point_tables(store: Store, key: str, w: Any, tel: Telemetry | None, load: LoadSpec,

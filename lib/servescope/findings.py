@@ -81,9 +81,12 @@ class Failure(BaseModel):
     teardown: str = ""  # 'engine' | 'outside' | ''
     before_ready: bool = False
     recorded: str = ""  # '' (this run), or where an earlier run recorded it
+    outputs: str = ""  # it served, but answers otherwise than its baseline: the output check's words
 
     def words(self) -> str:
         """'dies before it is ready (during the prefill CUDA-graph capture): ValueError: ... (at frame)'."""
+        if self.outputs:
+            return self.outputs
         when = f"dies before it is ready ({self.stage})" if self.before_ready and self.stage else \
             "dies before it is ready" if self.before_ready else "fails while serving"
         what = self.exception or self.summary

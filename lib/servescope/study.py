@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import plots
+from . import outputs, plots
 from .analysis import kernels as ak
 from .analysis import telemetry as at
 from .analysis.ab import MIN_PAIRS, Headline, headline_effect, higher_is_better, paired_effects, verdict
@@ -34,6 +34,7 @@ from .findings import Change, Confidence, Direction, Effect, Failure, Finding, O
 from .launch import find_install, prepare
 from .load.health import LOOP_LAG_LIMIT_MS
 from .load.metrics import BUFFERED_MS, buffered
+from .outputs import OutputVerdict
 from .plots import Figure
 from .probes.run import ProbeRun
 from .probes.run import failed as probe_failed
@@ -373,6 +374,26 @@ class Study:
                                        recorded=str(r.get("recorded") or ""))
         return list(out.values())
 
+    def output_verdict(self, config: str, baseline: str) -> OutputVerdict:
+        """config's answers to the output check against baseline's (outputs.verdict over the stored tables)."""
+        return outputs.verdict(self.results.output_checks, baseline, config)
+
+    def output_failure(self, config: str, baseline: str) -> Failure | None:
+        """config as a failed configuration where it changes outputs against baseline (never recommended), else
+        None."""
+        v = self.output_verdict(config, baseline)
+        if not v.changes_outputs:
+            return None
+        arm = next((a for a in self.arms if a.name == config), None)
+        knobs = arm.knobs if arm is not None else Knobs()
+        flags, _ = self.spell(knobs) if arm is not None else ([], "")
+        return Failure(config=config, knobs=knobs.model_dump(mode="json", exclude_defaults=True), flags=flags,
+                       summary=v.words()[:400], outputs=v.words())
+
+    def output_table(self, baseline: str) -> pd.DataFrame:
+        """Every arm's output check against baseline (one row each: verdict, largest deviation, noise floor)."""
+        return pd.DataFrame([self.output_verdict(a.name, baseline).row() for a in self.arms if a.name != baseline])
+
     def failure(self, arm: str) -> Failure | None:
         """An arm's failure (Study.failures), or None where it did not fail."""
         return next((f for f in self.failures() if f.config == arm), None)
@@ -578,6 +599,18 @@ class Comparison:
                                                                 "treatment": _r(peak.treatment_spread_pct)}}
         if fails:
             detail += " Failed: " + "; ".join(f"{x.config} {x.words()}" for x in fails) + "."
+        checked = self.study.results.output_checks
+        if len(checked):  # points recorded before outputs were checked say nothing of them
+            ov = self.study.output_verdict(self.treatment, self.baseline)
+            ev["outputs"] = ov.row()
+            wrong = self.study.output_failure(self.treatment, self.baseline)
+            if wrong is not None and direction == "better":
+                return Finding(thread=thread, kind="failure", title=f"{subject}: {self.treatment} changes outputs",
+                               **sentences(f"{self.treatment} is faster than {self.baseline} ({effect.text()}) but "
+                                           f"{ov.words()}: never recommended", detail + note),
+                               effect=effect, confidence=conf, direction="", evidence=ev,
+                               reason=f"{self.treatment} changes outputs", failures=[*fails, wrong])
+            detail += f" Outputs: {self.treatment} {ov.words()}."
         return Finding(thread=thread, kind="effect", title=f"{subject}: {self.treatment} vs {self.baseline}",
                        **sentences(headline, detail + note), effect=effect, change=change, confidence=conf,
                        direction=direction, evidence=ev, reason=reason, failures=fails, optimal=optimal)

@@ -458,6 +458,19 @@ class EngineAdapter(ABC):
             elif i + 1 < len(flags) and not flags[i + 1].startswith("-"):
                 fs.check_value(f, flags[i + 1])
 
+    def output_check_request(self, model: str, text: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+        """(path, JSON body) of one greedy, non-streamed request returning the prompt's teacher-forced
+        log-probabilities and the continuation's (outputs.take); CheckUnavailable where the engine gives none."""
+        from ..outputs import CheckUnavailable
+
+        raise CheckUnavailable(f"servescope reads no prompt log-probabilities from {self.name}")
+
+    def output_check_parse(self, obj: dict[str, Any]) -> tuple[list[float | None], list[int], list[float]]:
+        """(prompt log-probabilities by position, continuation token ids, their log-probabilities) of one answer."""
+        from ..outputs import CheckUnavailable
+
+        raise CheckUnavailable(f"servescope reads no prompt log-probabilities from {self.name}")
+
     def log_patterns(self) -> list[LogPattern]:
         """What to look for in this engine's log (see engines.logs)."""
         return []
@@ -517,6 +530,23 @@ def installed_version(python: str, distributions: tuple[str, ...], label: str, p
         raise KnobError(f"{where} cannot import {package} ({label} {info['version']}'s metadata is there, its "
                         "package is not): check engine.env PYTHONPATH")
     return info["version"], info["distribution"]
+
+
+def openai_check_request(model: str, text: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """vLLM's OpenAI completions with its extensions: the prompt's own token log-probabilities (prompt_logprobs=0:
+    the prompt token's alone) and the continuation's, as token ids."""
+    return "/v1/completions", {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0.0,
+                               "logprobs": 0, "prompt_logprobs": 0, "return_tokens_as_token_ids": True,
+                               "ignore_eos": True}
+
+
+def openai_check_parse(obj: dict[str, Any]) -> tuple[list[float | None], list[int], list[float]]:
+    """The answer of openai_check_request: prompt_logprobs is a list of None (the first token) or {id: {logprob}}."""
+    ch = (obj.get("choices") or [{}])[0]
+    prompt = [None if d is None else float(next(iter(d.values()))["logprob"]) for d in ch.get("prompt_logprobs") or []]
+    lp = ch.get("logprobs") or {}
+    ids = [int(str(t).rsplit(":", 1)[-1]) for t in lp.get("tokens") or []]
+    return prompt, ids, [float(x) for x in lp.get("token_logprobs") or []]
 
 
 def version_tuple(version: str) -> tuple[int, ...]:

