@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import zlib
 import os
 import signal
 import subprocess
 import sys
 import time
+import zlib
 
 from aiohttp import web
 
