@@ -16,7 +16,8 @@ LIB = Path(__file__).resolve().parents[1] / "lib" / "servescope"
 LAYERS: list[tuple[str, ...]] = [
     ("servescope", "errors", "util", "paths", "hostcpu", "pipsources", "deaths", "spec", "plots", "_reaper",
      "_build_tiny_model", "engine_site"),
-    ("server", "findings", "models", "store", "telemetry", "load", "probes", "mps", "install", "state"),
+    ("server", "findings", "models", "architectures", "store", "telemetry", "load", "outputs", "probes", "mps", "install",
+     "state"),
     ("analysis",),
     ("engines",),
     ("context", "launch", "profile"),

@@ -31,6 +31,8 @@ CHECK_SEED = 4242
 # rounding of the log-softmax itself
 FLOOR_FACTOR = 4.0
 ABS_FLOOR = 1e-5
+# a baseline whose prompt log-probabilities spread less than this (nats) answers near-uniformly: random weights
+NEAR_UNIFORM = 1e-3
 CHECK_COLUMNS = ["pass", "prompt", "prompt_tokens", "kind", "position", "token_id", "logprob"]
 
 
@@ -113,6 +115,7 @@ class OutputVerdict:
     at_prompt_tokens: int | None = None
     greedy_parts_at: int = -1
     why: str = ""
+    spread: float = math.nan  # std of the baseline's prompt log-probabilities: how much signal the check had
 
     @property
     def changes_outputs(self) -> bool:
@@ -125,7 +128,9 @@ class OutputVerdict:
             return f"outputs not verified: {self.why}"
         nums = (f"largest teacher-forced log-probability difference {self.max_dev:.3g} nats at a "
                 f"{self.at_prompt_tokens}-token prompt, against a noise floor of {self.floor:.3g} (threshold "
-                f"{self.threshold:.3g})")
+                f"{self.threshold:.3g}); the baseline's log-probabilities spread {self.spread:.2g} nats"
+                + (": random weights leave them near-uniform, so only differences above the threshold are seen"
+                   if self.spread < NEAR_UNIFORM else ""))
         if self.status == "same":
             return f"answers as {self.baseline} does ({nums})"
         greedy = f"; greedy continuation parts at token {self.greedy_parts_at + 1}" if self.greedy_parts_at >= 0 else ""
@@ -135,6 +140,7 @@ class OutputVerdict:
         """For tables."""
         return {"config": self.config, "against": self.baseline, "outputs": self.status,
                 "max_logprob_dev": self.max_dev, "noise_floor": self.floor, "threshold": self.threshold,
+                "logprob_spread": self.spread,
                 "at_prompt_tokens": self.at_prompt_tokens, "greedy_parts_at": self.greedy_parts_at, "why": self.why}
 
 
@@ -187,5 +193,6 @@ def verdict(checks: pd.DataFrame, baseline: str, config: str) -> OutputVerdict:
         return OutputVerdict(config, baseline, "not verified", why=f"{config} answered no check prompt alone")
     threshold = max(FLOOR_FACTOR * floor, ABS_FLOOR)
     status = "changes outputs" if worst["max_logprob_dev"] > threshold else "same"
+    spread = float(ref.loc[ref["kind"] == "prompt", "logprob"].std())
     return OutputVerdict(config, baseline, status, float(worst["max_logprob_dev"]), floor, threshold,
-                         int(worst["prompt_tokens"]), int(worst["greedy_parts_at"]))
+                         int(worst["prompt_tokens"]), int(worst["greedy_parts_at"]), spread=spread)

@@ -599,21 +599,31 @@ class Comparison:
                                                                 "treatment": _r(peak.treatment_spread_pct)}}
         if fails:
             detail += " Failed: " + "; ".join(f"{x.config} {x.words()}" for x in fails) + "."
-        checked = self.study.results.output_checks
-        if len(checked):  # points recorded before outputs were checked say nothing of them
-            ov = self.study.output_verdict(self.treatment, self.baseline)
-            ev["outputs"] = ov.row()
-            wrong = self.study.output_failure(self.treatment, self.baseline)
-            if wrong is not None and direction == "better":
-                return Finding(thread=thread, kind="failure", title=f"{subject}: {self.treatment} changes outputs",
-                               **sentences(f"{self.treatment} is faster than {self.baseline} ({effect.text()}) but "
-                                           f"{ov.words()}: never recommended", detail + note),
-                               effect=effect, confidence=conf, direction="", evidence=ev,
-                               reason=f"{self.treatment} changes outputs", failures=[*fails, wrong])
-            detail += f" Outputs: {self.treatment} {ov.words()}."
+        wrong = self._outputs(subject, effect, conf, direction, detail + note, ev, fails)
+        if wrong is not None:
+            return wrong
+        if "outputs" in ev:
+            detail += f" Outputs: {self.treatment} {ev['outputs']['words']}."
         return Finding(thread=thread, kind="effect", title=f"{subject}: {self.treatment} vs {self.baseline}",
                        **sentences(headline, detail + note), effect=effect, change=change, confidence=conf,
                        direction=direction, evidence=ev, reason=reason, failures=fails, optimal=optimal)
+
+    def _outputs(self, subject: str, effect: Effect, conf: Confidence, direction: Direction, detail: str,
+                 ev: dict[str, Any], fails: list[Failure]) -> Finding | None:
+        """The output check's verdict into the evidence; where the faster side changes outputs, the finding that says
+        so instead (never recommended). Points recorded before outputs were checked say nothing of them."""
+        if not len(self.study.results.output_checks):
+            return None
+        ov = self.study.output_verdict(self.treatment, self.baseline)
+        ev["outputs"] = ov.row() | {"words": ov.words()}
+        wrong = self.study.output_failure(self.treatment, self.baseline)
+        if wrong is None or direction != "better":
+            return None
+        return Finding(thread=self.study.thread, kind="failure", title=f"{subject}: {self.treatment} changes outputs",
+                       **sentences(f"{self.treatment} is faster than {self.baseline} ({effect.text()}) but "
+                                   f"{ov.words()}: never recommended", detail),
+                       effect=effect, confidence=conf, direction="", evidence=ev,
+                       reason=f"{self.treatment} changes outputs", failures=[*fails, wrong])
 
     def _change(self, rec_knobs: Knobs | None, direction: Direction, conf: Confidence,
                 deployed: Knobs | None) -> tuple[Change | None, str, str, bool]:

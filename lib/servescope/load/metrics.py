@@ -84,6 +84,19 @@ def _overlap(a0: pd.Series, a1: pd.Series, w0: float, w1: float) -> pd.Series:
     return (np.minimum(a1, w1) - np.maximum(a0, w0)).clip(lower=0)
 
 
+def _level_figures(g: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:
+    """Rates over the whole level, from its first send to its last answer (ramp and drain in)."""
+    end = (g["start_unix"] + g["e2e_ms"].fillna(0) / 1e3).max()
+    duration_s = float(end - g["start_unix"].min()) if len(g) else float("nan")
+    out_tok = float(ok["output_tokens"].sum())
+    in_tok = float(ok["input_tokens"].fillna(0).sum())
+    per_s = partial(_rate, duration_s=duration_s)
+    return {"completed": int(len(ok)), "failed": int(len(g) - len(ok)), "duration_s": duration_s,
+            "request_s": per_s(len(ok)), "input_tok_s": per_s(in_tok), "output_tok_s": per_s(out_tok),
+            "total_tok_s": per_s(out_tok + in_tok),
+            "achieved_concurrency": float(ok["e2e_ms"].sum() / 1e3 / duration_s) if duration_s > 0 else float("nan")}
+
+
 def _window_figures(g: pd.DataFrame, w0: float, w1: float) -> dict[str, Any]:
     """Rates over the steady window: output tokens delivered in it (each request's tokens after its first spread
     evenly over its decode), prefills finished in it, requests completed in it, and the mean requests in flight."""
@@ -128,18 +141,7 @@ def summarize(requests: pd.DataFrame, health: pd.DataFrame | None = None,
             ok = g[g["status"] == "ok"]
         else:
             ok = g[g["status"] == "ok"]
-            end = (g["start_unix"] + g["e2e_ms"].fillna(0) / 1e3).max()
-            duration_s = float(end - g["start_unix"].min()) if len(g) else float("nan")
-            out_tok = float(ok["output_tokens"].sum())
-            in_tok = float(ok["input_tokens"].fillna(0).sum())
-            per_s = partial(_rate, duration_s=duration_s)
-            row |= {
-                "completed": int(len(ok)), "failed": int(len(g) - len(ok)), "duration_s": duration_s,
-                "request_s": per_s(len(ok)), "input_tok_s": per_s(in_tok), "output_tok_s": per_s(out_tok),
-                "total_tok_s": per_s(out_tok + in_tok),
-                "achieved_concurrency": float(ok["e2e_ms"].sum() / 1e3 / duration_s) if duration_s > 0
-                else float("nan"),
-            }
+            row |= _level_figures(g, ok)
             if asked is not None:
                 row |= {"figures_over": "whole level: no steady window (no request completed before the last was "
                                         "sent: one wave)", "steady_window_s": 0.0}

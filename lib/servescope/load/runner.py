@@ -414,18 +414,11 @@ def run_sweep(base_url: str | Sequence[str], model: str, load: LoadSpec, tokeniz
         if pt.label in skip:
             continue
         first_row = len(rows)
-        seed = load.seed + 1000 * pt.index
-        prompts = make_prompts(load, tokenizer, load.level_requests(pt.concurrency), seed)
-        grow = None
-        if load.duration_s and load.dataset == "random":  # a timed level that outruns its pool: more, never repeats
-            grow = partial(_more_prompts, load, tokenizer, len(prompts), seed)
-        pool = PromptPool(load.endpoint, model, prompts, load.ignore_eos, grow)
+        prompts, pool = _level_pool(load, tokenizer, model, pt)
         n_warm = load.warmup_requests if load.warmup_requests is not None else (pt.concurrency or 1)
         if n_warm:
             tell(f"warmup:{pt.label}")
-            warm = make_prompts(load, tokenizer, n_warm, load.seed - 1 - pt.index)
-            if load.steady_state:  # one short request per slot warms each batch size; a full-length wave is a level
-                warm = [dataclasses.replace(w, output_len=min(w.output_len, WARMUP_OUTPUT_TOKENS)) for w in warm]
+            warm = _warm_prompts(load, tokenizer, n_warm, pt)
             closed = LoadPoint(pt.index, pt.label, "closed", pt.concurrency or 1, None)
             with nvtx_range(f"warmup:{pt.label}"):
                 # spread as the level will be: each replica warms the batch size it will see
@@ -462,6 +455,26 @@ def run_sweep(base_url: str | Sequence[str], model: str, load: LoadSpec, tokeniz
 
 # output tokens of each warm-up request of a steady-state load (it warms batch sizes, not the cache)
 WARMUP_OUTPUT_TOKENS = 16
+
+
+def _warm_prompts(load: LoadSpec, tokenizer: Tokenizer | None, n: int, pt: LoadPoint) -> list[Prompt]:
+    """A level's warm-up prompts (seeded apart from its measured ones); a steady load's are short: one request per
+    slot warms each batch size, where a full-length wave would be a level of its own."""
+    warm = make_prompts(load, tokenizer, n, load.seed - 1 - pt.index)
+    if load.steady_state:
+        warm = [dataclasses.replace(w, output_len=min(w.output_len, WARMUP_OUTPUT_TOKENS)) for w in warm]
+    return warm
+
+
+def _level_pool(load: LoadSpec, tokenizer: Tokenizer | None, model: str,
+                pt: LoadPoint) -> tuple[list[Prompt], PromptPool]:
+    """A level's prompts (seeded by the level) and the pool that sends each once; a timed level of random prompts
+    that outruns them gets more, never the same again."""
+    seed = load.seed + 1000 * pt.index
+    prompts = make_prompts(load, tokenizer, load.level_requests(pt.concurrency), seed)
+    grow = partial(_more_prompts, load, tokenizer, len(prompts), seed) \
+        if load.duration_s and load.dataset == "random" else None
+    return prompts, PromptPool(load.endpoint, model, prompts, load.ignore_eos, grow)
 
 
 def _more_prompts(load: LoadSpec, tok: Tokenizer | None, first: int, seed: int, chunk: int) -> list[Prompt]:
