@@ -12,10 +12,11 @@ from servescope.threads import graph_modes as t02
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def graph_study(name: str, tmp: Path) -> t02.GraphStudy:
-    """Thread 02 computed again offline from a copy of a recording's store (its ceiling probe left out)."""
+def graph_study(name: str, tmp: Path, modes: tuple[str, ...] = ()) -> t02.GraphStudy:
+    """Thread 02 computed again offline from a copy of a recording's store (its ceiling probe left out), on the
+    suite's deployment, over the modes given (default every mode)."""
     s = load_suite(ROOT / "data" / "suites" / f"{name}.yaml")
     shutil.copytree(ROOT / "data" / "reference" / name / "store", tmp / "store")
     ctx = nb.context(s.engine, s.model, s.load, repetitions=3, max_repetitions=4, store_dir=str(tmp / "store"),
-                     offline=True, telemetry=s.telemetry)
-    return t02.run(ctx, ceiling=False)
+                     offline=True, telemetry=s.telemetry, deployment=s.deployment)
+    return t02.run(ctx, ceiling=False, only=modes)

@@ -142,3 +142,54 @@ def test_output_verdicts_need_a_noise_floor_and_say_when_they_cannot_be_made():
                          "kind": "prompt", "position": 1, "token_id": -1, "logprob": -2.0}])
     v = verdict(one, "off", "full")
     assert v.status == "not verified" and "full has no answers" in v.why
+
+
+def test_a_layout_whose_weights_cannot_fit_is_refused_before_launch(monkeypatch, tmp_path):
+    """Mixtral-8x7B (93 GB in bf16) on 80 GB GPUs: tp=1 is refused with the arithmetic, tp=2 fits; Qwen3-30B-A3B
+    (61 GB) fits one. The weights are the architecture's, estimated from its config (nothing downloaded)."""
+    from servescope import architectures
+    from servescope.engines import base
+    from servescope.engines.base import EngineInstall
+    from servescope.mps import GpuFacts
+    from stub_engine import StubAdapter
+
+    monkeypatch.setenv("SERVESCOPE_CACHE", str(tmp_path))
+    monkeypatch.setattr(base, "gpu_facts", lambda env: [GpuFacts(i, mem_total_mib=81559.0) for i in range(2)])
+    monkeypatch.setattr(base, "visible_devices", lambda platform, env: (2, "GPUs"))
+    install = EngineInstall(python="python", version="0", distribution="stub", platform="cuda")
+    adapter = StubAdapter()
+    mixtral, qwen = (str(architectures.ensure_model(n)) for n in ("mixtral-8x7b", "qwen3-30b-a3b"))
+    with pytest.raises(KnobError, match=r"tp=1 does not fit: the weights \(93.4 GB\) over tp=1 need 88.\d GiB"):
+        adapter.check_knobs(Knobs(), install, {}, mixtral)
+    adapter.check_knobs(Knobs(tp=2), install, {}, mixtral)
+    adapter.check_knobs(Knobs(), install, {}, qwen)
+    with pytest.raises(KnobError, match="2 replicas of tp=1 does not fit"):
+        adapter.check_knobs(Knobs(replicas=2), install, {}, mixtral)
+
+
+def test_thread_04_compares_the_layouts_of_the_deployments_gpus_and_refuses_those_that_do_not_fit(monkeypatch,
+                                                                                                 tmp_path):
+    """A deployment of tp=2 serving Mixtral-8x7B (93 GB) on two 80 GB GPUs: TP=2, DP attention and the deployment
+    itself fit; engine DP over 2 (a whole copy per GPU) and 2 replicas of tp=1 are refused with the arithmetic."""
+    from servescope import architectures
+    from servescope.engines import base
+    from servescope.engines.base import EngineInstall
+    from servescope.launch import Prepared
+    from servescope.mps import GpuFacts
+    from servescope.spec import EngineSpec
+    from servescope.threads.parallelism import layouts
+    from stub_engine import StubAdapter
+
+    monkeypatch.setenv("SERVESCOPE_CACHE", str(tmp_path))
+    monkeypatch.setattr(base, "gpu_facts", lambda env: [GpuFacts(i, mem_total_mib=81559.0) for i in range(2)])
+    monkeypatch.setattr(base, "visible_devices", lambda platform, env: (2, "GPUs"))
+    adapter = StubAdapter()
+    install = EngineInstall(python="python", version="0", distribution="stub", platform="cuda")
+    prep = Prepared(EngineSpec(name="stub", python="python"), install, str(architectures.ensure_model("mixtral-8x7b")),
+                    "m", adapter, True)
+    dep = DeploymentSpec(knobs=Knobs(tp=2))
+    lays = {x.arm.name: x for x in layouts(prep, 2, "cuda", ("round_robin",), (), adapter, deployment=dep)}
+    assert set(lays) == {"1 server", "2 replicas of tp=1, round-robin", "dp=2", "dp attention=2", "tp=2"}
+    assert not lays["1 server"].refused and not lays["tp=2"].refused and not lays["dp attention=2"].refused
+    assert "does not fit" in lays["dp=2"].refused and "does not fit" in lays["2 replicas of tp=1, round-robin"].refused
+    assert lays["2 replicas of tp=1, round-robin"].arm.knobs.tp == 1  # the thread's tp replaces the deployment's

@@ -43,7 +43,7 @@ from .load.runner import LoadResult
 from .models import model_config, model_info
 from .profile import window as profiling
 from .server import log_tails, read_logs
-from .spec import EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec
+from .spec import DeploymentSpec, EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec
 from .store import Point, Store
 from .telemetry import Telemetry
 
@@ -201,20 +201,29 @@ class _Tables:
                        output_checks=cat(self.checks))
 
 
-def point_label(parts: dict[str, Any]) -> str:
-    """A readable name for a stored point's configuration: its knobs (or 'engine defaults'), and its profile."""
+def point_label(parts: dict[str, Any], deployment: DeploymentSpec | None = None) -> str:
+    """A readable name for a stored point's configuration: its knobs (or 'engine defaults'; with a deployment, the
+    knobs it changed of it, or 'the deployment'), and its profile."""
     knobs = parts.get("knobs") or {}
-    label = ", ".join(f"{k}={v}" for k, v in sorted(knobs.items())) or "engine defaults"
+    if deployment is not None and not deployment.empty:
+        knobs = deployment.relative(knobs)
+    shown = [f"{k}={v}" for k, v in sorted(knobs.items()) if k != "extra_args"]
+    if knobs.get("extra_args"):
+        shown.append(" ".join(map(str, knobs["extra_args"])))
+    none = "the deployment" if deployment is not None and not deployment.empty else "engine defaults"
+    label = ", ".join(shown) or none
     prof = (parts.get("profile") or {}).get("kind")
     return f"{label} (+{prof} profile)" if prof else label
 
 
-def read_store(store: Store, engine: str | None = None, model: dict[str, Any] | None = None) -> Results:
+def read_store(store: Store, engine: str | None = None, model: dict[str, Any] | None = None,
+               deployment: DeploymentSpec | None = None) -> Results:
     """Every complete point in a store (optionally only one engine identity and model) as Results, each named by
-    its knobs: what other threads measured, read without launching anything."""
+    its knobs (those it changed of the deployment, where one is given): what other threads measured, read without
+    launching anything."""
     acc = _Tables()
     for pt in store.points(engine, model):
-        acc.add(pt, pt.key, {"config": point_label(pt.parts), "rep": int(pt.parts.get("rep", 0))})
+        acc.add(pt, pt.key, {"config": point_label(pt.parts, deployment), "rep": int(pt.parts.get("rep", 0))})
     return acc.results(planned=len(acc.points))
 
 

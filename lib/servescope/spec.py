@@ -150,6 +150,9 @@ class Knobs(_Spec):
         return ", ".join(parts) or "engine defaults"
 
 
+_UNSET = object()
+
+
 class DeploymentSpec(_Spec):
     """The user's deployment as it runs today: every arm of every thread launches it, with only the thread's own knobs
     changed (a thread's knob replaces the deployment's value of the same setting). knobs: its settings in intent
@@ -182,6 +185,21 @@ class DeploymentSpec(_Spec):
         """The settings a thread's knobs change from the deployment (names)."""
         base = self.knobs.model_dump()
         return sorted(k for k in knobs.model_fields_set - {"extra_args"} if getattr(knobs, k) != base.get(k))
+
+    def relative(self, knobs: dict[str, Any]) -> dict[str, Any]:
+        """A stored point's knobs (the deployment's with a thread's over them) as the thread asked for them: the
+        settings equal to the deployment's and the deployment's flags left out."""
+        if self.empty:
+            return dict(knobs)
+        base = self.knobs.model_dump(mode="json", exclude_defaults=True)
+        out = {k: v for k, v in knobs.items() if k != "extra_args" and base.get(k, _UNSET) != v}
+        ours = [*self.knobs.extra_args, *self.args]
+        extra = list(knobs.get("extra_args") or [])
+        if ours and extra[:len(ours)] == ours:
+            extra = extra[len(ours):]
+        if extra:
+            out["extra_args"] = extra
+        return out
 
     def words(self) -> str:
         """'cuda_graph=off, mem_fraction=0.88; flags --foo 1' or 'the engine's defaults'."""

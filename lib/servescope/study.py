@@ -10,6 +10,7 @@ more than the studied knob.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -418,9 +419,16 @@ class Study:
         try:
             return self.adapter.recommended_flags(knobs, self.install), ""
         except Exception as e:  # offline on another machine: the engine's source may not be here
+            try:  # the release as published (cached per user), read as the installed one would be
+                tree = published_source(self.adapter, self.install.version)
+                return self.adapter.recommended_flags(knobs, dataclasses.replace(self.install,
+                                                                                 source=tree.location)), ""
+            except Exception:  # noqa: BLE001 - no network and no cache: what the launches recorded
+                pass
+            deployment = self.ctx.deployment
             for a in self.arms:  # an arm that asked for exactly these knobs recorded their spelling at launch
                 pts = self._points(a.name)
-                if a.knobs == knobs and len(pts):
+                if a.knobs == knobs and len(pts) and deployment.empty:
                     return str(pts["flags"].iloc[0]).split(), ""
             return [], f"could not spell {knobs.label()} for this engine here ({type(e).__name__}: {e})"
 
@@ -944,9 +952,10 @@ def stored_failures(ctx: RunContext) -> list[Failure]:
         parts = man.get("parts") or {}
         cause = DeathCause.from_dict(man["cause"]) if man.get("cause") else None
         exc = cause.exception if cause is not None else None
-        name = point_label(parts)
+        name = point_label(parts, ctx.deployment)
         flags = (man.get("target") or {}).get("flags") or []
-        out[name] = Failure(config=name, knobs=parts.get("knobs") or {}, flags=list(flags),
+        # the knobs the thread asked for, not the deployment's under them: a change is matched against those
+        out[name] = Failure(config=name, knobs=ctx.deployment.relative(parts.get("knobs") or {}), flags=list(flags),
                             summary=str(man.get("error", "")).splitlines()[0][:400] if man.get("error") else "",
                             exception=exc.said()[:400] if exc is not None else "",
                             frame=(exc.frame or exc.innermost) if exc is not None else "",
@@ -961,7 +970,7 @@ def stored_failures(ctx: RunContext) -> list[Failure]:
 def stored_points(ctx: RunContext) -> Results:
     """Every complete point the store holds for this engine and model (what other threads measured), read without
     launching anything."""
-    return read_store(ctx.store, ctx.engine_identity, ctx.model_key)
+    return read_store(ctx.store, ctx.engine_identity, ctx.model_key, ctx.deployment)
 
 
 def read_or_run(thread: str, ctx: RunContext, arms: Sequence[Arm],

@@ -198,6 +198,8 @@ class EngineAdapter(ABC):
                 raise KnobError(f"{per}tp={knobs.tp} x dp={knobs.dp} needs {ranks} {what}; {have} visible here")
         if knobs.gpu_share:
             self._check_share(knobs, install, env or {}, model_path)
+        elif install.platform == "cuda" and model_path:
+            self._check_fit(knobs, env or {}, model_path)
         if knobs.replicas > 1:
             self.placements(knobs, install, env)
             if install.platform in ("cpu", "cuda") and not shutil.which("taskset"):
@@ -233,6 +235,21 @@ class EngineAdapter(ABC):
         for g in gpus if w is not None else []:
             if why := shared_fit(self.mem_fraction_of, n, knobs.mem_fraction, w / 2**20, g):
                 raise KnobError(why)
+
+    def _check_fit(self, knobs: Knobs, env: dict[str, str], model_path: str) -> None:
+        """Refuse a layout whose weights cannot fit: each GPU of a server holds 1/tp of them at least (expert
+        parallelism only shards further), plus its context; a replica is a server of its own."""
+        w = weights_bytes(model_path)
+        gpus = gpu_facts(env) if w is not None else []
+        sizes = [g.mem_total_mib for g in gpus if g.mem_total_mib]
+        if w is None or not sizes:
+            return
+        need = w / 2**20 / knobs.tp + REPLICA_OVERHEAD_MIB
+        if need > min(sizes):
+            per = f"{knobs.replicas} replicas of tp={knobs.tp}" if knobs.replicas > 1 else f"tp={knobs.tp}"
+            raise KnobError(f"{per} does not fit: the weights ({w / 1e9:.1f} GB) over tp={knobs.tp} need "
+                            f"{need / 1024:.1f} GiB on each GPU with its context, and the GPUs here hold "
+                            f"{min(sizes) / 1024:.1f} GiB (a larger tp, or GPUs with more memory)")
 
     def placements(self, knobs: Knobs, install: EngineInstall, env: dict[str, str] | None = None) -> list[Placement]:
         """Each replica's share of the devices: a contiguous block of GPUs (CUDA_VISIBLE_DEVICES) or of cores (the

@@ -32,7 +32,7 @@ from ..models import model_config, tiny_model_ready
 from ..probes.run import ProbeRun
 from ..probes.run import failed as probe_failed
 from ..probes.run import skipped as probe_skipped
-from ..spec import Knobs, LoadSpec, ProfileSpec
+from ..spec import DeploymentSpec, Knobs, LoadSpec, ProfileSpec
 from ..study import Arm, Study, drop_empty, read_or_run, run_study
 from .grouped_gemm import profiled_once
 
@@ -263,12 +263,13 @@ class ParallelStudy:
         return out.rename(columns={"phase": "point", "mem_available_mib": "host_mem_available_mib"})
 
 
-def _expressible(knobs: Knobs, prep: Prepared | None) -> str:
-    """'' if the engine version and this machine can run knobs, else why not (nothing launched)."""
+def _expressible(knobs: Knobs, prep: Prepared | None, deployment: DeploymentSpec | None = None) -> str:
+    """'' if the engine version and this machine can run knobs (on the deployment), else why not (nothing launched)."""
     if prep is None:
         return ""
     try:
-        prep.adapter.check_knobs(knobs, prep.install, prep.engine.env, prep.model_path)
+        prep.adapter.check_knobs((deployment or DeploymentSpec()).apply(knobs), prep.install, prep.engine.env,
+                                 prep.model_path)
     except (KnobError, SpecError) as e:
         return str(e)
     return ""
@@ -281,10 +282,15 @@ SHARE_MODES = ("time_slicing", "mps")  # how replicas share one GPU: the driver'
 
 def layouts(prep: Prepared | None, replicas: int, platform: str, routes: tuple[str, ...] = ROUTES,
             shared: tuple[int, ...] = (), adapter: EngineAdapter | None = None,
-            mps_active_thread_pct: int | None = None, share_modes: tuple[str, ...] = SHARE_MODES) -> list[Layout]:
+            mps_active_thread_pct: int | None = None, share_modes: tuple[str, ...] = SHARE_MODES,
+            deployment: DeploymentSpec | None = None) -> list[Layout]:
     """The layouts to compare on `replicas` devices' worth of this machine (replicas behind each of `routes`) and,
     on GPUs, `shared` replicas on one GPU (in each of `share_modes`: time-sliced, through MPS), each checked against
-    the engine version and the machine (a refusal is kept with its reason)."""
+    the engine version and the machine (a refusal is kept with its reason). A deployment of several GPUs sets the
+    count instead: its own layout against TP, engine DP, DP attention and replicas of TP=N/k over its N GPUs."""
+    dep = deployment or DeploymentSpec()
+    if dep.knobs.tp * dep.knobs.dp > 1 and platform != "cpu":
+        return _deployment_layouts(prep, dep, routes)
     n = replicas
     # a CPU build's one server spreads over every core; on GPUs the engine's default is one GPU (tp=1)
     out = [Layout(Arm(ONE, Knobs(), "one server, the engine's own placement"), "one server",
@@ -293,7 +299,7 @@ def layouts(prep: Prepared | None, replicas: int, platform: str, routes: tuple[s
         words = route.replace("_", "-")
         k = Knobs(replicas=n, route=route)
         out.append(Layout(Arm(f"{n} replicas, {words}", k, f"{n} servers, one share of the devices each, requests "
-                              f"spread {words}"), "replicas", n, _expressible(k, prep)))
+                              f"spread {words}"), "replicas", n, _expressible(k, prep, dep)))
     if platform == "cuda":
         out += _shared_layouts(prep, shared, routes, adapter or (prep.adapter if prep else None),
                                mps_active_thread_pct, share_modes)
@@ -304,8 +310,30 @@ def layouts(prep: Prepared | None, replicas: int, platform: str, routes: tuple[s
     native.append(("TP", Knobs(tp=n), f"tp={n}", "tensor parallelism over the devices"))
     for kind, k, name, words in native:
         why = "tensor parallelism is measured where there are GPUs for it" if platform == "cpu" and kind == "TP" \
-            else _expressible(k, prep)
+            else _expressible(k, prep, dep)
         out.append(Layout(Arm(name, k, words), kind, n, why))
+    return out
+
+
+def _deployment_layouts(prep: Prepared | None, dep: DeploymentSpec, routes: tuple[str, ...]) -> list[Layout]:
+    """The layouts of a deployment's N GPUs: the deployment itself, TP=N, the engine's DP over N, DP attention, and
+    k replicas of TP=N/k behind each route; each checked on the deployment (a layout whose weights do not fit on
+    its GPUs is refused with the arithmetic)."""
+    n = dep.knobs.tp * dep.knobs.dp
+    out = [Layout(Arm(ONE, Knobs(), f"the deployment as it runs (tp={dep.knobs.tp}, dp={dep.knobs.dp})"),
+                  "one server", n)]
+    for k in (d for d in range(2, n + 1) if n % d == 0):
+        for route in routes:
+            words = route.replace("_", "-")
+            kn = Knobs(tp=n // k, dp=1, replicas=k, route=route)  # type: ignore[arg-type]
+            out.append(Layout(Arm(f"{k} replicas of tp={n // k}, {words}", kn,
+                                  f"{k} servers of tp={n // k}, requests spread {words}"), "replicas", n,
+                              _expressible(kn, prep, dep)))
+    for kind, kn, name, words in (("engine DP", Knobs(tp=1, dp=n), f"dp={n}", "the engine's own data parallelism"),
+                                  ("DP attention", Knobs(tp=n, dp=1, attn_dp=n), f"dp attention={n}",
+                                   "attention data-parallel, MoE/MLP tensor-parallel"),
+                                  ("TP", Knobs(tp=n, dp=1), f"tp={n}", "tensor parallelism over the devices")):
+        out.append(Layout(Arm(name, kn, words), kind, n, _expressible(kn, prep, dep)))
     return out
 
 
@@ -409,10 +437,12 @@ def _check_layouts(ctx: RunContext, replicas: int | None, routes: tuple[str, ...
         platform = prep.install.platform
         n = replicas or (have if platform == "cuda" and have >= 2 else 2)
         return {"platform": platform, "have": have, "kind": kind, "n": n,
-                "refused": {x.arm.name: x.refused for x in layouts(prep, n, platform, routes, shared, ctx.adapter, pct)}}
+                "refused": {x.arm.name: x.refused for x in layouts(prep, n, platform, routes, shared, ctx.adapter, pct,
+                                                                    deployment=ctx.deployment)}}
     found, _ = ctx.memo("layouts", parts, compute, reuse_online=False, compute_offline=True)
     lays = [Layout(x.arm, x.kind, x.devices, found["refused"].get(x.arm.name, "")) for x in
-            layouts(None, found["n"], found["platform"], routes, shared, ctx.adapter, pct, modes)]
+            layouts(None, found["n"], found["platform"], routes, shared, ctx.adapter, pct, modes,
+                    deployment=ctx.deployment)]
     return lays, found, prep
 
 

@@ -1,0 +1,79 @@
+"""The seed's case at real size (data/reference/sglang-qwen3-30b, recorded cold on an H200 through
+benchmarks/gpu/on_gpu.py with data/suites/sglang-qwen3-30b.yaml): SGLang 0.5.17 serving the Qwen3-30B-A3B
+architecture with its own random weights, deployed with CUDA graphs off by flag, under a steady load of mixed lengths
+at c=1, 16 and 128.
+
+Known answer from real hardware: SGLang 0.5.17's default graphs (decode full, prefill breakable) against the seed's
+graphs-off launch, three alternating repetitions each, every one answering the output check as graphs off does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from recordings import graph_study
+from servescope.findings import read_findings
+from servescope.store import Store
+from servescope.threads import graph_modes as t02
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = ROOT / "data" / "reference" / "sglang-qwen3-30b"
+PIECEWISE = ["--cuda-graph-backend-decode", "full", "--cuda-graph-backend-prefill", "breakable"]
+OFF = ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+
+
+def test_every_point_is_the_real_size_deployment_under_a_steady_load():
+    pts = list(Store(REF / "store").points())
+    assert len(pts) == 6
+    for pt in pts:
+        assert pt.parts["model"]["architecture"] == "qwen3-30b-a3b"
+        knobs = pt.parts["knobs"]
+        assert knobs["mem_fraction"] == 0.88 and knobs["extra_args"] == ["--cuda-graph-max-bs-prefill", "2048"]
+        assert "--load-format dummy" in pt.target["command"] and pt.install.version == "0.5.17"
+        s = pt.table("summary")
+        assert set(s["figures_over"]) == {"steady window"} and s["filled"].all(), pt.key
+        busy = s[s["concurrency"] > 1]  # c=1 sends three requests: its means are three draws
+        assert (busy["mean_input_tokens"] > 800).all() and (busy["mean_output_tokens"] > 150).all()
+        req = pt.table("requests")
+        assert req.loc[req["phase"] == "measure", "input_tokens"].nunique() > 20  # mixed lengths, not one wave
+        assert not pt.table("output_check").empty
+    assert {pt.manifest["output_check"]["prompts"] for pt in pts} == {6}
+
+
+def test_graphs_against_the_seeds_launch_help_at_every_level_and_answer_the_same(tmp_path):
+    gs = graph_study("sglang-qwen3-30b", tmp_path, modes=("piecewise",))
+    fs = t02.findings(gs, {"cuda_graph": "off", "mem_fraction": 0.88})
+    head = fs[0]
+    assert head.title == "Use CUDA graphs: piecewise" and head.confidence == "high"
+    assert head.change.flags == PIECEWISE and head.change.drop_flags == OFF
+    assert head.effect.n == 3 and head.effect.ci_low_pct > 200
+    per = next(f for f in fs if f.title.startswith("CUDA graphs piecewise"))
+    levels = {k: v for k, v in per.evidence["effects"].items() if k.startswith("output_tok_s@")}
+    assert levels["output_tok_s@c=1"]["ci_low_pct"] > 500  # launch overhead of 48 layers at one request
+    assert 30 < levels["output_tok_s@c=128"]["effect_pct"] < 120  # what is left at a full batch
+    assert all(v["confidence"] == "high" for v in levels.values())
+    assert per.evidence["outputs"]["outputs"] == "same" and "answers as off does" in per.claim
+    assert gs.study.output_verdict("piecewise", "off").spread < 1e-3  # random weights: near-uniform, said so
+
+
+def test_the_front_page_opens_with_the_verified_change_and_its_output_check():
+    index = (REF / "report" / "index.html").read_text()
+    assert "Verified: +286.1% output_tok_s (90% CI +246.5..+330.3%, n=3" in index
+    assert "random weights of the Qwen3-30B-A3B architecture" in index
+    (v, *_) = read_findings(REF / "report" / "07_verified_changes.findings.json")
+    assert v.confidence == "high" and v.change.drop_flags == OFF
+    assert "Outputs: combined answers as baseline does" in v.claim
+    (cause,) = [f for f in read_findings(REF / "report" / "01_cuda_graph_disable_reason.findings.json")
+                if f.kind == "cause"]
+    assert cause.title == "CUDA graphs are off because of the launch's own flag"
+
+
+def test_the_top_level_regime_is_decided_for_both_sides():
+    fs = read_findings(REF / "report" / "03_clocks_power.findings.json")
+    titles = {f.title for f in fs}
+    assert "the deployment at c=128: host-bound" in titles  # the scheduler thread saturated, kernels 53% of the time
+    assert "cuda_graph=piecewise at c=128: memory-bandwidth-bound" in titles
+    assert not any("undecided" in t for t in titles)
+    summary = pd.read_parquet(next((REF / "store").glob("*/summary.parquet")))
+    assert summary["steady_window_s"].min() > 5  # no level over after a few readings
