@@ -186,7 +186,7 @@ def test_the_cpu_ceiling_probe_times_only_the_batches_the_load_reaches(tmp_path,
 
     assert t02.ceiling_batches("cpu", ctx({"concurrency": [1, 4, 16]})) == [1, 16]
     assert t02.ceiling_batches("cpu", ctx({"concurrency": [1, 4]})) == [1, 16]
-    assert t02.ceiling_batches("cpu", ctx({"concurrency": [8, 256]})) == [1, 16, 256]
+    assert t02.ceiling_batches("cpu", ctx({"concurrency": [8, 256], "num_requests": 256})) == [1, 16, 256]
     assert t02.ceiling_batches("cpu", ctx({"mode": "open", "request_rate": [4]})) == [1, 16, 256]  # no cap: all
     assert t02.ceiling_batches("cuda", ctx({"concurrency": [1]})) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
 

@@ -77,3 +77,20 @@ def test_the_top_level_regime_is_decided_for_both_sides():
     assert not any("undecided" in t for t in titles)
     summary = pd.read_parquet(next((REF / "store").glob("*/summary.parquet")))
     assert summary["steady_window_s"].min() > 5  # no level over after a few readings
+
+
+def test_the_engines_counters_stand_beside_nvml_and_their_disagreements_are_said():
+    from servescope import nb
+    from servescope.study import Study, stored_points
+    from servescope.suite import load_suite
+
+    s = load_suite(ROOT / "data" / "suites" / "sglang-qwen3-30b.yaml")
+    ctx = nb.context(s.engine, s.model, s.load, store_dir=str(REF / "store"), offline=True, deployment=s.deployment,
+                     telemetry=s.telemetry)
+    t = Study("03", ctx, [], stored_points(ctx)).engine_beside_gpu().set_index(["config", "rep", "point"])
+    off, pw = t.loc[("the deployment", 0, "c=128")], t.loc[("cuda_graph=piecewise", 0, "c=1")]
+    assert off["graph_pass_pct"] == 0 and pw["graph_pass_pct"] == 100  # SGLang's own count of graphed passes
+    assert off["kv_capacity_tokens"] == 715543 and 10 < off["kv_used_pct"] < 30  # the KV cache was not full
+    assert off["running"] >= 120 and off["queued"] == 0
+    # one request in graphs keeps NVML at 100% while the SMs are active 38% of the time: said, not taken for busy
+    assert "NVML reads the GPU 100% utilized while its SMs were active 38%" in pw["said"]

@@ -249,6 +249,18 @@ def telemetry_metrics(study: Study) -> Markdown | pd.DataFrame:
                          sort=False).reset_index()
 
 
+def engine_counters(study: Study) -> Markdown | Styler:
+    """The engine's own counters per level beside NVML's (median over repetitions), and what they disagree on."""
+    t = study.engine_beside_gpu()
+    if t.empty:
+        return Markdown(f"{study.adapter.name} exported none of the counters servescope reads beside NVML "
+                        "(or none was scraped).")
+    nums = [c for c in t.columns if c not in ("config", "rep", "point", "said")]
+    said = t.groupby(["config", "point"], sort=False)["said"].agg(lambda x: "; ".join(dict.fromkeys(v for v in x if v)))
+    med = t.groupby(["config", "point"], sort=False)[nums].median().join(said).reset_index()
+    return table_or(med, "No level to show.")
+
+
 def probe_result(probe: ProbeRun) -> Markdown | pd.DataFrame:
     """A probe's table, or why it did not run (skipped or failed), in one line."""
     if probe.ran:

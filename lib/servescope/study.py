@@ -292,6 +292,12 @@ class Study:
         """Per arm, repetition and point: the engine's own Prometheus metrics (gauges' medians, counters' rates)."""
         return at.metric_points(self.results.telemetry, self.adapter.key_metrics)
 
+    def engine_beside_gpu(self) -> pd.DataFrame:
+        """Per arm, repetition and level: the engine's own counters (requests running and queued, KV cache use and
+        capacity, its token rate, graph passes, its CPU) beside NVML's and the client's, and where they disagree."""
+        eng = at.engine_counters(self.results.telemetry, self.adapter.counters)
+        return at.engine_beside_gpu(eng, self.gpu_points(), self.results.summary)
+
     def kernels(self) -> pd.DataFrame:
         """The stored kernel tables of profiled points (config, rep), each kernel with its category and MoE path."""
         k = self.results.kernels

@@ -5,6 +5,7 @@ own metrics. The regime of each point is decided from these in analysis.regime."
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -241,3 +242,75 @@ def metric_points(tele: dict[str, pd.DataFrame], names: tuple[str, ...]) -> pd.D
         d = metrics_by_point(m)
         out.append(d.assign(**dict(zip(IDS, key, strict=False))))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+# -- the engine's own counters beside the GPU's ----------------------------------------------------------------
+# what the engine says of a level where it disagrees with NVML or the load: thresholds, named
+QUEUED_SHARE = 0.9  # the engine ran fewer than this share of the requests the client kept in flight
+KV_FULL_PCT = 90.0  # its KV cache at least this full
+BUSY_UTIL_PCT, IDLE_SM_PCT = 90.0, 50.0  # NVML "utilization" this high while GPM SM activity stays below this
+COUNT_GAP = 0.2  # the engine's token rate and the client's differ by more than this share
+
+
+def engine_counters(tele: dict[str, pd.DataFrame], counters: dict[str, tuple[Any, ...]]) -> pd.DataFrame:
+    """Per configuration, repetition and level: the engine's own counters under engine-neutral names (counters: name
+    -> (its Prometheus series, 'median' or 'rate_per_s', a scale[, text its labels must hold]), the adapter's),
+    labelled series summed; graph_pass_pct where it gives passes in graphs and in all."""
+    out = []
+    wanted = {c[0] for c in counters.values()}
+    for key, m in _by_run(tele.get("server_metrics", pd.DataFrame())):
+        m = _measured(m)
+        d = metrics_by_point(m[m["metric"].isin(wanted)])
+        if d.empty:
+            continue
+        row_of: dict[str, dict[str, Any]] = {}
+        for name, (metric, stat, scale, *only) in counters.items():
+            got = d[(d["metric"] == metric) & (d["stat"] == stat)]
+            if only:
+                got = got[got["labels"].str.contains(only[0], regex=False)]
+            for phase, g in got.groupby("phase"):
+                row_of.setdefault(phase, {})[name] = float(g["value"].sum()) * scale
+        for vals in row_of.values():
+            if vals.get("passes_per_s"):
+                vals["graph_pass_pct"] = 100.0 * vals.get("graph_passes_per_s", 0.0) / vals["passes_per_s"]
+        out += [{**dict(zip(IDS, key, strict=False)), "point": ph, **vals} for ph, vals in row_of.items()]
+    return pd.DataFrame(out)
+
+
+def engine_beside_gpu(engine: pd.DataFrame, gpu: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """The engine's counters per level beside NVML's and the client's readings, with what they disagree on said in
+    words (QUEUED_SHARE, KV_FULL_PCT, BUSY_UTIL_PCT/IDLE_SM_PCT, COUNT_GAP)."""
+    if engine.empty:
+        return engine
+    g = gpu.rename(columns={"phase": "point"}) if len(gpu) else pd.DataFrame(columns=["config", "rep", "point"])
+    g = g.groupby(["config", "rep", "point"], as_index=False)[[c for c in ("gpu_util_pct_p50", "sm_active_pct_p50",
+                                                                          "power_pct_of_limit_p50") if c in g]].mean()
+    cols = [c for c in ("config", "rep", "point", "concurrency", "output_tok_s") if c in summary]
+    out = engine.merge(g, on=["config", "rep", "point"], how="left")
+    if len(summary):
+        out = out.merge(summary[cols].rename(columns={"output_tok_s": "client_output_tok_s"}),
+                        on=["config", "rep", "point"], how="left")
+    out["said"] = [_disagreements(r) for r in out.to_dict("records")]
+    return out
+
+
+def _disagreements(r: dict[str, Any]) -> str:
+    said = []
+    c, run, q = r.get("concurrency"), r.get("running"), r.get("queued")
+    if _num(c) and _num(run) and run < QUEUED_SHARE * c and _num(q) and q >= 1:
+        said.append(f"the engine ran {run:.0f} of the {c:.0f} requests in flight and queued {q:.0f}: a cap (its KV "
+                    "cache or running limit) held the batch below the load")
+    if _num(r.get("kv_used_pct")) and r["kv_used_pct"] >= KV_FULL_PCT:
+        said.append(f"KV cache {r['kv_used_pct']:.0f}% full")
+    u, sm = r.get("gpu_util_pct_p50"), r.get("sm_active_pct_p50")
+    if _num(u) and _num(sm) and u >= BUSY_UTIL_PCT and sm < IDLE_SM_PCT:
+        said.append(f"NVML reads the GPU {u:.0f}% utilized while its SMs were active {sm:.0f}% of the time (GPM): "
+                    "a kernel was running, not the whole GPU")
+    e, cl = r.get("engine_gen_tok_s"), r.get("client_output_tok_s")
+    if _num(e) and _num(cl) and cl > 0 and abs(e - cl) / cl > COUNT_GAP:
+        said.append(f"the engine counts {e:,.0f} generated tok/s, the client {cl:,.0f}")
+    return "; ".join(said)
+
+
+def _num(v: Any) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v))

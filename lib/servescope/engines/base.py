@@ -115,6 +115,9 @@ class EngineAdapter(ABC):
     metric_prefixes: ClassVar[tuple[str, ...]] = ()
     # the metrics notebooks show per point (gauges' medians, counters' rates)
     key_metrics: ClassVar[tuple[str, ...]] = ()
+    # its own counters under engine-neutral names, shown beside NVML's (analysis.telemetry.engine_counters): name ->
+    # (Prometheus series, 'median' or 'rate_per_s', scale[, text its labels must hold])
+    counters: ClassVar[dict[str, tuple[Any, ...]]] = {}
     # how its memory knob (Knobs.mem_fraction) counts, for replicas sharing a GPU (see shared_fit): 'total', 'free' or
     # 'cache'; '' where it has none
     mem_fraction_of: ClassVar[str] = ""

@@ -117,6 +117,14 @@ class SglangAdapter(EngineAdapter):
         return prompt, [int(x[1]) for x in out], [float(x[0]) for x in out]
     metric_prefixes = ("sglang:",)
     key_metrics = SGLANG_KEY_METRICS
+    counters = {"running": ("sglang:num_running_reqs", "median", 1.0),
+                "queued": ("sglang:num_queue_reqs", "median", 1.0),
+                "kv_used_pct": ("sglang:token_usage", "median", 100.0),
+                "kv_capacity_tokens": ("sglang:max_total_num_tokens", "median", 1.0),
+                "engine_gen_tok_s": ("sglang:gen_throughput", "median", 1.0),
+                "passes_per_s": ("sglang:cuda_graph_passes_total", "rate_per_s", 1.0),
+                "graph_passes_per_s": ("sglang:cuda_graph_passes_total", "rate_per_s", 1.0, '_cuda_graph"'),
+                "process_cpu_pct": ("sglang:process_cpu_seconds_total", "rate_per_s", 100.0)}
     # --mem-fraction-static counts from the memory free when the server starts (weights and KV pool together), and
     # its pool is what is left of that after its weights: replicas start one after another
     mem_fraction_of = "free"

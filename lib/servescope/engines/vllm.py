@@ -141,6 +141,11 @@ class VllmAdapter(EngineAdapter):
     uses_amx_tiles = True
     metric_prefixes = ("vllm:",)
     key_metrics = VLLM_KEY_METRICS
+    counters = {"running": ("vllm:num_requests_running", "median", 1.0),
+                "queued": ("vllm:num_requests_waiting", "median", 1.0),
+                "kv_used_pct": ("vllm:kv_cache_usage_perc", "median", 100.0),
+                "engine_gen_tok_s": ("vllm:generation_tokens_total", "rate_per_s", 1.0),
+                "preemptions_per_s": ("vllm:num_preemptions_total", "rate_per_s", 1.0)}
     # --gpu-memory-utilization is this instance's budget of the whole GPU, weights included; it checks at start that
     # so much is free, and its memory profiling reads the device while it starts: replicas start one after another
     mem_fraction_of = "total"

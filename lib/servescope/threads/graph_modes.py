@@ -59,6 +59,7 @@ class GraphStudy:
     study: Study
     # the ceiling probe: rows (form, batch, ms_per_step, ...), what ran (device, dtype, MoE method), or why not
     ceiling: ProbeRun = field(default_factory=ProbeRun)
+    ceiling_of: str = ""  # what part of the model the probe's stack is, where not the whole (an architecture's)
 
     def modes_table(self) -> pd.DataFrame:
         """The modes as the page shows them: whether the engine was asked is the flags' and reason's to say."""
@@ -167,24 +168,40 @@ def run(ctx: RunContext, ceiling: bool = True, only: Sequence[str] = ()) -> Grap
     return gs
 
 
-def stack_shape(model: ModelSpec) -> dict[str, int] | None:
-    """The layer shapes the ceiling probe builds its stack from: a generated model's spec, or a local folder's
-    config.json; None where neither is readable (a hub id not on disk)."""
+# an architecture at real size is probed as a stack of this many of its layers (the whole model, unsharded on one
+# GPU, would not fit for most: about 60 GB for a 30B MoE)
+PROBE_LAYERS = 4
+
+
+def stack_shape(model: ModelSpec, tp: int = 1) -> dict[str, int] | None:
+    """The layer shapes the ceiling probe builds its stack from: a generated model's spec, or a local folder's (or a
+    shipped architecture's) config.json; None where neither is readable (a hub id not on disk). An architecture is
+    probed as PROBE_LAYERS of its layers at one GPU's shard of tp (heads and expert widths divided)."""
     if model.tiny is not None:
         t = model.tiny
         return {"layers": t.num_layers, "hidden": t.hidden_size, "heads": t.num_attention_heads,
                 "kv_heads": t.num_key_value_heads, "head_dim": t.head_dim, "experts": t.num_experts,
                 "top_k": t.top_k, "inter": t.moe_intermediate_size}
-    cfg = model_config(model.path or "")
+    if model.architecture is not None:
+        from ..architectures import read_config
+
+        cfg = read_config(model.architecture)
+    else:
+        cfg = model_config(model.path or "")
     if not cfg or not cfg.get("hidden_size"):
         return None
     heads = int(cfg.get("num_attention_heads") or 1)
     experts = int(cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or 1)
-    return {"layers": int(cfg.get("num_hidden_layers") or 1), "hidden": int(cfg["hidden_size"]), "heads": heads,
-            "kv_heads": int(cfg.get("num_key_value_heads") or heads),
-            "head_dim": int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads), "experts": experts,
-            "top_k": int(cfg.get("num_experts_per_tok") or 1) if experts > 1 else 1,
-            "inter": int(cfg.get("moe_intermediate_size") if experts > 1 else cfg.get("intermediate_size") or 0)}
+    shape = {"layers": int(cfg.get("num_hidden_layers") or 1), "hidden": int(cfg["hidden_size"]), "heads": heads,
+             "kv_heads": int(cfg.get("num_key_value_heads") or heads),
+             "head_dim": int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads), "experts": experts,
+             "top_k": int(cfg.get("num_experts_per_tok") or 1) if experts > 1 else 1,
+             "inter": int((cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")) if experts > 1
+                          else cfg.get("intermediate_size") or 0)}
+    if model.architecture is not None:
+        shape |= {"layers": min(shape["layers"], PROBE_LAYERS), "heads": max(1, heads // tp),
+                  "kv_heads": max(1, shape["kv_heads"] // tp), "inter": max(1, shape["inter"] // tp)}
+    return shape
 
 
 def ceiling_batches(device: str, ctx: RunContext) -> list[int]:
@@ -200,12 +217,15 @@ def ceiling_batches(device: str, ctx: RunContext) -> list[int]:
 def _ceiling(gs: GraphStudy, ctx: RunContext) -> None:
     """The engine-free ceiling probe under the engine's interpreter, on its device, kept in the store (offline
     renders read the kept answer)."""
-    shape, install = stack_shape(ctx.model), gs.study.install
+    shape, install = stack_shape(ctx.model, ctx.deployment.knobs.tp), gs.study.install
     if shape is None:
         gs.ceiling = probe_skipped("the model's layer shapes are not readable here")
         return
     device = "cuda" if install is not None and install.platform == "cuda" else "cpu"
     batches = ceiling_batches(device, ctx)
+    if ctx.model.architecture is not None:
+        gs.ceiling_of = (f" (a stack of {shape['layers']} of its layers" + (
+            f", one GPU's shard of tp={ctx.deployment.knobs.tp}" if ctx.deployment.knobs.tp > 1 else "") + ")")
     parts = {"engine": ctx.engine_identity, "shape": shape, "batches": batches}
 
     # bf16 on a GPU as served; fp32 on a CPU, where bf16 products without AMX time the CPU's emulation of them
@@ -399,7 +419,8 @@ def _ceiling_finding(gs: GraphStudy, measured: Finding | None) -> Finding | None
     else:
         head = f"No form resolved above eager here ({', '.join(dict.fromkeys(gains['form']))})"
     cpu = info.get("device") == "cpu"
-    said = (f"Engine-free probe on the model's layer shapes ({info.get('device')}, {info.get('dtype')}, MoE: "
+    of = gs.ceiling_of
+    said = (f"Engine-free probe on the model's layer shapes{of} ({info.get('device')}, {info.get('dtype')}, MoE: "
             f"{info.get('moe_method')}): each form's gain in ms per decode step over eager, with its range over "
             f"{runs} paired runs: {per_batch}")
     more = " CUDA graphs need CUDA: on a CPU only eager and compile are timed." if cpu else ""

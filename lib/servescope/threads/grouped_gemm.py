@@ -59,13 +59,18 @@ class MoeShape:
 
 
 def shape_of(model: ModelSpec) -> MoeShape | None:
-    """The MoE facts of a generated model (from its spec) or of a local model folder (its config.json); None where
-    nothing can be read (a hub id not on disk)."""
+    """The MoE facts of a generated model (from its spec), a shipped architecture or a local model folder (its
+    config.json); None where nothing can be read (a hub id not on disk)."""
     if model.tiny is not None:
         t = model.tiny
         return MoeShape(t.num_experts, t.top_k, t.hidden_size, t.moe_intermediate_size, t.num_layers, t.num_layers,
                         t.dtype)
-    cfg = model_config(model.path or "")
+    if model.architecture is not None:
+        from ..architectures import read_config
+
+        cfg = read_config(model.architecture)
+    else:
+        cfg = model_config(model.path or "")
     if not cfg:
         return None
     experts = next((int(cfg[k]) for k in EXPERT_KEYS if cfg.get(k)), 0)
