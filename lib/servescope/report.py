@@ -453,7 +453,7 @@ def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_st
         summary_html=html_of.get(summary.SELF, ""), tiers=ranked["tier"].value_counts().to_dict(),
         suite=suite, suite_path=str(suite_path), run_id=run_id, rows=runs, interrupted=interrupted, skipped=skipped,
         started=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t_start)), total_s=time.time() - t_start,
-        engine_line=engine_words(suite.engine, ran), model_line=model_words(suite.model),
+        engine_line=engine_words(suite.engine, ran), model_line=model_words(suite.model), toy=toy_words(suite.model),
         host=host or f"{socket.gethostname()} ({platform.machine()}, {os.cpu_count()} CPUs)")
     atomic_write_text(out_dir / "index.html", page)
 
@@ -494,6 +494,21 @@ def model_words(model: dict[str, Any]) -> str:
              f"{t.num_attention_heads} heads ({t.num_key_value_heads} KV, dim {t.head_dim}), {t.num_experts} experts "
              f"top-{t.top_k} (expert FFN {t.moe_intermediate_size}), vocab {t.vocab_size}, {t.dtype}, seed {t.seed}")
     return words + (f"; served as {model['served_name']}" if model.get("served_name") else "")
+
+
+# the real-size reference a toy's front page points to
+REAL_SIZE = "data/reference/sglang-qwen3-30b"
+
+
+def toy_words(model: dict[str, Any]) -> str:
+    """What a front page says first where its model is a generated toy ('' for any other model): its size, and that
+    its effects are mostly launch overhead that will not transfer."""
+    if model.get("tiny") is None:
+        return ""
+    t = TinyModelSpec(**model["tiny"])
+    return (f"The model is a random-weight toy of {t.num_layers} layers (hidden {t.hidden_size}) generated here: the "
+            "effect sizes below are mostly launch overhead and the KV cache stays nearly empty, so they will not "
+            f"transfer to a real deployment. {REAL_SIZE} is the seed's case at real size.")
 
 
 def _point_latest(reports: Path, out_dir: Path) -> None:
