@@ -193,3 +193,35 @@ def test_thread_04_compares_the_layouts_of_the_deployments_gpus_and_refuses_thos
     assert not lays["1 server"].refused and not lays["tp=2"].refused and not lays["dp attention=2"].refused
     assert "does not fit" in lays["dp=2"].refused and "does not fit" in lays["2 replicas of tp=1, round-robin"].refused
     assert lays["2 replicas of tp=1, round-robin"].arm.knobs.tp == 1  # the thread's tp replaces the deployment's
+
+
+def test_every_measuring_notebook_receives_the_suites_deployment(tmp_path):
+    """What papermill injects: the deployment reaches every notebook that launches or reads points (all but 99),
+    and 07's baseline is the deployment's knobs where the suite names no other."""
+    from pathlib import Path
+
+    from servescope.report import plan_parameters
+    from servescope.suite import load_suite, notebook_file
+
+    path = Path(__file__).resolve().parents[1] / "data" / "suites" / "sglang-qwen3-30b.yaml"
+    suite = load_suite(path)
+    for e in suite.notebooks:
+        params = plan_parameters(suite, notebook_file(path, e), e.id, e.parameters, tmp_path, tmp_path, True)
+        if e.id == "99_summary":
+            assert "deployment" not in params
+            continue
+        assert params["deployment"]["knobs"] == {"cuda_graph": "off", "mem_fraction": 0.88}, e.id
+        if "baseline" in params:
+            assert params["baseline"] == {"cuda_graph": "off", "mem_fraction": 0.88}
+
+
+def test_telemetry_reads_the_gpus_the_server_was_given_not_this_processs(monkeypatch):
+    """engine.env CUDA_VISIBLE_DEVICES=2,3 on a 4-GPU host: NVML samples GPUs 2 and 3 (the suite's own process sees
+    all four)."""
+    from servescope.experiment import server_gpus
+    from servescope.telemetry.testing import FakeGpu, fake_nvml
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with fake_nvml([FakeGpu(), FakeGpu(), FakeGpu(), FakeGpu()]):
+        assert server_gpus({"CUDA_VISIBLE_DEVICES": "2,3"}) == [2, 3]
+        assert server_gpus({}) is None

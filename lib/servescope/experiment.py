@@ -545,10 +545,31 @@ def recorded_failure(folder: Path, manifest: dict[str, Any]) -> RecordedFailure:
                            "again: a forced run retries it]", cause, f"_failed/{folder.name} ({when})")
 
 
-def _telemetry_for(spec: TelemetrySpec, target: Any, adapter: EngineAdapter) -> Telemetry | None:
+def server_gpus(engine_env: dict[str, str]) -> list[int] | None:
+    """The NVML indices of the GPUs the server sees (its own CUDA_VISIBLE_DEVICES, from engine.env), or None where it
+    sets none (then this process's, else all) or NVML cannot resolve them."""
+    cvd = engine_env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return None
+    from .telemetry.nvml import Nvml, NvmlUnavailable
+
+    try:
+        n = Nvml(cuda_visible_devices=cvd)
+    except NvmlUnavailable:
+        return None
+    try:
+        return list(n.indices)
+    finally:
+        n.close()
+
+
+def _telemetry_for(spec: TelemetrySpec, target: Any, adapter: EngineAdapter,
+                   engine_env: dict[str, str] | None = None) -> Telemetry | None:
     if not spec.enabled:
         return None
-    return Telemetry(gpu=spec.gpu, gpu_indices=list(spec.gpu_indices) if spec.gpu_indices else None,
+    # the GPUs the server was given (engine.env), not this process's: a server pinned to GPU 3 is read on GPU 3
+    indices = list(spec.gpu_indices) if spec.gpu_indices else server_gpus(engine_env or {}) if spec.gpu else None
+    return Telemetry(gpu=spec.gpu, gpu_indices=indices,
                      gpu_hz=spec.gpu_hz, host_hz=spec.host_hz,
                      server_pid=target.pids if len(target.pids) > 1 else target.pid,
                      metrics_url=target.metrics_url if spec.server_metrics else None, metrics_hz=spec.metrics_hz,
@@ -632,7 +653,7 @@ def _sweep(ctx: RunContext, key: str, w: Any, target: Any, cfg: Config, load: Lo
     the point's tables are written from every finished level. Returns the profiled window (or None) and the
     summary."""
     window = None
-    tel = _telemetry_for(ctx.telemetry, target, ctx.adapter)
+    tel = _telemetry_for(ctx.telemetry, target, ctx.adapter, ctx.engine.env)
     if tel is not None:
         tel.start()
     on_level = _level_writer(ctx.store, key, tel, target, w, tag, say)
