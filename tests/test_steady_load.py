@@ -109,3 +109,17 @@ def test_warm_up_of_a_steady_load_is_short(tmp_path):
 def test_random_prompts_take_per_prompt_lengths():
     ps = random_prompts(None, 3, 8, 8, 0, lengths=[(2, 5), (7, 1), (3, 3)])
     assert [(p.input_tokens, p.output_len) for p in ps] == [(2, 5), (7, 1), (3, 3)]
+
+
+def test_a_level_that_did_not_fill_is_said_on_the_page():
+    import pandas as pd
+
+    from servescope.experiment import Results
+    from servescope.nb import show_measured
+
+    s = pd.DataFrame([{"config": "a", "rep": 0, "point": "c=8", "filled": False, "fill_pct": 51.0},
+                      {"config": "a", "rep": 0, "point": "c=1", "filled": True, "fill_pct": 99.0}])
+    res = Results(summary=s, requests=pd.DataFrame(), startup=pd.DataFrame(), points=pd.DataFrame({"config": ["a"]}),
+                  errors=pd.DataFrame(columns=["config", "rep", "error_type"]), planned=1)
+    words = show_measured(res).data
+    assert "Levels that did not fill" in words and "a rep 0 c=8 (51%)" in words and "c=1" not in words

@@ -733,6 +733,10 @@ def _say_done(tag: str, say: Callable[[str], None], summ: pd.DataFrame) -> None:
     if bad:
         say(f"{tag}: {bad} requests failed (kept in the records)")
     for r in summ.itertuples():
+        filled = getattr(r, "filled", True)
+        if not pd.isna(filled) and not bool(filled):
+            say(f"{tag}: WARNING at {r.point}: the level did not fill: {r.fill_pct:.0f}% of its concurrency in flight "
+                "over its steady window, so it measured a lower concurrency than its label")
         if getattr(r, "client_limited", False):
             say(f"{tag}: WARNING at {r.point}: the load client limited this measurement: {r.client_warning}")
         elif getattr(r, "client_starved", False):

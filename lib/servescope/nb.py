@@ -135,6 +135,13 @@ def show_measured(res: Results) -> Markdown:
     """One line on what was measured, and for failures the first error with the signal that ended a process."""
     o = res.outcome("", [])
     dep = f"\n\n{res.deployment}" if res.deployment else ""
+    s = res.summary
+    if len(s) and "filled" in s:
+        unfilled = s[s["filled"].notna() & ~s["filled"].fillna(True).astype(bool)]
+        if len(unfilled):
+            dep += "\n\n**Levels that did not fill** (requests in flight below 90% of the concurrency over the steady " \
+                   "window: they measured a lower concurrency than their label): " + "; ".join(
+                       f"{r.config} rep {r.rep} {r.point} ({r.fill_pct:.0f}%)" for r in unfilled.itertuples()) + "."
     if not o.points_failed and not o.points_unmeasured:
         return Markdown((f"Measured all {o.points_planned} points." if o.points_planned else "Nothing to measure.")
                         + dep)
