@@ -153,6 +153,13 @@ class Knobs(_Spec):
 _UNSET = object()
 
 
+def flags_first(args: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """Extra arguments as given, once they start with a flag (a value first is a misplaced line)."""
+    if args and not args[0].startswith("-"):
+        raise ValueError(f"{where} must start with a flag (--name), not {args[0]!r}")
+    return args
+
+
 class DeploymentSpec(_Spec):
     """The user's deployment as it runs today: every arm of every thread launches it, with only the thread's own knobs
     changed (a thread's knob replaces the deployment's value of the same setting). knobs: its settings in intent
@@ -164,9 +171,7 @@ class DeploymentSpec(_Spec):
     @field_validator("args")
     @classmethod
     def _args(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if v and not v[0].startswith("-"):
-            raise ValueError(f"deployment.args must start with a flag (--name), not {v[0]!r}")
-        return v
+        return flags_first(v, "deployment.args")
 
     @property
     def empty(self) -> bool:
@@ -232,9 +237,7 @@ class EngineSpec(_Spec):
     @field_validator("args")
     @classmethod
     def _args(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if v and not v[0].startswith("-"):
-            raise ValueError(f"engine.args must start with a flag (--name), not {v[0]!r}")
-        return v
+        return flags_first(v, "engine.args")
 
 
 class TelemetrySpec(_Spec):
