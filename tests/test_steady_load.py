@@ -123,3 +123,10 @@ def test_a_level_that_did_not_fill_is_said_on_the_page():
                   errors=pd.DataFrame(columns=["config", "rep", "error_type"]), planned=1)
     words = show_measured(res).data
     assert "Levels that did not fill" in words and "a rep 0 c=8 (51%)" in words and "c=1" not in words
+
+
+def test_notes_keyed_by_a_whole_load_keep_their_keys():
+    """07's kept search is keyed by the load in full: the steady-load fields stay out of it at their defaults (the
+    recorded sglang-h200 search was read as never tried before this)."""
+    assert set(LoadSpec().full_dump()) & {"requests_per_slot", "lengths", "length_sigma", "steady_state"} == set()
+    assert LoadSpec(steady_state=True).full_dump()["steady_state"] is True

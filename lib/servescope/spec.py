@@ -265,6 +265,8 @@ class ProfileSpec(_Spec):
 
 
 SLO_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
+# LoadSpec fields added after stores and notes were recorded (LoadSpec.full_dump)
+ADDED_LATER = ("requests_per_slot", "lengths", "length_sigma", "steady_state")
 
 
 @dataclass(frozen=True)
@@ -337,6 +339,12 @@ class LoadSpec(_Spec):
         if bad:
             raise ValueError(f"unknown SLO metric(s) {bad}; use {list(SLO_METRICS)}")
         return v
+
+    def full_dump(self) -> dict[str, Any]:
+        """Every field, as notes kept before the steady-load fields existed name the load: those fields are left out
+        while at their defaults, so those notes keep their keys."""
+        later = {f for f in ADDED_LATER if getattr(self, f) == type(self).model_fields[f].default}
+        return self.model_dump(mode="json", exclude=later)
 
     def level_requests(self, concurrency: int | None) -> int:
         """Requests one level sends (a count), or its prompt pool (with duration_s)."""

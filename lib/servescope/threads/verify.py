@@ -519,7 +519,7 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
     reference = _reference_row(base, ref, ref_tok)
     # which settings the measuring run tried is kept: an offline render (or a rerun) reads the same ones, and says
     # of the others what that run said (a budget spent is not seen from the data)
-    parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "load": one.load.model_dump(mode="json"),
+    parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "load": one.load.full_dump(),
              "around": combined.model_dump(mode="json", exclude_defaults=True), "search": wanted,
              "budget_s": budget_s}
     if count:  # only where asked: the recorded searches of earlier runs keep their keys
