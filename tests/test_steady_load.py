@@ -130,3 +130,18 @@ def test_notes_keyed_by_a_whole_load_keep_their_keys():
     recorded sglang-h200 search was read as never tried before this)."""
     assert set(LoadSpec().full_dump()) & {"requests_per_slot", "lengths", "length_sigma", "steady_state"} == set()
     assert LoadSpec(steady_state=True).full_dump()["steady_state"] is True
+
+
+def test_several_client_processes_share_a_level_and_send_each_prompt_once(tmp_path):
+    """Two client processes, four slots each, at c=8: every request recorded once, no prompt sent twice, the level
+    steady and filled, and the health names how many processes drove it."""
+    load = LoadSpec(concurrency=(8,), requests_per_slot=4, num_requests=1, output_len=12, input_len=6,
+                    steady_state=True, warmup_requests=0, client_processes=2)
+    with _stub(tmp_path, "--itl-ms", "4") as srv:
+        res = run_sweep(srv.base_url, "stub", load, None, progress=False)
+    m = res.requests[res.requests["phase"] == "measure"]
+    assert len(m) == 32 and m["request_id"].is_unique and (m["status"] == "ok").all()
+    asked = [a["prompt"] for a in _asked(tmp_path)]
+    assert len(asked) == 32 and len(set(asked)) == 32
+    row = res.summary().iloc[0]
+    assert row["filled"] and row["client_processes"] == 2

@@ -266,7 +266,7 @@ class ProfileSpec(_Spec):
 
 SLO_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 # LoadSpec fields added after stores and notes were recorded (LoadSpec.full_dump)
-ADDED_LATER = ("requests_per_slot", "lengths", "length_sigma", "steady_state")
+ADDED_LATER = ("requests_per_slot", "lengths", "length_sigma", "steady_state", "client_processes")
 
 
 @dataclass(frozen=True)
@@ -306,6 +306,9 @@ class LoadSpec(_Spec):
         "fixed", description="random dataset: every request input_len/output_len, or lengths drawn per request from "
         "a seeded lognormal of those means (so prefill and decode mix instead of marching in waves)")
     length_sigma: float = Field(0.6, gt=0, le=2, description="lognormal: sigma of log length")
+    client_processes: int = Field(
+        1, ge=1, le=64, description="load-client processes sharing each level's slots and prompts (one asyncio "
+        "process parses every token: past some tens of thousands of tokens/s it limits the measurement)")
     steady_state: bool = Field(
         False, description="figures of each closed-loop level over its steady window only: from the first request "
         "that completed (the end of the ramp, when every slot had started) to the last request sent (the start of the "

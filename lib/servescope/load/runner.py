@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import itertools
 import math
+import multiprocessing
 import resource
 import threading
 import time
@@ -415,23 +417,8 @@ def run_sweep(base_url: str | Sequence[str], model: str, load: LoadSpec, tokeniz
             continue
         first_row = len(rows)
         prompts, pool = _level_pool(load, tokenizer, model, pt)
-        n_warm = load.warmup_requests if load.warmup_requests is not None else (pt.concurrency or 1)
-        if n_warm:
-            tell(f"warmup:{pt.label}")
-            warm = _warm_prompts(load, tokenizer, n_warm, pt)
-            closed = LoadPoint(pt.index, pt.label, "closed", pt.concurrency or 1, None)
-            with nvtx_range(f"warmup:{pt.label}"):
-                # spread as the level will be: each replica warms the batch size it will see
-                res = run_coro(partial(_point, urls, load.endpoint, model, warm, closed, load, "warmup", headers,
-                                       ids, None, n_warm, hang_limit_s("warmup", override=load.hang_s), route))
-            rows += [_row(r, pt, warm) for r in res.records]
-            gaps = [g for r in res.records for g in r.itl_ms]
-            warm_itl_p99 = float(np.percentile(gaps, 99)) if gaps else float("nan")
-            warm_stats = {"warmup_max_silence_s": res.health.get("max_silence_s", float("nan")),
-                          "warmup_e2e_ms_max": max((r.e2e_ms for r in res.records if r.e2e_ms is not None),
-                                                   default=float("nan"))}
-        else:
-            warm_itl_p99, warm_stats = float("nan"), {}
+        warm_rows, warm_itl_p99, warm_stats = _warm_up(urls, model, load, tokenizer, pt, headers, ids, route, tell)
+        rows += warm_rows
         count = None if load.duration_s else len(prompts)
         total = count if count is not None else None
         unit = "req" if count is not None else "req (timed)"
@@ -440,8 +427,11 @@ def run_sweep(base_url: str | Sequence[str], model: str, load: LoadSpec, tokeniz
         tell(pt.label)
         try:
             with nvtx_range(pt.label):
-                res = run_coro(partial(_point, urls, load.endpoint, model, pool, pt, load, "measure", headers, ids,
-                                       bar, count, hang_limit_s("measure", warm_itl_p99, load.hang_s), route))
+                hang = hang_limit_s("measure", warm_itl_p99, load.hang_s)
+                res = _in_processes(urls, model, pool, pt, load, headers, ids, count, hang, route, bar, tokenizer) \
+                    if load.client_processes > 1 and (pt.concurrency or 0) >= load.client_processes else \
+                    run_coro(partial(_point, urls, load.endpoint, model, pool, pt, load, "measure", headers, ids,
+                                     bar, count, hang, route))
         finally:
             bar.close()
         rows += [_row(r, pt, prompts) for r in res.records]
@@ -455,6 +445,77 @@ def run_sweep(base_url: str | Sequence[str], model: str, load: LoadSpec, tokeniz
 
 # output tokens of each warm-up request of a steady-state load (it warms batch sizes, not the cache)
 WARMUP_OUTPUT_TOKENS = 16
+
+
+def _warm_up(urls: list[str], model: str, load: LoadSpec, tokenizer: Tokenizer | None, pt: LoadPoint,
+             headers: dict[str, str], ids: itertools.count, route: str,
+             tell: Callable[[str], None]) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
+    """A level's unmeasured warm-up (one request per slot unless the load says otherwise), spread as the level will
+    be: its rows, its p99 inter-token gap (the level's hang limit follows it) and what it saw of silences."""
+    n_warm = load.warmup_requests if load.warmup_requests is not None else (pt.concurrency or 1)
+    if not n_warm:
+        return [], float("nan"), {}
+    tell(f"warmup:{pt.label}")
+    warm = _warm_prompts(load, tokenizer, n_warm, pt)
+    closed = LoadPoint(pt.index, pt.label, "closed", pt.concurrency or 1, None)
+    with nvtx_range(f"warmup:{pt.label}"):
+        # spread as the level will be: each replica warms the batch size it will see
+        res = run_coro(partial(_point, urls, load.endpoint, model, warm, closed, load, "warmup", headers, ids, None,
+                               n_warm, hang_limit_s("warmup", override=load.hang_s), route))
+    gaps = [g for r in res.records for g in r.itl_ms]
+    stats = {"warmup_max_silence_s": res.health.get("max_silence_s", float("nan")),
+             "warmup_e2e_ms_max": max((r.e2e_ms for r in res.records if r.e2e_ms is not None), default=float("nan"))}
+    return [_row(r, pt, warm) for r in res.records], float(np.percentile(gaps, 99)) if gaps else float("nan"), stats
+
+
+def _in_processes(urls: list[str], model: str, pool: PromptPool, pt: LoadPoint, load: LoadSpec,
+                  headers: dict[str, str], ids: itertools.count, count: int | None, hang_s: float, route: str,
+                  bar: tqdm | None, tokenizer: Tokenizer | None) -> PointResult:
+    """One level driven by load.client_processes processes, each with its share of the slots (and of an open loop's
+    rate) and every P-th prompt (none sent twice), merged into one result: their records, and the client's health as
+    its busiest process saw it (each is a core of its own)."""
+    n = load.client_processes
+    slots = [(pt.concurrency or 0) // n + (1 if i < (pt.concurrency or 0) % n else 0) for i in range(n)]
+    jobs = []
+    for i in range(n):
+        mine = pool.prompts[i::n]
+        grow = partial(_more_prompts, load, tokenizer, len(mine), load.seed + 1000 * pt.index + 104_729 * (i + 1)) \
+            if pool.grow is not None else None
+        sub = LoadPoint(pt.index, pt.label, pt.mode, slots[i],
+                        pt.request_rate / n if pt.request_rate is not None else None)
+        jobs.append((urls, model, mine, grow, sub, load.model_copy(update={"seed": load.seed + i}), headers,
+                     len(mine) if count is not None else None, hang_s, route))
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no event loop or threads of the parent's
+    # the processes start one after another (an interpreter each): they begin sending together, at a barrier, or the
+    # first one's ramp would be measured as a level that did not fill
+    with ctx.Manager() as manager, concurrent.futures.ProcessPoolExecutor(n, mp_context=ctx) as ex:
+        barrier = manager.Barrier(n)
+        parts = list(ex.map(_child_level, [(*j, barrier) for j in jobs]))
+    records = sorted((r for p in parts for r in p.records), key=lambda r: r.start_unix)
+    for r in records:
+        r.request_id = next(ids)
+    if bar is not None:
+        bar.update(len(records))
+    hs = [p.health for p in parts]
+    worst = max(hs, key=lambda h: (h.get("client_cpu_pct") or 0))
+    health = {**worst, "client_processes": n, "client_wall_s": max(h["client_wall_s"] for h in hs),
+              "loop_lag_ms_p99": max(h["loop_lag_ms_p99"] for h in hs),
+              "loop_lag_ms_max": max(h["loop_lag_ms_max"] for h in hs),
+              "requests_retried": sum(h.get("requests_retried", 0) for h in hs),
+              "prompts": sum(h.get("prompts", 0) for h in hs),
+              "pool_exhausted": any(h.get("pool_exhausted") for h in hs)}
+    if pt.request_rate is not None:
+        health["requested_rate"], health["achieved_rate"] = pt.request_rate, sum(h["achieved_rate"] for h in hs)
+    return PointResult(records, health | judge_health(health))
+
+
+def _child_level(job: tuple[Any, ...]) -> PointResult:
+    """One client process's share of a level (run in a child interpreter)."""
+    urls, model, prompts, grow, pt, load, headers, count, hang_s, route, barrier = job
+    pool = PromptPool(load.endpoint, model, prompts, load.ignore_eos, grow)
+    barrier.wait(timeout=120)
+    return run_coro(partial(_point, urls, load.endpoint, model, pool, pt, load, "measure", headers, itertools.count(),
+                            None, count, hang_s, route))
 
 
 def _warm_prompts(load: LoadSpec, tokenizer: Tokenizer | None, n: int, pt: LoadPoint) -> list[Prompt]:
