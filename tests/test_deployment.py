@@ -225,3 +225,21 @@ def test_telemetry_reads_the_gpus_the_server_was_given_not_this_processs(monkeyp
     with fake_nvml([FakeGpu(), FakeGpu(), FakeGpu(), FakeGpu()]):
         assert server_gpus({"CUDA_VISIBLE_DEVICES": "2,3"}) == [2, 3]
         assert server_gpus({}) is None
+
+
+def test_stored_telemetry_is_read_table_by_table_when_a_thread_asks(tmp_path, stub_engine, monkeypatch):
+    from servescope.experiment import read_store
+    from servescope.store import Point
+
+    ctx = _ctx(tmp_path, stub_engine, reps=2)
+    run_configs(ctx, [Config("a", Knobs())], say=lambda m: None)
+    read: list[str] = []
+    real = Point.table
+    monkeypatch.setattr(Point, "table", lambda self, name: (read.append(name), real(self, name))[1])
+    res = read_store(ctx.store)
+    assert not [n for n in read if n.startswith("telemetry_")]  # nothing of it read yet
+    host = res.telemetry["host_cpu"]
+    assert not host.empty and set(host["rep"]) == {0, 1}
+    assert {n for n in read if n.startswith("telemetry_")} == {"telemetry_host_cpu"}
+    assert res.select(list(set(res.points["config"]))).telemetry["host_cpu"].shape == host.shape
+    assert res.select(["another"]).telemetry["host_cpu"].empty

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,34 @@ TELEMETRY_TABLES = ("gpu", "gpu_static", "gpu_procs", "host_cpu", "server_procs"
                     "dcgm")
 
 
+class LazyTables(Mapping[str, pd.DataFrame]):
+    """The telemetry tables of many stored points, each read (every point's rows, tagged with its ids) the first time
+    a thread asks for it: at real size a store's telemetry runs to gigabytes, and most threads read one or two
+    tables of it."""
+
+    def __init__(self, sources: list[tuple[Point, dict[str, Any]]]) -> None:
+        self._sources = sources
+        self._read: dict[str, pd.DataFrame] = {}
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        if name not in TELEMETRY_TABLES:
+            raise KeyError(name)
+        if name not in self._read:
+            frames = [t.assign(**ids) for pt, ids in self._sources if not (t := pt.table(f"telemetry_{name}")).empty]
+            self._read[name] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        return self._read[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(TELEMETRY_TABLES)
+
+    def __len__(self) -> int:
+        return len(TELEMETRY_TABLES)
+
+    def select(self, configs: set[str]) -> LazyTables:
+        """The same tables of the points of these configurations only (still unread)."""
+        return LazyTables([(pt, ids) for pt, ids in self._sources if ids["config"] in configs])
+
+
 @dataclass(frozen=True)
 class Config:
     """A named configuration to measure."""
@@ -69,7 +97,7 @@ class Results:
     points: pd.DataFrame
     errors: pd.DataFrame
     stored: dict[tuple[str, int], Point] = field(default_factory=dict)  # (config, rep) -> the stored point
-    telemetry: dict[str, pd.DataFrame] = field(default_factory=dict)  # table name -> rows of every point
+    telemetry: Mapping[str, pd.DataFrame] = field(default_factory=dict)  # table name -> rows of every point (lazy)
     telemetry_status: pd.DataFrame = field(default_factory=pd.DataFrame)
     planned: int = 0  # points asked for: configurations x repetitions
     kernels: pd.DataFrame = field(default_factory=pd.DataFrame)  # kernel tables of profiled points (config, rep)
@@ -113,7 +141,8 @@ class Results:
         return Results(summary=pick(self.summary), requests=pick(self.requests), startup=pick(self.startup),
                        points=pick(self.points), errors=pick(self.errors),
                        stored={k: v for k, v in self.stored.items() if k[0] in keep},
-                       telemetry={k: pick(v) for k, v in self.telemetry.items()},
+                       telemetry=self.telemetry.select(keep) if isinstance(self.telemetry, LazyTables)
+                       else {k: pick(v) for k, v in self.telemetry.items()},
                        telemetry_status=pick(self.telemetry_status), planned=int(self.points["config"].isin(
                            keep).sum()) if len(self.points) else 0, kernels=pick(self.kernels),
                        profiles=pick(self.profiles), runtime=pick(self.runtime), stopped=self.stopped,
@@ -154,7 +183,7 @@ class _Tables:
         self.windows: list[dict[str, Any]] = []
         self.runtimes: list[pd.DataFrame] = []
         self.checks: list[pd.DataFrame] = []
-        self.tele: dict[str, list[pd.DataFrame]] = {name: [] for name in TELEMETRY_TABLES}
+        self.tele: list[tuple[Point, dict[str, Any]]] = []  # read table by table when a thread asks (LazyTables)
         self.tele_status: list[dict[str, Any]] = []
         self.stored: dict[tuple[str, int], Point] = {}
 
@@ -181,10 +210,7 @@ class _Tables:
             if not rt.empty:
                 self.runtimes.append(rt.assign(**ids))
             self.windows.append({**ids, **(m.get("profile") or {})})
-        for name in TELEMETRY_TABLES:
-            t = pt.table(f"telemetry_{name}")
-            if not t.empty:
-                self.tele[name].append(t.assign(**ids))
+        self.tele.append((pt, ids))
         if "telemetry" in m:
             self.tele_status.append({**ids, **{k: v if not isinstance(v, dict) else str(v)
                                                for k, v in m["telemetry"].items()}})
@@ -195,7 +221,7 @@ class _Tables:
         return Results(summary=cat(self.summaries), requests=cat(self.requests), startup=pd.DataFrame(self.startups),
                        points=pd.DataFrame(self.points),
                        errors=pd.DataFrame(self.errors, columns=list(ERROR_COLUMNS)), stored=self.stored,
-                       telemetry={k: cat(v) for k, v in self.tele.items()},
+                       telemetry=LazyTables(self.tele),
                        telemetry_status=pd.DataFrame(self.tele_status), planned=planned, kernels=cat(self.kernels),
                        profiles=pd.DataFrame(self.windows), runtime=cat(self.runtimes),
                        output_checks=cat(self.checks))
