@@ -243,3 +243,23 @@ def test_stored_telemetry_is_read_table_by_table_when_a_thread_asks(tmp_path, st
     assert {n for n in read if n.startswith("telemetry_")} == {"telemetry_host_cpu"}
     assert res.select(list(set(res.points["config"]))).telemetry["host_cpu"].shape == host.shape
     assert res.select(["another"]).telemetry["host_cpu"].empty
+
+
+def test_vllms_own_counters_on_the_h200_recording_show_the_toys_empty_kv_cache():
+    """Known answer from the vllm-h200 recording: at c=32 the 8-layer toy's KV cache was nearly empty
+    (vllm:kv_cache_usage_perc about 0.06%), what the real-size issue was filed for."""
+    from pathlib import Path
+
+    from servescope import nb
+    from servescope.study import Study, stored_points
+    from servescope.suite import load_suite
+
+    root = Path(__file__).resolve().parents[1]
+    s = load_suite(root / "data" / "suites" / "vllm-h200.yaml")
+    ctx = nb.context(s.engine, s.model, s.load, store_dir=str(root / "data" / "reference" / "vllm-h200" / "store"),
+                     offline=True, telemetry=s.telemetry)
+    t = Study("03", ctx, [], stored_points(ctx)).engine_beside_gpu()
+    top = t[t["point"] == "c=32"]
+    assert len(top) and (top["kv_used_pct"] < 1).all() and (top["running"] > 20).any()
+    # its counters, scraped once a second, saw levels of a few tenths of a second: no rate, and no disagreement made up
+    assert not top["said"].str.contains("generated tok/s").any()

@@ -89,7 +89,8 @@ def test_the_engines_counters_stand_beside_nvml_and_their_disagreements_are_said
                      telemetry=s.telemetry)
     t = Study("03", ctx, [], stored_points(ctx)).engine_beside_gpu().set_index(["config", "rep", "point"])
     off, pw = t.loc[("the deployment", 0, "c=128")], t.loc[("cuda_graph=piecewise", 0, "c=1")]
-    assert off["graph_pass_pct"] == 0 and pw["graph_pass_pct"] == 100  # SGLang's own count of graphed passes
+    # SGLang's own count of graphed passes (a rate needs ten scrapes: c=1 with graphs lasted 2.6 s and has none)
+    assert off["graph_pass_pct"] == 0 and t.loc[("cuda_graph=piecewise", 0, "c=16"), "graph_pass_pct"] > 95
     assert off["kv_capacity_tokens"] == 715543 and 10 < off["kv_used_pct"] < 30  # the KV cache was not full
     assert off["running"] >= 120 and off["queued"] == 0
     # one request in graphs keeps NVML at 100% while the SMs are active 38% of the time: said, not taken for busy

@@ -101,9 +101,10 @@ def test_cuda_launches_log_graph_counts_cpu_launches_do_not(wheel_install):
     plan = ad.plan(install=cuda, model_path="/m", served_name="m", host="h", port=1, knobs=Knobs(cuda_graph="piecewise"),
                    extra_env={})
     assert "--cudagraph-metrics" in plan.command
+    assert "--enable-mfu-metrics" in plan.command  # its estimated FLOPs and bytes per GPU, beside NVML's
     cpu = EngineInstall(**{**cuda.as_dict(), "platform": "cpu", "source": cuda.source})
     plan = ad.plan(install=cpu, model_path="/m", served_name="m", host="h", port=1, knobs=Knobs(), extra_env={})
-    assert "--cudagraph-metrics" not in plan.command
+    assert "--cudagraph-metrics" not in plan.command and "--enable-mfu-metrics" not in plan.command
     with pytest.raises(KnobError, match="CPU build has no CUDA graphs"):
         ad.knob_flags(Knobs(cuda_graph="full"), cpu)
 

@@ -296,7 +296,9 @@ class Study:
         """Per arm, repetition and level: the engine's own counters (requests running and queued, KV cache use and
         capacity, its token rate, graph passes, its CPU) beside NVML's and the client's, and where they disagree."""
         eng = at.engine_counters(self.results.telemetry, self.adapter.counters)
-        return at.engine_beside_gpu(eng, self.gpu_points(), self.results.summary)
+        replicas = {c: int((pt.parts.get("knobs") or {}).get("replicas", 1)) for (c, _), pt in
+                    self.results.stored.items()}
+        return at.engine_beside_gpu(eng, self.gpu_points(), self.results.summary, replicas)
 
     def kernels(self) -> pd.DataFrame:
         """The stored kernel tables of profiled points (config, rep), each kernel with its category and MoE path."""

@@ -250,6 +250,9 @@ QUEUED_SHARE = 0.9  # the engine ran fewer than this share of the requests the c
 KV_FULL_PCT = 90.0  # its KV cache at least this full
 BUSY_UTIL_PCT, IDLE_SM_PCT = 90.0, 50.0  # NVML "utilization" this high while GPM SM activity stays below this
 COUNT_GAP = 0.2  # the engine's token rate and the client's differ by more than this share
+# scrapes of a counter within a level before its rate is compared (at 1 Hz a 3 s level's rate read 27% off the
+# client's, a 0.2 s level's had one scrape)
+MIN_RATE_SAMPLES = 10
 
 
 def engine_counters(tele: dict[str, pd.DataFrame], counters: dict[str, tuple[Any, ...]]) -> pd.DataFrame:
@@ -266,6 +269,8 @@ def engine_counters(tele: dict[str, pd.DataFrame], counters: dict[str, tuple[Any
         row_of: dict[str, dict[str, Any]] = {}
         for name, (metric, stat, scale, *only) in counters.items():
             got = d[(d["metric"] == metric) & (d["stat"] == stat)]
+            if stat == "rate_per_s":  # a counter read at fewer points than this over a level gives no rate
+                got = got[got["samples"] >= MIN_RATE_SAMPLES]
             if only:
                 got = got[got["labels"].str.contains(only[0], regex=False)]
             for phase, g in got.groupby("phase"):
@@ -277,11 +282,14 @@ def engine_counters(tele: dict[str, pd.DataFrame], counters: dict[str, tuple[Any
     return pd.DataFrame(out)
 
 
-def engine_beside_gpu(engine: pd.DataFrame, gpu: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+def engine_beside_gpu(engine: pd.DataFrame, gpu: pd.DataFrame, summary: pd.DataFrame,
+                      replicas: dict[str, int] | None = None) -> pd.DataFrame:
     """The engine's counters per level beside NVML's and the client's readings, with what they disagree on said in
-    words (QUEUED_SHARE, KV_FULL_PCT, BUSY_UTIL_PCT/IDLE_SM_PCT, COUNT_GAP)."""
+    words (QUEUED_SHARE, KV_FULL_PCT, BUSY_UTIL_PCT/IDLE_SM_PCT, COUNT_GAP). replicas: configurations served by
+    several servers, whose counters are the first replica's alone (said, and not compared with the client's)."""
     if engine.empty:
         return engine
+    several = {c: n for c, n in (replicas or {}).items() if n > 1}
     g = gpu.rename(columns={"phase": "point"}) if len(gpu) else pd.DataFrame(columns=["config", "rep", "point"])
     g = g.groupby(["config", "rep", "point"], as_index=False)[[c for c in ("gpu_util_pct_p50", "sm_active_pct_p50",
                                                                           "power_pct_of_limit_p50") if c in g]].mean()
@@ -290,7 +298,8 @@ def engine_beside_gpu(engine: pd.DataFrame, gpu: pd.DataFrame, summary: pd.DataF
     if len(summary):
         out = out.merge(summary[cols].rename(columns={"output_tok_s": "client_output_tok_s"}),
                         on=["config", "rep", "point"], how="left")
-    out["said"] = [_disagreements(r) for r in out.to_dict("records")]
+    out["said"] = [f"counters of replica 0 of {several[r['config']]} only" if r["config"] in several
+                   else _disagreements(r) for r in out.to_dict("records")]
     return out
 
 

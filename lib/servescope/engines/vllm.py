@@ -145,7 +145,10 @@ class VllmAdapter(EngineAdapter):
                 "queued": ("vllm:num_requests_waiting", "median", 1.0),
                 "kv_used_pct": ("vllm:kv_cache_usage_perc", "median", 100.0),
                 "engine_gen_tok_s": ("vllm:generation_tokens_total", "rate_per_s", 1.0),
-                "preemptions_per_s": ("vllm:num_preemptions_total", "rate_per_s", 1.0)}
+                "preemptions_per_s": ("vllm:num_preemptions_total", "rate_per_s", 1.0),
+                # --enable-mfu-metrics (set on CUDA where the version has it): the engine's own estimate per GPU
+                "est_tflop_s_per_gpu": ("vllm:estimated_flops_per_gpu_total", "rate_per_s", 1e-12),
+                "est_read_gb_s_per_gpu": ("vllm:estimated_read_bytes_per_gpu_total", "rate_per_s", 1e-9)}
     # --gpu-memory-utilization is this instance's budget of the whole GPU, weights included; it checks at start that
     # so much is free, and its memory profiling reads the device while it starts: replicas start one after another
     mem_fraction_of = "total"
@@ -344,6 +347,8 @@ class VllmAdapter(EngineAdapter):
                 "--disable-uvicorn-access-log"]
         if install.platform == "cuda" and self.flag_set(install).has("--cudagraph-metrics"):
             base.append("--cudagraph-metrics")  # batches per graph mode in its log: thread 2's graph counters
+        if install.platform == "cuda" and self.flag_set(install).has("--enable-mfu-metrics"):
+            base.append("--enable-mfu-metrics")  # its own estimate of FLOPs and bytes per GPU, beside NVML's
         self.check_flags(base + flags[:len(flags) - len(knobs.extra_args)], install)
         cmd = [install.python, "-m", self.launch_module(install), *base, *flags]
         env = {
