@@ -256,16 +256,19 @@ def telemetry_metrics(study: Study) -> Markdown | pd.DataFrame:
                          sort=False).reset_index()
 
 
-def engine_counters(study: Study) -> Markdown | Styler:
+def engine_counters(study: Study) -> Markdown:
     """The engine's own counters per level beside NVML's (median over repetitions), and what they disagree on."""
     t = study.engine_beside_gpu()
     if t.empty:
         return Markdown(f"{study.adapter.name} exported none of the counters servescope reads beside NVML "
                         "(or none was scraped).")
-    nums = [c for c in t.columns if c not in ("config", "rep", "point", "said")]
+    nums = [c for c in t.columns if c not in ("config", "rep", "point", "said", "graph_passes_per_s")]
     said = t.groupby(["config", "point"], sort=False)["said"].agg(lambda x: "; ".join(dict.fromkeys(v for v in x if v)))
-    med = t.groupby(["config", "point"], sort=False)[nums].median().join(said).reset_index()
-    return table_or(med, "No level to show.")
+    med = t.groupby(["config", "point"], sort=False)[nums].median().reset_index()
+    display(table_or(med, "No level to show."))
+    # the disagreements in words under the numbers (a sentence in a table cell stretched every row)
+    lines = [f"- {c} at {p}: {w}" for (c, p), w in said.items() if w]
+    return Markdown("\n".join(["Where they disagree:", *lines]) if lines else "No disagreement between them.")
 
 
 def probe_result(probe: ProbeRun) -> Markdown | pd.DataFrame:
