@@ -288,3 +288,23 @@ def test_bf16_kernel_differences_are_not_changed_outputs_and_garbage_is():
     ok = verdict(checks, "eager", "compiled")
     assert ok.status == "same" and ok.floor == 0 and 0.0008 < ok.mean_dev < 0.0015 and ok.threshold > ok.mean_dev
     assert verdict(checks, "eager", "garbled").changes_outputs
+
+
+def test_an_architecture_the_engine_version_does_not_know_is_refused_before_launch(wheel_install, tmp_path):
+    """SGLang 0.5.17's source registers Qwen3MoeForCausalLM (shipped qwen3-30b-a3b serves); a config naming an
+    architecture no file of its models names is refused in one line, before anything launches."""
+    import json
+
+    from servescope.engines import get_engine
+    from servescope.launch import check_architecture
+
+    install, adapter = wheel_install("sglang-0.5.17"), get_engine("sglang")
+    known = tmp_path / "known"
+    known.mkdir()
+    (known / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"]}))
+    check_architecture(adapter, install, str(known))
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({"architectures": ["NoSuchMoeForCausalLM"]}))
+    with pytest.raises(SpecError, match="sglang 0.5.17 does not know the architecture NoSuchMoeForCausalLM"):
+        check_architecture(adapter, install, str(unknown))

@@ -220,3 +220,23 @@ def test_a_two_gpu_suite_plans_every_layout_in_its_releases_own_flags(name, whee
         plan = adapter.plan(install=install, model_path="/m", served_name="m", host="127.0.0.1", port=30000,
                             knobs=x.arm.knobs, extra_env=dict(engine.env))
         assert multicast_off.items() <= plan.env.items(), x.arm.name
+
+
+def test_sglang_qwen3_30b_is_valid_for_sglang_0_5_17(wheel_install):
+    """The seed's case at real size: its deployment's knobs and flags are 0.5.17's (none of its flags a knob in
+    another spelling), its architecture is one 0.5.17 serves with random weights, and its load fills every level."""
+    from servescope import architectures
+    from servescope.launch import check_architecture, check_deployment_args
+    from servescope.spec import DeploymentSpec, LoadSpec
+
+    suite = load_suite(ROOT / "data" / "suites" / "sglang-qwen3-30b.yaml")
+    engine, dep = EngineSpec(**suite.engine), DeploymentSpec(**suite.deployment)
+    install, adapter = wheel_install("sglang-0.5.17"), get_engine("sglang")
+    adapter.check_flags(list(engine.args), install)
+    check_deployment_args(adapter, install, dep.args)
+    assert adapter.knob_flags(dep.knobs, install) == ["--cuda-graph-backend-decode", "disabled",
+                                                     "--cuda-graph-backend-prefill", "disabled",
+                                                     "--mem-fraction-static", "0.88"]
+    check_architecture(adapter, install, str(architectures.ensure_model(suite.model["architecture"])))
+    load = LoadSpec(**suite.load)
+    assert all(load.level_requests(c) >= c for c in load.concurrency) and load.steady_state
