@@ -240,3 +240,19 @@ def test_sglang_qwen3_30b_is_valid_for_sglang_0_5_17(wheel_install):
     check_architecture(adapter, install, str(architectures.ensure_model(suite.model["architecture"])))
     load = LoadSpec(**suite.load)
     assert all(load.level_requests(c) >= c for c in load.concurrency) and load.steady_state
+
+
+def test_vllm_qwen3_30b_is_valid_for_vllm_0_26(wheel_install):
+    """The same real-size case on vLLM 0.26: its deployment is 0.26's --enforce-eager with its memory share, its
+    flags are 0.26's and none is a knob in another spelling, and 0.26 serves the architecture with random weights."""
+    from servescope import architectures
+    from servescope.launch import check_architecture, check_deployment_args
+    from servescope.spec import DeploymentSpec
+
+    suite = load_suite(ROOT / "data" / "suites" / "vllm-qwen3-30b.yaml")
+    engine, dep = EngineSpec(**suite.engine), DeploymentSpec(**suite.deployment)
+    install, adapter = wheel_install("vllm-0.26.0"), get_engine("vllm")
+    adapter.check_flags(list(engine.args), install)
+    check_deployment_args(adapter, install, dep.args)
+    assert "--enforce-eager" in adapter.knob_flags(dep.knobs, install)
+    check_architecture(adapter, install, str(architectures.ensure_model(suite.model["architecture"])))
