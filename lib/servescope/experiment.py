@@ -221,7 +221,7 @@ class _Tables:
         return Results(summary=cat(self.summaries), requests=cat(self.requests), startup=pd.DataFrame(self.startups),
                        points=pd.DataFrame(self.points),
                        errors=pd.DataFrame(self.errors, columns=list(ERROR_COLUMNS)), stored=self.stored,
-                       telemetry=LazyTables(self.tele),
+                       telemetry=LazyTables(list(self.tele)),  # a snapshot: the loop goes on adding points
                        telemetry_status=pd.DataFrame(self.tele_status), planned=planned, kernels=cat(self.kernels),
                        profiles=pd.DataFrame(self.windows), runtime=cat(self.runtimes),
                        output_checks=cat(self.checks))

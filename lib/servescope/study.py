@@ -387,10 +387,10 @@ class Study:
         """config's answers to the output check against baseline's (outputs.verdict over the stored tables)."""
         return outputs.verdict(self.results.output_checks, baseline, config)
 
-    def output_failure(self, config: str, baseline: str) -> Failure | None:
+    def output_failure(self, config: str, baseline: str, verdict: OutputVerdict | None = None) -> Failure | None:
         """config as a failed configuration where it changes outputs against baseline (never recommended), else
-        None."""
-        v = self.output_verdict(config, baseline)
+        None; verdict: the one already read (output_verdict), where the caller has it."""
+        v = verdict or self.output_verdict(config, baseline)
         if not v.changes_outputs:
             return None
         arm = next((a for a in self.arms if a.name == config), None)
@@ -632,7 +632,7 @@ class Comparison:
             return None
         ov = self.study.output_verdict(self.treatment, self.baseline)
         ev["outputs"] = ov.row() | {"words": ov.words()}
-        wrong = self.study.output_failure(self.treatment, self.baseline)
+        wrong = self.study.output_failure(self.treatment, self.baseline, ov)
         if wrong is None or direction != "better":
             return None
         return Finding(thread=self.study.thread, kind="failure", title=f"{subject}: {self.treatment} changes outputs",

@@ -103,18 +103,6 @@ class SglangAdapter(EngineAdapter):
 
     name = "sglang"
     random_weight_flags = ("--load-format", "dummy")
-
-    def output_check_request(self, model: str, text: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
-        """SGLang's native /generate with return_logprob from the prompt's first token."""
-        return "/generate", {"text": text, "return_logprob": True, "logprob_start_len": 0,
-                             "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}}
-
-    def output_check_parse(self, obj: dict[str, Any]) -> tuple[list[float | None], list[int], list[float]]:
-        """meta_info's input_token_logprobs and output_token_logprobs: [logprob, token id, text] each."""
-        meta = (obj[0] if isinstance(obj, list) else obj).get("meta_info") or {}
-        prompt = [None if x[0] is None else float(x[0]) for x in meta.get("input_token_logprobs") or []]
-        out = meta.get("output_token_logprobs") or []
-        return prompt, [int(x[1]) for x in out], [float(x[0]) for x in out]
     metric_prefixes = ("sglang:",)
     key_metrics = SGLANG_KEY_METRICS
     counters = {"running": ("sglang:num_running_reqs", "median", 1.0),
@@ -143,6 +131,18 @@ class SglangAdapter(EngineAdapter):
 
     balancer = ("sglang-router (`python -m sglang_router.launch_router --worker-urls URL1 URL2 ... --policy "
                 "round_robin`, the sglang-router package)")
+
+    def output_check_request(self, model: str, text: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+        """SGLang's native /generate with return_logprob from the prompt's first token."""
+        return "/generate", {"text": text, "return_logprob": True, "logprob_start_len": 0,
+                             "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}}
+
+    def output_check_parse(self, obj: dict[str, Any]) -> tuple[list[float | None], list[int], list[float]]:
+        """meta_info's input_token_logprobs and output_token_logprobs: [logprob, token id, text] each."""
+        meta = (obj[0] if isinstance(obj, list) else obj).get("meta_info") or {}
+        prompt = [None if x[0] is None else float(x[0]) for x in meta.get("input_token_logprobs") or []]
+        out = meta.get("output_token_logprobs") or []
+        return prompt, [int(x[1]) for x in out], [float(x[0]) for x in out]
 
     def replica_recipe(self, knobs: Knobs, install: EngineInstall, placements: list[str]) -> str:
         """Replicas on one GPU: the version's native same-GPU data parallelism where it declares it

