@@ -201,3 +201,32 @@ def test_a_graph_change_carries_the_compile_it_was_measured_with():
     assert vllm.as_measured(piecewise, dataclasses.replace(GPU, env={"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"})) == piecewise
     sglang = EngineInstall(python="/x/python", version="0.5.17", distribution="sglang", platform="cuda")
     assert get_engine("sglang").as_measured(piecewise, sglang) == piecewise
+
+
+def test_a_deployment_with_compile_off_gets_piecewise_graphs_with_compile_on(tmp_path):
+    """vLLM's --enforce-eager deployment (compile off): thread 02's piecewise arm turns compile on itself, says so,
+    and is expressible; FULL runs without compile, SGLang's modes need nothing, breakable graphs need no compile."""
+    from servescope.context import context
+    from servescope.spec import LoadSpec
+    from servescope.store import Store
+    from servescope.threads import graph_modes
+
+    def ctx(name, env=None, dep=True):
+        return context({"name": name, "version": "0.26.0", "python": "/x/python", "env": env or {}}, {"path": "stub"},
+                       LoadSpec(concurrency=(1,), num_requests=1), store=Store(tmp_path), progress=False,
+                       deployment={"knobs": {"torch_compile": False}} if dep else None)
+
+    arms = {a.name: a for a in graph_modes.arms(ctx("vllm"))}
+    assert arms["piecewise"].knobs == Knobs(cuda_graph="piecewise", torch_compile=True)
+    assert "torch_compile=True: the mode needs it" in arms["piecewise"].note
+    assert arms["full"].knobs == Knobs(cuda_graph="full") and arms["off"].knobs == Knobs(cuda_graph="off")
+    # the store keys of suites without a deployment stay as they were
+    assert {a.name: a.knobs for a in graph_modes.arms(ctx("vllm", dep=False))}["piecewise"] == Knobs(cuda_graph="piecewise")
+    assert {a.name: a.knobs for a in graph_modes.arms(ctx("sglang"))}["piecewise"] == Knobs(cuda_graph="piecewise")
+    breakable = ctx("vllm", {"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"})
+    assert {a.name: a.knobs for a in graph_modes.arms(breakable)}["piecewise"] == Knobs(cuda_graph="piecewise")
+    # expressible on the deployment, as launched (before, the deployment's compile-off refused it at launch)
+    gpu26 = dataclasses.replace(GPU, version="0.26.0")
+    table = graph_modes.modes(ctx("vllm"), gpu26).set_index("mode")
+    assert table.loc["piecewise", "expressible"], table.loc["piecewise", "reason"]
+    assert "FULL_AND_PIECEWISE" in table.loc["piecewise", "flags"] and '"mode"' not in table.loc["piecewise", "flags"]

@@ -1018,6 +1018,7 @@ def expressible(ctx: RunContext, arms: Sequence[Arm], install: EngineInstall | N
         try:
             if install is None:
                 raise SpecError("an external server runs as it was started: its settings cannot be chosen from here")
+            adapter.knob_flags(ctx.deployed(a.knobs), install)  # what launches: refused there, refused here
             flags = adapter.knob_flags(a.knobs, install)
             rows.append({"arm": a.name, "expressible": True, "flags": " ".join(flags) or "(none: the default)",
                          "reason": "", "asked": True})

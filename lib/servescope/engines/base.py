@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 import json
 import math
 import re
@@ -308,6 +309,11 @@ class EngineAdapter(ABC):
         of graph modes a measurement cannot tell apart, the one a user gets by dropping the flag that turned graphs
         off, and the one the engine's developers test most."""
         return None
+
+    def mode_requires(self, mode: str, env: Mapping[str, str]) -> dict[str, Any]:
+        """The knobs a CUDA-graph mode cannot run without on this engine (env: the suite's engine.env), which thread
+        02's arm sets where the deployment sets them otherwise ({} where the mode needs nothing)."""
+        return {}
 
     def as_measured(self, knobs: Knobs, install: EngineInstall) -> Knobs:
         """A graph mode's knobs with the engine default its effect was measured under, where the knobs leave it to the

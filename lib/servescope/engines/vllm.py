@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 import json
 import re
 import subprocess
@@ -217,6 +218,13 @@ class VllmAdapter(EngineAdapter):
         if install.platform != "cuda":
             return None
         return "piecewise" if version_tuple(install.version) >= (0, 11) else None
+
+    def mode_requires(self, mode: str, env: Mapping[str, str]) -> dict[str, Any]:
+        """Piecewise graphs (FULL_AND_PIECEWISE) need torch.compile: compile mode NONE overrides them (not where
+        breakable graphs are on); FULL and FULL_DECODE_ONLY run without it."""
+        if mode == "piecewise" and env.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "").strip().lower() not in ("1", "true"):
+            return {"torch_compile": True}
+        return {}
 
     def as_measured(self, knobs: Knobs, install: EngineInstall) -> Knobs:
         """A CUDA-graph mode with compile left to the default: compile on, as thread 02 measures it (FULL_AND_PIECEWISE

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -40,15 +41,31 @@ CEILING_FORMS = ("eager", "full", "piecewise", "compile")
 PREFERENCE = ("decode_only", "piecewise", "full", "compiled_piecewise")
 
 
-def arms() -> list[Arm]:
-    """One arm per graph mode."""
-    return [Arm(mode, Knobs(cuda_graph=mode), f"CUDA graphs: {mode}") for mode in MODES]
+def arms(ctx: RunContext | None = None) -> list[Arm]:
+    """One arm per graph mode; where the suite's deployment sets a knob a mode cannot run without on this engine
+    (vLLM's piecewise graphs under a deployment with compile off), the arm sets it too, and says so."""
+    out = []
+    for mode in MODES:
+        needs = _needs(ctx, mode)
+        words = f" (with {Knobs(**needs).label()}: the mode needs it)" if needs else ""
+        out.append(Arm(mode, Knobs(cuda_graph=mode, **needs), f"CUDA graphs: {mode}{words}"))
+    return out
+
+
+def _needs(ctx: RunContext | None, mode: str) -> dict[str, Any]:
+    """The knobs mode needs that the deployment sets otherwise: from the suite alone (the engine's name and env), so
+    that a store rendered where the engine is not installed finds the same points."""
+    if ctx is None or ctx.deployment.empty:
+        return {}
+    dep = ctx.deployment.knobs
+    return {k: v for k, v in ctx.adapter.mode_requires(mode, ctx.engine.env).items()
+            if k in dep.model_fields_set and getattr(dep, k) != v}
 
 
 def modes(ctx: RunContext, install: EngineInstall | None = None) -> pd.DataFrame:
-    """Each graph mode: whether this engine version (install, else the run's) can express it, with its flags or the
-    reason it cannot (offline without the engine: whether the store holds it)."""
-    return expressible(ctx, arms(), install).rename(columns={"arm": "mode"})
+    """Each graph mode: whether this engine version (install, else the run's) can express it on the deployment,
+    with its flags or the reason it cannot (offline without the engine: whether the store holds it)."""
+    return expressible(ctx, arms(ctx), install).rename(columns={"arm": "mode"})
 
 
 @dataclass
@@ -154,7 +171,7 @@ def run(ctx: RunContext, ceiling: bool = True, only: Sequence[str] = ()) -> Grap
         table.loc[~table["mode"].isin(keep), "expressible"] = False
     can = list(table[table["expressible"]]["mode"])
     if BASELINE in can and len(can) >= 2:
-        gs = GraphStudy(table, run_study(THREAD, ctx, [a for a in arms() if a.name in can],
+        gs = GraphStudy(table, run_study(THREAD, ctx, [a for a in arms(ctx) if a.name in can],
                                          headlines=[(BASELINE, mode) for mode in can if mode != BASELINE]))
     else:
         # the same store key as thread 1's launch (engine defaults, this load, repetition 0): nothing new is launched
@@ -243,8 +260,8 @@ def _per_mode(gs: GraphStudy, deployed: Knobs | None) -> list[Finding]:
     for mode, cmp in gs.comparisons().items():
         # the change as measured: a mode keeps the engine default it ran under (vLLM's graphs, inside its compile),
         # so that thread 07 does not put it on a baseline that turns that default off
-        better = Knobs(cuda_graph=mode) if install is None else gs.study.adapter.as_measured(Knobs(cuda_graph=mode),
-                                                                                              install)
+        asked = next((a.knobs for a in gs.study.arms if a.name == mode), Knobs(cuda_graph=mode))
+        better = asked if install is None else gs.study.adapter.as_measured(asked, install)
         f = cmp.finding(f"CUDA graphs {mode}", f"CUDA graphs {mode}", better=better, worse=Knobs(cuda_graph=BASELINE),
                         deployed=deployed)
         seen = rates[rates["config"].isin([BASELINE, mode])] if len(rates) else rates
