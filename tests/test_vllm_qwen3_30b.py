@@ -1,0 +1,48 @@
+"""The real-size case on vLLM 0.26 (data/reference/vllm-qwen3-30b, recorded on an H100 through benchmarks/gpu/on_gpu.py
+with data/suites/vllm-qwen3-30b.yaml): the Qwen3-30B-A3B architecture with vLLM's own random weights, deployed with
+--enforce-eager, under a steady load of mixed lengths at c=1, 16 and 128.
+
+Known answers from real hardware, two repetitions of each side so far: piecewise graphs (inside compile, which the
+thread's arm turns on over the eager deployment) far ahead at every level, answering as eager does, and still not
+called resolved (two paired repetitions resolve nothing); the top level fills vLLM's KV cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recordings import graph_study
+from servescope.store import Store
+from servescope.threads import graph_modes as t02
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = ROOT / "data" / "reference" / "vllm-qwen3-30b"
+
+
+def test_the_piecewise_arm_ran_with_compile_over_the_eager_deployment():
+    pts = list(Store(REF / "store").points())
+    knobs = sorted((pt.parts["knobs"].get("cuda_graph") or "", pt.parts["knobs"]["torch_compile"]) for pt in pts)
+    assert knobs == [("", False), ("off", False), ("piecewise", True), ("piecewise", True)]
+    for pt in pts:
+        cmd = pt.target["command"]
+        assert "--load-format dummy" in cmd and "--max-model-len 8192" in cmd and pt.install.version == "0.26.0"
+        assert ("--enforce-eager" in cmd) == (pt.parts["knobs"]["torch_compile"] is False)
+        s = pt.table("summary")
+        assert set(s["figures_over"]) == {"steady window"} and s["filled"].all(), pt.key
+
+
+def test_two_repetitions_show_a_large_gain_and_same_outputs_but_resolve_nothing(tmp_path):
+    gs = graph_study("vllm-qwen3-30b", tmp_path, modes=("piecewise",))
+    fs = t02.findings(gs, {"torch_compile": False, "mem_fraction": 0.88})
+    head = fs[0]
+    assert head.title == "No graph mode shown to help" and head.confidence == "low"
+    per = next(f for f in fs if f.title.startswith("CUDA graphs piecewise"))
+    assert per.effect.n == 2 and per.effect.value_pct > 300 and per.confidence not in ("high", "medium")
+    assert "at least 3 are needed" in per.headline
+    assert per.evidence["outputs"]["outputs"] == "same"
+
+
+def test_the_top_level_fills_the_kv_cache():
+    for pt in Store(REF / "store").points():
+        m = pt.table("telemetry_server_metrics")
+        kv = m[m["metric"] == "vllm:kv_cache_usage_perc"].groupby("phase")["value"].max()
+        assert kv["c=128"] > 0.95 and kv["c=16"] < 0.5, pt.key
