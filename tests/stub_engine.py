@@ -54,6 +54,11 @@ class StubAdapter(EngineAdapter):
     def output_check_request(self, model, text, max_tokens):
         return openai_check_request(model, text, max_tokens)
 
+    def kv_capacity_tokens(self, log_text):
+        from servescope.engines.logs import kv_tokens_from_log
+
+        return kv_tokens_from_log(log_text, "vllm")  # the stub says it in vLLM's words (--kv-tokens)
+
     def output_check_parse(self, obj):
         return openai_check_parse(obj)
 

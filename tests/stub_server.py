@@ -186,6 +186,8 @@ def main() -> None:
     p.add_argument("--chunk-tokens", type=int, default=1, help="/generate: tokens per streamed chunk after the first")
     p.add_argument("--keepalive-s", type=float, default=75.0, help="close a connection idle this long (uvicorn: 5)")
     p.add_argument("--pid-file", default="")
+    p.add_argument("--kv-tokens", type=int, default=0, help="say at startup, as vLLM does, that the KV cache holds so "
+                   "many tokens")
     p.add_argument("--perturb-outputs", type=float, default=0.0,
                    help="add this to every prompt log-probability (a configuration that answers wrongly)")
     p.add_argument("--log-prompts", default="", help="append each completion request's prompt to this JSONL file")
@@ -228,6 +230,8 @@ def main() -> None:
     if a.pid_file:
         with open(a.pid_file, "w") as fh:
             fh.write(" ".join(str(x) for x in [os.getpid(), *[k.pid for k in kids]]))
+    if a.kv_tokens:
+        print(f"stub: GPU KV cache size: {a.kv_tokens:,} tokens", flush=True)
     print(f"stub: serving on {a.host}:{a.port}", flush=True)
     web.run_app(build_app(a, worker), host=a.host, port=a.port, print=None, handle_signals=not a.ignore_term,
                 keepalive_timeout=a.keepalive_s)

@@ -58,6 +58,8 @@ class RunContext:
     equivalence_pct: float = EQUIVALENCE_PCT
     # the user's deployment: every configuration a thread measures is launched as it, with the thread's knobs over it
     deployment: DeploymentSpec = field(default_factory=DeploymentSpec)
+    # the load's 'kv' level as it was read (kvlevel.resolve): the engine's KV capacity, where from, the level
+    kv_level: dict[str, Any] | None = None
 
     def deployed(self, knobs: Knobs) -> Knobs:
         """What a configuration launches: the deployment with the configuration's own knobs over it."""
@@ -117,15 +119,21 @@ def context(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSp
             profile: dict[str, Any] | ProfileSpec | None = None,
             equivalence_pct: float = EQUIVALENCE_PCT,
             deployment: dict[str, Any] | DeploymentSpec | None = None) -> RunContext:
-    """Validate every parameter (before anything launches) and resolve the engine to its adapter, once."""
+    """Validate every parameter and resolve the engine to its adapter, once; a load whose top level is "kv" gets it
+    as a number (read from the deployment's launch the first time, kept in the store)."""
     e = parse(EngineSpec, engine, "engine")
     try:
         plan = RepetitionPlan(repetitions, max(repetitions, max_repetitions or repetitions), float(budget_s))
     except ServescopeError as ex:
         raise SpecError(str(ex)) from None
     st = store if isinstance(store, Store) else Store(store or store_dir or None)
-    return RunContext(engine=e, adapter=get_engine(e.name), model=parse(ModelSpec, model, "model"),
+    ctx = RunContext(engine=e, adapter=get_engine(e.name), model=parse(ModelSpec, model, "model"),
                       load=parse(LoadSpec, load or {}, "load"), store=st, offline=offline, force=force,
                       progress=progress, telemetry=parse(TelemetrySpec, telemetry or {}, "telemetry"),
                       profile=parse(ProfileSpec, profile or {}, "profile"), plan=plan,
                       equivalence_pct=equivalence_pct, deployment=parse(DeploymentSpec, deployment or {}, "deployment"))
+    if ctx.load.kv_level:  # a level read from the engine: once per store, before any key is made
+        from .kvlevel import resolve
+
+        ctx = resolve(ctx, say=print if progress else lambda m: None)
+    return ctx

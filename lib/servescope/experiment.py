@@ -460,13 +460,17 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
 def deployment_words(ctx: RunContext, configs: Sequence[Config]) -> str:
     """What a page says of the deployment: every configuration launched it, and which of its settings each changed
     ('' where the suite names none)."""
+    from .kvlevel import words as kv_words
+
     dep = ctx.deployment
+    kv = kv_words(ctx.kv_level, ctx.load.input_len, ctx.load.output_len)
+    kv = f" {kv[0].upper()}{kv[1:]}; every configuration sends that level." if kv else ""
     if dep.empty:
-        return ""
+        return kv.strip()
     changes = [f"{c.name}: {', '.join(f'{k}={getattr(c.knobs, k)}' for k in dep.changed(c.knobs)) or 'none'}"
                for c in configs]
     return (f"Every configuration launches the suite's deployment ({dep.words()}), with only its own knobs over it "
-            f"(a knob it sets replaces the deployment's): " + "; ".join(changes) + ".")
+            f"(a knob it sets replaces the deployment's): " + "; ".join(changes) + "." + kv)
 
 
 def _held(loop: _Loop, configs: Sequence[Config]) -> str:

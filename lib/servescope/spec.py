@@ -266,6 +266,7 @@ class ProfileSpec(_Spec):
 
 SLO_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 # LoadSpec fields added after stores and notes were recorded (LoadSpec.full_dump)
+KV_LEVEL = "kv"  # a load's top level read from the engine: the concurrency its KV cache holds
 ADDED_LATER = ("requests_per_slot", "lengths", "length_sigma", "steady_state", "client_processes")
 
 
@@ -284,7 +285,9 @@ class LoadSpec(_Spec):
     """How to load a server: closed-loop concurrency levels or open-loop arrival rates, and what to send."""
 
     mode: Literal["closed", "open"] = "closed"
-    concurrency: tuple[int, ...] = Field((1, 4, 16), description="closed loop: one point per level")
+    concurrency: tuple[int | Literal["kv"], ...] = Field(
+        (1, 4, 16), description="closed loop: one point per level; 'kv' (last): the level whose requests, at the "
+        "load's mean lengths, fill the deployment's KV cache, read from the engine before the first point")
     request_rate: tuple[float, ...] = Field((), description="open loop: one point per rate, requests/s (inf allowed)")
     burstiness: float = Field(1.0, gt=0, description="gamma shape of inter-arrival times: 1 = Poisson, <1 burstier")
     max_concurrency: int | None = Field(None, ge=1, description="open loop: cap on requests in flight")
@@ -323,9 +326,11 @@ class LoadSpec(_Spec):
 
     @field_validator("concurrency")
     @classmethod
-    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if any(c < 1 for c in v):
+    def _positive(cls, v: tuple[int | str, ...]) -> tuple[int | str, ...]:
+        if any(c != KV_LEVEL and c < 1 for c in v):
             raise ValueError("concurrency levels must be positive integers")
+        if KV_LEVEL in v[:-1]:
+            raise ValueError(f"{KV_LEVEL!r} is the highest level: put it last, once")
         return v
 
     @field_validator("request_rate")
@@ -348,6 +353,24 @@ class LoadSpec(_Spec):
         while at their defaults, so those notes keep their keys."""
         later = {f for f in ADDED_LATER if getattr(self, f) == type(self).model_fields[f].default}
         return self.model_dump(mode="json", exclude=later)
+
+    @property
+    def kv_level(self) -> bool:
+        """Whether the top level is 'kv', still to be read from the engine (KvLevel.resolve)."""
+        return self.mode == "closed" and KV_LEVEL in self.concurrency
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        """The closed-loop levels, as numbers (raises while the 'kv' level is not resolved)."""
+        if self.kv_level:
+            raise SpecError("the load's 'kv' level is not resolved yet: it is read from the engine when the run's "
+                            "context is made (servescope.context)")
+        return tuple(int(c) for c in self.concurrency)
+
+    def with_kv(self, level: int) -> LoadSpec:
+        """The load with its 'kv' level replaced by a number: the levels in order, each once."""
+        numbers = {int(c) for c in self.concurrency if c != KV_LEVEL} | {max(1, int(level))}
+        return self.model_copy(update={"concurrency": tuple(sorted(numbers))})
 
     def level_requests(self, concurrency: int | None) -> int:
         """Requests one level sends (a count), or its prompt pool (with duration_s)."""
@@ -374,7 +397,13 @@ class LoadSpec(_Spec):
             raise ValueError("closed-loop load needs at least one concurrency level")
         if self.mode == "open" and not self.request_rate:
             raise ValueError("open-loop load needs at least one request_rate")
-        top = max(self.concurrency) if self.mode == "closed" and self.concurrency else 0
+        if self.kv_level and self.requests_per_slot is None:
+            raise ValueError(f"a {KV_LEVEL!r} level is known only once the engine says how many tokens its KV cache "
+                             "holds: give requests_per_slot (e.g. 3), so that every level sends enough to fill it")
+        if self.kv_level and self.dataset != "random":
+            raise ValueError(f"a {KV_LEVEL!r} level is sized from the random dataset's mean lengths (input_len + "
+                             "output_len): with a prompts file, give the level as a number")
+        top = max((c for c in self.concurrency if c != KV_LEVEL), default=0) if self.mode == "closed" else 0
         if top and self.level_requests(top) < top:
             raise ValueError(f"{self.level_requests(top)} requests cannot fill the level c={top}: every slot needs one "
                              f"at least (set requests_per_slot, e.g. 4, or num_requests >= {top})")
@@ -390,7 +419,7 @@ class LoadSpec(_Spec):
     def points(self) -> list[LoadPoint]:
         """The sweep's points in order."""
         if self.mode == "closed":
-            return [LoadPoint(i, f"c={c}", "closed", c, None) for i, c in enumerate(self.concurrency)]
+            return [LoadPoint(i, f"c={c}", "closed", c, None) for i, c in enumerate(self.levels)]
         cap = f", cap={self.max_concurrency}" if self.max_concurrency else ""
         return [LoadPoint(i, f"rate={r:g}{cap}", "open", self.max_concurrency, r)
                 for i, r in enumerate(self.request_rate)]

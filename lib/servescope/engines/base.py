@@ -497,6 +497,12 @@ class EngineAdapter(ABC):
 
         raise CheckUnavailable(f"servescope reads no prompt log-probabilities from {self.name}")
 
+    def kv_capacity_tokens(self, log_text: str) -> int | None:
+        """Tokens one server's KV cache holds, from its startup log (None where the log does not say)."""
+        from .logs import kv_tokens_from_log
+
+        return kv_tokens_from_log(log_text, self.name)
+
     def log_patterns(self) -> list[LogPattern]:
         """What to look for in this engine's log (see engines.logs)."""
         return []

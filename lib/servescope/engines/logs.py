@@ -269,3 +269,14 @@ def vllm_config_from_log(text: str) -> dict | None:
     return {"vllm_config": {"compilation_config": cc, "model_config": mc,
                             "device_config": {"device": device.group(1)} if device else {}},
             "from_log": out}
+
+
+def kv_tokens_from_log(text: str, engine: str) -> int | None:
+    """Tokens one engine's KV cache holds, as its startup log says (the last such line: a restart says it again),
+    or None where the log has no such line."""
+    rows = analyze_log(text, [p for p in patterns_for(engine) if p.name in ("kv_cache", "kv_cache_size")])
+    for col in ("kv_tokens", "kv_tokens_dtype"):
+        if col not in rows:
+            rows[col] = None
+    values = rows["kv_tokens"].fillna(rows["kv_tokens_dtype"]).dropna()
+    return int(float(str(values.iloc[-1]).replace(",", ""))) if len(values) else None

@@ -65,7 +65,7 @@ def window_load(spec: ProfileSpec, load: LoadSpec) -> LoadSpec:
     """The profiled window: one closed-loop level (default the load's highest), one request per slot by default, with
     prompts of its own (the measured level's would hit the prefix cache and leave prefill out of the kernel mix);
     for a steady load, outputs cut to WINDOW_OUTPUT_TOKENS so the window stays bounded."""
-    level = spec.concurrency or (max(load.concurrency) if load.mode == "closed" else (load.max_concurrency or 4))
+    level = spec.concurrency or (max(load.levels) if load.mode == "closed" else (load.max_concurrency or 4))
     n = spec.num_requests or max(2, level)
     update = {"mode": "closed", "concurrency": (level,), "num_requests": n, "warmup_requests": 0, "duration_s": None,
               "requests_per_slot": None, "seed": load.seed + 1_000_003}

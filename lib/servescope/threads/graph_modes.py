@@ -227,7 +227,7 @@ def ceiling_batches(device: str, ctx: RunContext) -> list[int]:
     if device != "cpu":
         return list(CEILING_BATCHES[device])
     ld = ctx.load
-    top = max(ld.concurrency) if ld.mode == "closed" and ld.concurrency else (ld.max_concurrency or 10**9)
+    top = max(ld.levels) if ld.mode == "closed" and ld.concurrency else (ld.max_concurrency or 10**9)
     return [b for b in CEILING_BATCHES[device] if b <= max(16, top)]
 
 

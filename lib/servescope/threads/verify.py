@@ -477,7 +477,7 @@ def _expressible(ctx: RunContext, base: Knobs, combined: Knobs, found: list[Cand
 
 def candidates(ctx: RunContext, combined: Knobs, wanted: list[str]) -> list[tuple[str, Knobs]]:
     """The scheduler settings to try, one knob at a time around the combined configuration: (setting, knobs)."""
-    top = max(ctx.load.concurrency) if ctx.load.mode == "closed" and ctx.load.concurrency else 64
+    top = max(ctx.load.levels) if ctx.load.mode == "closed" and ctx.load.concurrency else 64
     out = []
     # value by value across the knobs, so that a small budget still tries each knob once
     for i in range(max(len(SEARCH[k]) for k in wanted) if wanted else 0):
@@ -646,7 +646,7 @@ def _floor_of(ctx: RunContext, study: Study | None, level: int | None) -> tuple[
 def _search_level(ctx: RunContext) -> int | None:
     """The level the search runs at: the load's highest (closed loop), else None."""
     ld = ctx.load
-    return max(ld.concurrency) if ld.mode == "closed" and ld.concurrency else None
+    return max(ld.levels) if ld.mode == "closed" and ld.concurrency else None
 
 
 def _spread_at_level(study: Study, arm: str, level: int | None) -> tuple[float, int]:

@@ -1,0 +1,86 @@
+"""A load's 'kv' level: the concurrency whose requests, at the load's mean lengths, fill the deployment's KV cache.
+
+The engine says how many tokens its cache holds only once it has started, and the number depends on the card, the
+memory share and the graphs it captured. So the level is read once per store from a launch of the deployment itself
+(started, read, stopped: nothing measured) and kept as a note keyed like points: every configuration, repetition and
+later run of the store then sends the same level, and a store rendered where the engine is not installed finds the
+same points."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .context import RunContext
+from .errors import SpecError
+from .spec import KV_LEVEL, Knobs
+
+NOTE = "kv_level"
+
+
+def level_for(kv_tokens: int, input_len: int, output_len: int) -> int:
+    """The most requests whose whole contexts (prompt and output at the load's means) fit in kv_tokens together."""
+    return max(1, kv_tokens // (input_len + output_len))
+
+
+def resolve(ctx: RunContext, say: Callable[[str], None] = print) -> RunContext:
+    """The context with its load's 'kv' level replaced by a number (the store's note, else read from a launch of the
+    deployment); unchanged where the load has no such level."""
+    if not ctx.load.kv_level:
+        return ctx
+    if not ctx.adapter.launches:
+        raise SpecError(f"load.concurrency {KV_LEVEL!r}: an external server's KV capacity cannot be read from its "
+                        "launch here; give the level as a number")
+    deployed = ctx.deployed(Knobs())
+    parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "knobs": deployed.model_dump(mode="json")}
+    answer, _ = ctx.memo(NOTE, parts, lambda: read_capacity(ctx, deployed, say), keep=lambda a: bool(a.get("kv_tokens")))
+    if not answer:
+        raise SpecError(f"load.concurrency {KV_LEVEL!r}: no launch of this deployment has said its KV capacity into "
+                        f"this store ({ctx.store.root}); run the suite online once, or give the level as a number")
+    if not answer.get("kv_tokens"):
+        raise SpecError(f"load.concurrency {KV_LEVEL!r}: {answer.get('why', 'the engine did not say its KV capacity')}"
+                        "; give the level as a number")
+    level = level_for(int(answer["kv_tokens"]), ctx.load.input_len, ctx.load.output_len)
+    return ctx.with_(load=ctx.load.with_kv(level), kv_level={**answer, "level": level})
+
+
+def read_capacity(ctx: RunContext, knobs: Knobs, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Launch the deployment, wait until it is ready, read how many tokens its KV cache holds from its log, stop it."""
+    from .experiment import startup_timeout
+    from .launch import prepare, serve
+    from .server import read_logs
+
+    prep = prepare(ctx.engine, ctx.model, say=say, adapter=ctx.adapter)
+    limit_s, why = startup_timeout(ctx)
+    prep = dataclasses.replace(prep, engine=prep.engine.model_copy(update={"startup_timeout_s": limit_s}))
+    say(f"load level {KV_LEVEL!r}: launching the deployment ({knobs.label()}) to read its KV capacity; ready within "
+        f"{limit_s:.0f} s ({why})")
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="servescope-kv-") as tmp:
+        with serve(prep, knobs, Path(tmp)):
+            ready_s = time.monotonic() - t0
+        text = read_logs(Path(tmp))
+    per_server = ctx.adapter.kv_capacity_tokens(text)
+    if per_server is None:
+        return {"kv_tokens": None, "why": f"{ctx.engine.name} {prep.install.version}'s startup log names no KV cache "
+                                          "size", "ready_s": round(ready_s, 1)}
+    # data-parallel engines and replicas each hold a cache of that size: the deployment holds them all
+    servers = max(1, knobs.dp or 1) * max(1, knobs.replicas)
+    total = per_server * servers
+    say(f"load level {KV_LEVEL!r}: the deployment's KV cache holds {total:,} tokens"
+        + (f" ({servers} x {per_server:,})" if servers > 1 else "") + f" (ready in {ready_s:.0f} s)")
+    return {"kv_tokens": total, "per_server_tokens": per_server, "servers": servers, "ready_s": round(ready_s, 1),
+            "engine": f"{ctx.engine.name} {prep.install.version}", "knobs": knobs.label()}
+
+
+def words(kv: dict[str, Any] | None, input_len: int, output_len: int) -> str:
+    """'the load's KV-capacity level is c=84: ...' for a page ('' where the load has none)."""
+    if not kv:
+        return ""
+    return (f"the load's KV-capacity level is c={kv['level']}: the deployment's KV cache holds {kv['kv_tokens']:,} "
+            f"tokens (its own startup log, {kv.get('engine', 'the engine')}), {input_len + output_len:,} per request "
+            f"at the load's mean lengths ({input_len:,} in, {output_len:,} out)")
