@@ -79,3 +79,14 @@ def test_an_unresolved_level_is_never_sent_and_a_resolved_one_keeps_the_levels_i
 ])
 def test_real_engines_logs_say_their_kv_capacity(ref, engine, tokens):
     assert kv_tokens_from_log((ROOT / "data" / "reference" / ref).read_text(errors="replace"), engine) == tokens
+
+
+def test_a_stored_launch_of_the_deployment_says_it_without_a_new_launch(tmp_path, stub_engine):
+    """The store holds the deployment's point under a numeric load: its log gives the capacity; the stub's sizing
+    launch would have said otherwise (its engine args differ from the point's only where they cannot)."""
+    numeric = {**LOAD, "concurrency": [1]}
+    first = context(stub_engine, {"path": "stub"}, numeric, repetitions=1, store=Store(tmp_path / "store"),
+                    progress=False, deployment={"args": ["--kv-tokens", "120"]})
+    assert run_configs(first, [Config("as deployed", Knobs())], say=lambda m: None).errors.empty
+    ctx = _ctx(tmp_path, stub_engine, args=("--kv-tokens", "120"))
+    assert ctx.kv_level["kv_tokens"] == 120 and ctx.kv_level["from_point"] and ctx.load.concurrency == (1, 10)

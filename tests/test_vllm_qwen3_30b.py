@@ -46,3 +46,19 @@ def test_the_top_level_fills_the_kv_cache():
         m = pt.table("telemetry_server_metrics")
         kv = m[m["metric"] == "vllm:kv_cache_usage_perc"].groupby("phase")["value"].max()
         assert kv["c=128"] > 0.95 and kv["c=16"] < 0.5, pt.key
+
+
+def test_the_kv_level_of_this_deployment_is_read_from_its_stored_launch(tmp_path):
+    """vLLM 0.26 said 108,080 tokens on the H100: at 1,024 in and 256 out that is 84 requests, below the c=128 that
+    queued; offline, from the deployment's stored point, no launch."""
+    import shutil
+
+    from servescope import nb
+    from servescope.suite import load_suite
+
+    s = load_suite(ROOT / "data" / "suites" / "vllm-qwen3-30b.yaml")
+    shutil.copytree(REF / "store", tmp_path / "store")
+    ctx = nb.context(s.engine, s.model, {**s.load, "concurrency": [1, 16, "kv"]}, store_dir=str(tmp_path / "store"),
+                     offline=True, deployment=s.deployment)
+    assert ctx.load.concurrency == (1, 16, 84)
+    assert ctx.kv_level["kv_tokens"] == 108_080 and ctx.kv_level["from_point"] == "85a4e5ee712b4f28"

@@ -36,8 +36,13 @@ def resolve(ctx: RunContext, say: Callable[[str], None] = print) -> RunContext:
         raise SpecError(f"load.concurrency {KV_LEVEL!r}: an external server's KV capacity cannot be read from its "
                         "launch here; give the level as a number")
     deployed = ctx.deployed(Knobs())
-    parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "knobs": deployed.model_dump(mode="json")}
-    answer, _ = ctx.memo(NOTE, parts, lambda: read_capacity(ctx, deployed, say), keep=lambda a: bool(a.get("kv_tokens")))
+    parts = {"engine": ctx.engine_identity, "engine_env": dict(sorted(ctx.engine.env.items())),
+             "engine_args": list(ctx.engine.args), "model": ctx.model_key,
+             "knobs": deployed.model_dump(mode="json", exclude_defaults=True)}
+    # offline: the note, else a stored point of the deployment; never a launch
+    answer, _ = ctx.memo(NOTE, parts, lambda: stored_capacity(ctx, parts) or (
+        None if ctx.offline else read_capacity(ctx, deployed, say)), keep=lambda a: bool(a and a.get("kv_tokens")),
+        compute_offline=True)
     if not answer:
         raise SpecError(f"load.concurrency {KV_LEVEL!r}: no launch of this deployment has said its KV capacity into "
                         f"this store ({ctx.store.root}); run the suite online once, or give the level as a number")
@@ -46,6 +51,24 @@ def resolve(ctx: RunContext, say: Callable[[str], None] = print) -> RunContext:
                         "; give the level as a number")
     level = level_for(int(answer["kv_tokens"]), ctx.load.input_len, ctx.load.output_len)
     return ctx.with_(load=ctx.load.with_kv(level), kv_level={**answer, "level": level})
+
+
+def stored_capacity(ctx: RunContext, parts: dict[str, Any]) -> dict[str, Any] | None:
+    """The KV capacity a stored point of this very launch (the deployment as it is, any load) said in its log: no
+    launch needed (None where the store has none)."""
+    same = ("engine", "engine_env", "model", "knobs")
+    for pt in ctx.store.points():
+        p = pt.parts
+        if all(p.get(k, {} if k == "engine_env" else None) == parts[k] for k in same) \
+                and list(p.get("engine_args") or []) == parts["engine_args"] and pt.has_log():
+            tokens = ctx.adapter.kv_capacity_tokens(pt.log())
+            if tokens:
+                knobs = Knobs(**p["knobs"])
+                servers = max(1, knobs.dp or 1) * max(1, knobs.replicas)
+                return {"kv_tokens": tokens * servers, "per_server_tokens": tokens, "servers": servers,
+                        "from_point": pt.key, "engine": f"{ctx.engine.name} {pt.install.version if pt.install else ''}",
+                        "knobs": knobs.label()}
+    return None
 
 
 def read_capacity(ctx: RunContext, knobs: Knobs, say: Callable[[str], None] = print) -> dict[str, Any]:
