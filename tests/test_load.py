@@ -342,3 +342,17 @@ def test_a_request_sent_again_marks_the_point_starved():
     h = judge_health({"client_cpu_pct": 3.0, "loop_lag_ms_p99": 1.0, "requests_retried": 4})
     assert h["client_starved"] and "4 request(s) sent again" in h["client_warning"]
     assert not judge_health({"client_cpu_pct": 3.0, "loop_lag_ms_p99": 1.0, "requests_retried": 0})["client_starved"]
+
+
+@pytest.mark.parametrize("stub", [("--ttft-ms", "1500", "--itl-ms", "150")], indirect=True)
+def test_a_request_timeout_runs_from_the_first_token_not_through_queueing(stub):
+    """A full server holds a request 1.5 s before its first token: a 1 s request timeout does not cut that wait (the
+    hang watchdog bounds a server that sends nothing); a stream still going 1 s after its first token fails."""
+    prompts = random_prompts(None, 2, 4, 4, seed=0)
+    short = LoadSpec(concurrency=(1,), num_requests=1, output_len=4, warmup_requests=0, request_timeout_s=1)
+    (r,) = run_level(stub.base_url, "stub", short, 1, prompts[:1], progress=False)
+    assert r.status == "ok", r.error
+    assert r.ttft_ms > 1400 and r.output_tokens == 4
+    long = short.model_copy(update={"output_len": 12})
+    (r,) = run_level(stub.base_url, "stub", long, 1, random_prompts(None, 1, 4, 12, seed=1), progress=False)
+    assert r.status == "error" and "after its first token (load.request_timeout_s)" in r.error

@@ -319,7 +319,9 @@ class LoadSpec(_Spec):
     ignore_eos: bool = Field(True, description="ask for exact output lengths (ignore_eos and min_tokens)")
     endpoint: Literal["completions", "chat", "generate"] = "completions"
     slo_ms: dict[str, float] = Field(default_factory=dict, description="goodput SLOs, e.g. {ttft_ms: 500, tpot_ms: 50}")
-    request_timeout_s: float = Field(300, gt=0)
+    request_timeout_s: float = Field(
+        300, gt=0, description="a request fails this long after its first token; before it (queueing in a full "
+        "server) it waits while the server sends tokens to anyone (hang_s bounds a server that sends nothing)")
     hang_s: float | None = Field(None, gt=0, description="no token for this long with requests in flight: the server "
                                  "is hung (default: 30 s or 50 warm-up steps, whichever is longer; 120 s in warm-up)")
     seed: int = 0

@@ -154,23 +154,25 @@ def _events(rec: RequestRecord, lines: list[bytes], now: float, clock: _Clock, c
 
 
 async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, body: bytes, rec: RequestRecord,
-                       headers: dict[str, str], progress: list[float] | None = None) -> RequestRecord:
+                       headers: dict[str, str], progress: list[float] | None = None,
+                       limit_s: float | None = None) -> RequestRecord:
     """Stream one request and fill rec: TTFT, every inter-token gap, E2E, token counts from usage. progress[0] is
-    set to the time of every read from the server (the hang watchdog's clock)."""
+    set to the time of every read from the server (the hang watchdog's clock). limit_s: the stream fails once this
+    long has passed since its first token (the wait before it, queueing in a full server, is the watchdog's)."""
     rec.start_unix = time.time()
     try:
-        return await _stream(session, url, endpoint, body, rec, headers, progress)
+        return await _stream(session, url, endpoint, body, rec, headers, progress, limit_s)
     except aiohttp.ServerDisconnectedError:  # raised by _stream only before anything of the answer arrived
         pass
     # the server closed a pooled keep-alive connection that sat idle past its timeout (uvicorn's is 5 s) while this
     # client's loop was starved, and the request went out on it: nothing of it was served, so it is sent once more
     rec.retried = 1
     rec.start_unix = time.time()
-    return await _stream(session, url, endpoint, body, rec, headers, progress)
+    return await _stream(session, url, endpoint, body, rec, headers, progress, limit_s)
 
 
 async def _stream(session: aiohttp.ClientSession, url: str, endpoint: str, body: bytes, rec: RequestRecord,
-                  headers: dict[str, str], progress: list[float] | None) -> RequestRecord:
+                  headers: dict[str, str], progress: list[float] | None, limit_s: float | None = None) -> RequestRecord:
     """One attempt of send_request; a disconnect before any token is raised, every other failure recorded."""
     chat, generate = endpoint == "chat", endpoint == "generate"
     clock = _Clock()
@@ -189,6 +191,8 @@ async def _stream(session: aiohttp.ClientSession, url: str, endpoint: str, body:
                 buf = lines.pop()
                 if not _events(rec, lines, now, clock, chat, generate):
                     return rec
+                if limit_s is not None and rec.ttft_ms is not None and now - clock.t0 - rec.ttft_ms / 1e3 > limit_s:
+                    raise TimeoutError(f"no end {limit_s:g} s after its first token (load.request_timeout_s)")
         rec.e2e_ms = (time.perf_counter() - clock.t0) * 1e3
         if clock.first:
             rec.status = "error"

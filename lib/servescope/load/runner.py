@@ -277,7 +277,11 @@ async def _point(
     sent_times: list[float] = []
     send_lags_ms: list[float] = []
     state = _InFlight()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=load.request_timeout_s),
+    # no limit on a request as a whole: in a full server it queues before its first token for as long as the level's
+    # other requests take (the watchdog fails the level if nothing at all comes); request_timeout_s runs from its
+    # first token, and connecting stays bounded
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(60.0, load.request_timeout_s))
+    async with aiohttp.ClientSession(timeout=timeout,
                                      connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)) as session:
         lag.start()
 
@@ -295,7 +299,7 @@ async def _point(
             rec.replica = router.acquire()
             try:
                 records.append(await send_request(session, router.urls[rec.replica], endpoint, body, rec, headers,
-                                                  state.progress))
+                                                  state.progress, load.request_timeout_s))
             finally:
                 router.release(rec.replica)
                 state.ended()
