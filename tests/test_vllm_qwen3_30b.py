@@ -62,3 +62,13 @@ def test_the_kv_level_of_this_deployment_is_read_from_its_stored_launch(tmp_path
                      offline=True, deployment=s.deployment)
     assert ctx.load.concurrency == (1, 16, 84)
     assert ctx.kv_level["kv_tokens"] == 108_080 and ctx.kv_level["from_point"] == "85a4e5ee712b4f28"
+
+
+def test_thread_01_names_the_flag_and_the_deployment_it_was_asked_for():
+    from servescope.findings import read_findings
+
+    (cause,) = [f for f in read_findings(REF / "report" / "01_cuda_graph_disable_reason.findings.json")
+                if f.kind == "cause"]
+    assert "`--enforce-eager` turns off decode and prefill graphs" in cause.headline
+    assert "Requested: the suite's deployment (torch_compile=False, mem_fraction=0.88; flags --max-model-len 8192)" \
+        in cause.detail

@@ -321,7 +321,15 @@ def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding
     title = ("Why CUDA graphs are " + ("not as requested" if differs else state.graphs)) if not own else \
         f"CUDA graphs are {state.graphs or 'partly off'} because of the launch's own flag"
     return [Finding(thread=THREAD, kind="cause", title=title, headline=headline,
-                    detail=(detail + (f" Requested: {knobs.label()}." if knobs != Knobs() else
-                                      " Requested: the engine's defaults.")).strip(),
+                    detail=(detail + f" Requested: {_requested(study, knobs)}.").strip(),
                     confidence="high" if len(rules) or len(crashed) or own else "medium", change=change,
                     evidence=evidence, failures=list(failed.values()))]
+
+
+def _requested(study: Study, knobs: Knobs) -> str:
+    """What the launch asked for: the suite's deployment with the thread's knobs over it, or the engine's defaults."""
+    dep = study.ctx.deployment
+    own = knobs.label() if knobs != Knobs() else ""
+    if dep.empty:
+        return own or "the engine's defaults"
+    return f"the suite's deployment ({dep.words()})" + (f" with {own}" if own else "")
