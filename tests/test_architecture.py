@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("analysis",),
     ("engines",),
     ("context", "launch", "profile"),
-    ("experiment",),
+    ("experiment", "kvlevel"),
     ("study",),
     ("threads",),
     ("nb", "summary", "report", "suite", "doctor", "cli"),
@@ -262,3 +262,16 @@ def test_only_a_launch_being_prepared_creates_an_engine_environment():
 
     from servescope.launch import find_install
     assert list(inspect.signature(find_install).parameters) == ["engine", "adapter"]
+
+
+def test_the_moe_probe_takes_one_gpus_share_of_the_deployments_layer():
+    from servescope.spec import Knobs, ModelSpec
+    from servescope.threads.grouped_gemm import per_gpu, shape_of
+
+    whole = shape_of(ModelSpec(architecture="qwen3-30b-a3b"))
+    assert (whole.experts, whole.top_k, whole.inter) == (128, 8, 768)
+    assert per_gpu(whole, Knobs()) == (whole, "")
+    tp, why = per_gpu(whole, Knobs(tp=8))
+    assert (tp.experts, tp.top_k, tp.inter) == (128, 8, 96) and why.startswith("TP=8")
+    ep, why = per_gpu(whole, Knobs(tp=8, ep=8))
+    assert (ep.experts, ep.top_k, ep.inter) == (16, 1, 768) and "16 of 128 experts" in why

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from servescope.context import context
 from servescope.engines.logs import kv_tokens_from_log
 from servescope.errors import SpecError
 from servescope.experiment import Config, run_configs
 from servescope.kvlevel import level_for
+from servescope.nb import context
 from servescope.spec import Knobs, LoadSpec, parse
 from servescope.store import Store
 

@@ -261,3 +261,26 @@ def test_0517_declares_continuous_decode_steps_and_never_reads_it(wheel_install)
     unread = get_engine("sglang").unread_knobs(wheel_install("sglang-0.5.17"))
     assert set(unread) == {"num_continuous_decode_steps"}
     assert "no other file of its source reads it" in unread["num_continuous_decode_steps"]
+
+
+def test_0517_launches_turn_on_the_engines_own_forward_occupancy_and_it_stands_beside_nvml(wheel_install):
+    """SGLang 0.5.17 times its forward passes with CUDA events when SGLANG_ENABLE_METRICS_DEVICE_TIMER is set and
+    exports the share as sglang:fwd_occupancy (read from the published wheel); every SGLang launch sets it, the
+    counter is read, and where it and NVML's utilization disagree the page says so."""
+    import pandas as pd
+
+    from servescope.analysis.telemetry import engine_beside_gpu
+
+    ad, inst = get_engine("sglang"), wheel_install("sglang-0.5.17")
+    tree = ad.source_tree(inst)
+    assert "SGLANG_ENABLE_METRICS_DEVICE_TIMER = EnvBool(False)" in tree.read("sglang/srt/environ.py")
+    assert 'name="sglang:fwd_occupancy"' in tree.read("sglang/srt/observability/metrics_collector.py")
+    plan = ad.plan(install=inst, model_path="/m", served_name="m", host="h", port=1, knobs=Knobs(), extra_env={})
+    assert plan.env["SGLANG_ENABLE_METRICS_DEVICE_TIMER"] == "1"
+    assert ad.counters["fwd_occupancy_pct"][0] == "sglang:fwd_occupancy"
+    row = {"config": "off", "rep": 0, "point": "c=128", "fwd_occupancy_pct": 41.0}
+    gpu = pd.DataFrame([{"config": "off", "rep": 0, "phase": "c=128", "gpu_util_pct_p50": 100.0}])
+    said = engine_beside_gpu(pd.DataFrame([row]), gpu, pd.DataFrame())["said"].iloc[0]
+    assert "forward passes on the GPU 41% of the time, NVML reads it 100% utilized" in said
+    agree = engine_beside_gpu(pd.DataFrame([{**row, "fwd_occupancy_pct": 92.0}]), gpu, pd.DataFrame())
+    assert agree["said"].iloc[0] == ""

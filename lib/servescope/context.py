@@ -65,6 +65,16 @@ class RunContext:
         """What a configuration launches: the deployment with the configuration's own knobs over it."""
         return self.deployment.apply(knobs)
 
+    def kv_level_words(self) -> str:
+        """'the load's KV-capacity level is c=84: ...' for a page ('' where the load has none)."""
+        kv, ld = self.kv_level, self.load
+        if not kv:
+            return ""
+        return (f"the load's KV-capacity level is c={kv['level']}: the deployment's KV cache holds "
+                f"{kv['kv_tokens']:,} tokens (its own startup log, {kv.get('engine', 'the engine')}), "
+                f"{ld.input_len + ld.output_len:,} per request at the load's mean lengths ({ld.input_len:,} in, "
+                f"{ld.output_len:,} out)")
+
     def with_(self, **changes: Any) -> RunContext:
         """The same context with some fields replaced (a lighter load, one repetition, no profile)."""
         return dataclasses.replace(self, **changes)
@@ -119,21 +129,16 @@ def context(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSp
             profile: dict[str, Any] | ProfileSpec | None = None,
             equivalence_pct: float = EQUIVALENCE_PCT,
             deployment: dict[str, Any] | DeploymentSpec | None = None) -> RunContext:
-    """Validate every parameter and resolve the engine to its adapter, once; a load whose top level is "kv" gets it
-    as a number (read from the deployment's launch the first time, kept in the store)."""
+    """Validate every parameter (before anything launches) and resolve the engine to its adapter, once (a load's
+    'kv' level stays a word: nb.context, or kvlevel.resolve, reads it from the engine)."""
     e = parse(EngineSpec, engine, "engine")
     try:
         plan = RepetitionPlan(repetitions, max(repetitions, max_repetitions or repetitions), float(budget_s))
     except ServescopeError as ex:
         raise SpecError(str(ex)) from None
     st = store if isinstance(store, Store) else Store(store or store_dir or None)
-    ctx = RunContext(engine=e, adapter=get_engine(e.name), model=parse(ModelSpec, model, "model"),
+    return RunContext(engine=e, adapter=get_engine(e.name), model=parse(ModelSpec, model, "model"),
                       load=parse(LoadSpec, load or {}, "load"), store=st, offline=offline, force=force,
                       progress=progress, telemetry=parse(TelemetrySpec, telemetry or {}, "telemetry"),
                       profile=parse(ProfileSpec, profile or {}, "profile"), plan=plan,
                       equivalence_pct=equivalence_pct, deployment=parse(DeploymentSpec, deployment or {}, "deployment"))
-    if ctx.load.kv_level:  # a level read from the engine: once per store, before any key is made
-        from .kvlevel import resolve
-
-        ctx = resolve(ctx, say=print if progress else lambda m: None)
-    return ctx

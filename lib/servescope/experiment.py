@@ -460,10 +460,8 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
 def deployment_words(ctx: RunContext, configs: Sequence[Config]) -> str:
     """What a page says of the deployment: every configuration launched it, and which of its settings each changed
     ('' where the suite names none)."""
-    from .kvlevel import words as kv_words
-
     dep = ctx.deployment
-    kv = kv_words(ctx.kv_level, ctx.load.input_len, ctx.load.output_len)
+    kv = ctx.kv_level_words()
     kv = f" {kv[0].upper()}{kv[1:]}; every configuration sends that level." if kv else ""
     if dep.empty:
         return kv.strip()

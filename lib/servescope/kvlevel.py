@@ -2,9 +2,10 @@
 
 The engine says how many tokens its cache holds only once it has started, and the number depends on the card, the
 memory share and the graphs it captured. So the level is read once per store from a launch of the deployment itself
-(started, read, stopped: nothing measured) and kept as a note keyed like points: every configuration, repetition and
-later run of the store then sends the same level, and a store rendered where the engine is not installed finds the
-same points."""
+(started, read, stopped: nothing measured), or from a stored point of that launch, and kept as a note keyed like
+points: every configuration, repetition and later run of the store then sends the same level, and a store rendered
+where the engine is not installed finds the same points. Notebooks resolve it as they make their run context
+(nb.context)."""
 
 from __future__ import annotations
 
@@ -99,11 +100,3 @@ def read_capacity(ctx: RunContext, knobs: Knobs, say: Callable[[str], None] = pr
     return {"kv_tokens": total, "per_server_tokens": per_server, "servers": servers, "ready_s": round(ready_s, 1),
             "engine": f"{ctx.engine.name} {prep.install.version}", "knobs": knobs.label()}
 
-
-def words(kv: dict[str, Any] | None, input_len: int, output_len: int) -> str:
-    """'the load's KV-capacity level is c=84: ...' for a page ('' where the load has none)."""
-    if not kv:
-        return ""
-    return (f"the load's KV-capacity level is c={kv['level']}: the deployment's KV cache holds {kv['kv_tokens']:,} "
-            f"tokens (its own startup log, {kv.get('engine', 'the engine')}), {input_len + output_len:,} per request "
-            f"at the load's mean lengths ({input_len:,} in, {output_len:,} out)")

@@ -10,7 +10,8 @@ import pandas as pd
 from IPython.display import HTML, Markdown, display
 from pandas.io.formats.style import Styler
 
-from .context import RunContext, context  # noqa: F401  (notebooks build their run context through nb)
+from .context import RunContext
+from .context import context as _context
 from .errors import ServescopeError
 from .experiment import Results
 from .findings import Finding, Outcome, write_findings, write_outcome
@@ -21,6 +22,15 @@ from .util import atomic_write_text
 
 # long words (a verdict's "because", a flag list) wrap in the HTML report instead of ending in "..."
 pd.set_option("display.max_colwidth", 400)
+
+
+def context(*args: Any, **kwargs: Any) -> RunContext:
+    """The run context of a notebook (servescope.context.context's parameters), its load's 'kv' level read from the
+    engine: the store's note, else the deployment's own launch (kvlevel)."""
+    from .kvlevel import resolve
+
+    ctx = _context(*args, **kwargs)
+    return resolve(ctx, say=print if ctx.progress else lambda m: None)
 
 
 def frame_html(df: pd.DataFrame) -> str | None:

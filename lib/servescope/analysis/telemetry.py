@@ -250,6 +250,7 @@ QUEUED_SHARE = 0.9  # the engine ran fewer than this share of the requests the c
 KV_FULL_PCT = 90.0  # its KV cache at least this full
 BUSY_UTIL_PCT, IDLE_SM_PCT = 90.0, 50.0  # NVML "utilization" this high while GPM SM activity stays below this
 COUNT_GAP = 0.2  # the engine's token rate and the client's differ by more than this share
+OCCUPANCY_GAP_PCT = 25.0  # the engine's own forward-pass occupancy and NVML's utilization differ by more points
 # scrapes of a counter within a level before its rate is compared (at 1 Hz a 3 s level's rate read 27% off the
 # client's, a 0.2 s level's had one scrape)
 MIN_RATE_SAMPLES = 10
@@ -285,7 +286,7 @@ def engine_counters(tele: dict[str, pd.DataFrame], counters: dict[str, tuple[Any
 def engine_beside_gpu(engine: pd.DataFrame, gpu: pd.DataFrame, summary: pd.DataFrame,
                       replicas: dict[str, int] | None = None) -> pd.DataFrame:
     """The engine's counters per level beside NVML's and the client's readings, with what they disagree on said in
-    words (QUEUED_SHARE, KV_FULL_PCT, BUSY_UTIL_PCT/IDLE_SM_PCT, COUNT_GAP). replicas: configurations served by
+    words (QUEUED_SHARE, KV_FULL_PCT, BUSY_UTIL_PCT/IDLE_SM_PCT, OCCUPANCY_GAP_PCT, COUNT_GAP). replicas: configurations served by
     several servers, whose counters are the first replica's alone (said, and not compared with the client's)."""
     if engine.empty:
         return engine
@@ -315,6 +316,11 @@ def _disagreements(r: dict[str, Any]) -> str:
     if _num(u) and _num(sm) and u >= BUSY_UTIL_PCT and sm < IDLE_SM_PCT:
         said.append(f"NVML reads the GPU {u:.0f}% utilized while its SMs were active {sm:.0f}% of the time (GPM): "
                     "a kernel was running, not the whole GPU")
+    occ = r.get("fwd_occupancy_pct")
+    if _num(occ) and _num(u) and abs(u - occ) > OCCUPANCY_GAP_PCT:
+        said.append(f"the engine's own timer has its forward passes on the GPU {occ:.0f}% of the time, NVML reads "
+                    f"it {u:.0f}% utilized" + (": the rest is time between passes (scheduling, sampling, the host)"
+                                               if occ < u else ""))
     e, cl = r.get("engine_gen_tok_s"), r.get("client_output_tok_s")
     if _num(e) and _num(cl) and cl > 0 and abs(e - cl) / cl > COUNT_GAP:
         said.append(f"the engine counts {e:,.0f} generated tok/s, the client {cl:,.0f}")

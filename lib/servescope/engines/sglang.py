@@ -112,7 +112,10 @@ class SglangAdapter(EngineAdapter):
                 "engine_gen_tok_s": ("sglang:gen_throughput", "median", 1.0),
                 "passes_per_s": ("sglang:cuda_graph_passes_total", "rate_per_s", 1.0),
                 "graph_passes_per_s": ("sglang:cuda_graph_passes_total", "rate_per_s", 1.0, '_cuda_graph"'),
-                "process_cpu_pct": ("sglang:process_cpu_seconds_total", "rate_per_s", 100.0)}
+                "process_cpu_pct": ("sglang:process_cpu_seconds_total", "rate_per_s", 100.0),
+                # GPU time of forward passes over wall time (CUDA events, read without a sync), where plan() turns
+                # its timer on (SGLANG_ENABLE_METRICS_DEVICE_TIMER, 0.5.17 on); NaN without it
+                "fwd_occupancy_pct": ("sglang:fwd_occupancy", "median", 1.0)}
     # --mem-fraction-static counts from the memory free when the server starts (weights and KV pool together), and
     # its pool is what is left of that after its weights: replicas start one after another
     mem_fraction_of = "free"
@@ -298,7 +301,9 @@ class SglangAdapter(EngineAdapter):
         base.add("--port", port)
         base.add("--enable-metrics")
         cmd = [install.python, "-m", "sglang.launch_server", *base.out, *flags]
-        env = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}  # /health answers without generating
+        env = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0",  # /health answers without generating
+               # sglang:fwd_occupancy, the engine's own GPU-busy share beside NVML's (versions without it ignore it)
+               "SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}
         if model_path.startswith("/"):
             env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         env |= extra_env

@@ -255,6 +255,13 @@ async def _race(work: Coroutine[Any, Any, None], watch: Coroutine[Any, Any, None
     await lag.stop()
 
 
+def _session_timeout(load: LoadSpec) -> aiohttp.ClientTimeout:
+    """No limit on a request as a whole: in a full server it queues before its first token for as long as the level's
+    other requests take (the watchdog fails the level if nothing at all comes); request_timeout_s runs from its first
+    token (send_request), and connecting stays bounded."""
+    return aiohttp.ClientTimeout(total=None, sock_connect=min(60.0, load.request_timeout_s))
+
+
 async def _point(
     url: str | Sequence[str], endpoint: str, model: str, prompts: Sequence[Prompt] | PromptPool, point: LoadPoint,
     load: LoadSpec, phase: str, headers: dict[str, str], ids: itertools.count, bar: tqdm | None, count: int | None,
@@ -277,11 +284,7 @@ async def _point(
     sent_times: list[float] = []
     send_lags_ms: list[float] = []
     state = _InFlight()
-    # no limit on a request as a whole: in a full server it queues before its first token for as long as the level's
-    # other requests take (the watchdog fails the level if nothing at all comes); request_timeout_s runs from its
-    # first token, and connecting stays bounded
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(60.0, load.request_timeout_s))
-    async with aiohttp.ClientSession(timeout=timeout,
+    async with aiohttp.ClientSession(timeout=_session_timeout(load),
                                      connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)) as session:
         lag.start()
 

@@ -11,6 +11,7 @@ counts. Verdict: already grouped, per-expert (with what it costs), or not MoE.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,20 @@ class MoeShape:
     def is_moe(self) -> bool:
         """Whether the model routes tokens to experts at all."""
         return self.experts > 1 and self.moe_layers > 0
+
+
+def per_gpu(shape: MoeShape, knobs: Knobs) -> tuple[MoeShape, str]:
+    """One GPU's share of an MoE layer under the deployment's parallelism, and how it was cut ('' where whole):
+    expert parallelism (ep) gives each GPU experts/ep whole experts, and each token about top_k/ep of its choices
+    there; tensor parallelism alone cuts every expert's intermediate size by tp."""
+    if knobs.ep and knobs.ep > 1:
+        local = max(1, shape.experts // knobs.ep)
+        return (dataclasses.replace(shape, experts=local, top_k=max(1, min(local, round(shape.top_k / knobs.ep)))),
+                f"EP={knobs.ep}: {local} of {shape.experts} experts per GPU")
+    if knobs.tp > 1:
+        return (dataclasses.replace(shape, inter=max(1, shape.inter // knobs.tp)),
+                f"TP={knobs.tp}: expert intermediate size {shape.inter} / {knobs.tp} per GPU")
+    return shape, ""
 
 
 def shape_of(model: ModelSpec) -> MoeShape | None:
@@ -153,6 +168,7 @@ class MoeStudy:
     shape: MoeShape | None
     output_len: int = 64  # tokens per request of the load (and of its profiled window)
     probe: ProbeRun = field(default_factory=ProbeRun)  # the ceiling probe: its rows and what ran, or why not
+    probe_cut: str = ""  # how the probe's layer is one GPU's share of the deployment's ('' where the whole layer)
 
     def kernels(self) -> pd.DataFrame:
         """The stored kernel table(s) of the profiled point, with categories and MoE path."""
@@ -261,8 +277,10 @@ def default_profile(ctx: RunContext) -> str:
 
 def _probe(ms: MoeStudy, ctx: RunContext) -> None:
     """The ceiling probe on the model's expert shapes, kept like a point (offline renders read the kept answer)."""
-    s, load, install = ms.shape, ctx.load, ms.study.install
-    assert s is not None
+    load, install = ctx.load, ms.study.install
+    assert ms.shape is not None
+    # the layer one GPU of the deployment runs (a whole layer of a model served with TP=8 is 8 GPUs' work)
+    s, ms.probe_cut = per_gpu(ms.shape, ctx.deployed(Knobs()))
     parts = {"engine": ctx.engine_identity, "shape": s.__dict__, "tokens": sorted(set(load.concurrency))}
 
     device = "cuda" if install is not None and install.platform == "cuda" else "cpu"
@@ -334,5 +352,6 @@ def _probe_words(ms: MoeStudy) -> str:
     rows = "; ".join(f"{int(r.tokens)} tokens: loop {r.loop_ms:.3f} ms vs grouped {r.grouped_ms:.3f} ms "
                      f"({r.speedup:.1f}x, {int(r.launches_loop)} vs {int(r.launches_grouped)} launches)"
                      for r in p.itertuples())
-    return (f"Ceiling probe on these expert shapes ({info.get('grouped_method', 'grouped')}, "
-            f"{info.get('device', '')}): {rows}.")
+    cut = f"; {ms.probe_cut}" if ms.probe_cut else ""
+    return (f"Ceiling probe on these expert shapes, one MoE layer ({info.get('grouped_method', 'grouped')}, "
+            f"{info.get('device', '')}{cut}): {rows}.")
