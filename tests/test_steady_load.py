@@ -145,3 +145,30 @@ def test_several_client_processes_share_a_level_and_send_each_prompt_once(tmp_pa
     assert len(asked) == 32 and len(set(asked)) == 32
     row = res.summary().iloc[0]
     assert row["filled"] and row["client_processes"] == 2
+
+
+def test_telemetry_of_a_steady_level_covers_its_steady_window_only(tmp_path, stub_engine):
+    """The readings of a level's ramp and drain are relabelled 'ramp:<level>' when read back, so the GPU, host and
+    engine figures of a steady load cover what its throughput covers; a load without steady_state keeps them all."""
+    from servescope.context import context
+    from servescope.experiment import Config, run_configs, steady_windows
+    from servescope.spec import Knobs
+    from servescope.store import Store
+
+    def run(steady, where):
+        load = {"concurrency": [4], "requests_per_slot": 4, "num_requests": 4, "output_len": 24, "lengths": "lognormal",
+                "steady_state": steady, "warmup_requests": 0}
+        ctx = context(stub_engine, {"path": "stub"}, load, repetitions=1, store=Store(tmp_path / where),
+                      progress=False, telemetry={"host_hz": 50}, deployment={"args": ["--ttft-ms", "100"]})
+        res = run_configs(ctx, [Config("a", Knobs())], say=lambda m: None)
+        assert res.errors.empty, res.errors[[c for c in res.errors if c in ("summary", "error", "traceback")]].to_dict("records")
+        return res
+
+    res = run(True, "steady")
+    host = res.telemetry["host_cpu"]
+    ((w0, w1),) = steady_windows(next(iter(res.stored.values()))).values()
+    inside = host[host["phase"] == "c=4"]
+    assert len(inside) and inside["time_unix"].between(w0, w1).all()
+    assert (host["phase"] == "ramp:c=4").sum() > 0
+    whole = run(False, "whole").telemetry["host_cpu"]
+    assert not whole["phase"].str.startswith("ramp:").any()

@@ -59,12 +59,19 @@ class LazyTables(Mapping[str, pd.DataFrame]):
     def __init__(self, sources: list[tuple[Point, dict[str, Any]]]) -> None:
         self._sources = sources
         self._read: dict[str, pd.DataFrame] = {}
+        self._windows: dict[str, dict[str, tuple[float, float]]] = {}
+
+    def _window(self, pt: Point) -> dict[str, tuple[float, float]]:
+        if pt.key not in self._windows:
+            self._windows[pt.key] = steady_windows(pt)
+        return self._windows[pt.key]
 
     def __getitem__(self, name: str) -> pd.DataFrame:
         if name not in TELEMETRY_TABLES:
             raise KeyError(name)
         if name not in self._read:
-            frames = [t.assign(**ids) for pt, ids in self._sources if not (t := pt.table(f"telemetry_{name}")).empty]
+            frames = [steady_phases(t, self._window(pt)).assign(**ids) for pt, ids in self._sources
+                      if not (t := pt.table(f"telemetry_{name}")).empty]
             self._read[name] = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         return self._read[name]
 
@@ -77,6 +84,33 @@ class LazyTables(Mapping[str, pd.DataFrame]):
     def select(self, configs: set[str]) -> LazyTables:
         """The same tables of the points of these configurations only (still unread)."""
         return LazyTables([(pt, ids) for pt, ids in self._sources if ids["config"] in configs])
+
+
+def steady_windows(pt: Point) -> dict[str, tuple[float, float]]:
+    """Per level measured over its steady window (load.steady_state), that window in unix seconds: its offsets in the
+    summary from the level's first send, which its requests give (their start times alone are read)."""
+    s = pt.table("summary")
+    if s.empty or "steady_from_s" not in s or "figures_over" not in s:
+        return {}
+    s = s[(s["figures_over"] == "steady window") & s["steady_from_s"].notna()]
+    if s.empty:
+        return {}
+    req = pt.table("requests", columns=["phase", "point_index", "start_unix"])
+    t0 = req[req["phase"] == "measure"].groupby("point_index")["start_unix"].min()
+    return {str(r.point): (t0[r.point_index] + r.steady_from_s, t0[r.point_index] + r.steady_to_s)
+            for r in s.itertuples() if r.point_index in t0.index}
+
+
+def steady_phases(t: pd.DataFrame, windows: dict[str, tuple[float, float]]) -> pd.DataFrame:
+    """Telemetry readings of a level outside its steady window (steady_windows) relabelled 'ramp:<level>' (ramp and
+    drain), so that every figure read from them covers what the load's figures cover."""
+    if not windows or "phase" not in t or "time_unix" not in t:
+        return t
+    phase = t["phase"].astype(str).copy()
+    for label, (w0, w1) in windows.items():
+        outside = (phase == label) & ((t["time_unix"] < w0) | (t["time_unix"] > w1))
+        phase[outside] = "ramp:" + label
+    return t.assign(phase=phase)
 
 
 @dataclass(frozen=True)

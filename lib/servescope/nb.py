@@ -10,6 +10,7 @@ import pandas as pd
 from IPython.display import HTML, Markdown, display
 from pandas.io.formats.style import Styler
 
+from .analysis.telemetry import disagreements
 from .context import RunContext
 from .context import context as _context
 from .errors import ServescopeError
@@ -273,11 +274,13 @@ def engine_counters(study: Study) -> Markdown:
         return Markdown(f"{study.adapter.name} exported none of the counters servescope reads beside NVML "
                         "(or none was scraped).")
     nums = [c for c in t.columns if c not in ("config", "rep", "point", "said", "graph_passes_per_s")]
-    said = t.groupby(["config", "point"], sort=False)["said"].agg(lambda x: "; ".join(dict.fromkeys(v for v in x if v)))
     med = t.groupby(["config", "point"], sort=False)[nums].median().reset_index()
     display(table_or(med, "No level to show."))
-    # the disagreements in words under the numbers (a sentence in a table cell stretched every row)
-    lines = [f"- {c} at {p}: {w}" for (c, p), w in said.items() if w]
+    # the disagreements of the medians shown, in words under the numbers (a sentence in a table cell stretched every
+    # row); a configuration of several servers keeps what its rows say (its counters are one replica's)
+    replica = t[t["said"].str.startswith("counters of replica")].groupby(["config", "point"])["said"].first()
+    lines = [f"- {r['config']} at {r['point']}: {w}" for r in med.to_dict("records")
+             if (w := replica.get((r["config"], r["point"])) or disagreements(r))]
     return Markdown("\n".join(["Where they disagree:", *lines]) if lines else "No disagreement between them.")
 
 

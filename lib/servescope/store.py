@@ -52,10 +52,10 @@ class Point:
     manifest: dict[str, Any]
     _logs: dict[tuple[int, bool], str] = field(default_factory=dict, repr=False, compare=False)
 
-    def table(self, name: str) -> pd.DataFrame:
-        """A parquet table of this point (empty DataFrame if it has none)."""
+    def table(self, name: str, columns: list[str] | None = None) -> pd.DataFrame:
+        """A parquet table of this point, or only its columns named (empty DataFrame if it has none)."""
         p = self.path / f"{name}.parquet"
-        return pd.read_parquet(p) if p.is_file() else pd.DataFrame()
+        return pd.read_parquet(p, columns=columns) if p.is_file() else pd.DataFrame()
 
     @property
     def parts(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..telemetry.base import measured
 from ..telemetry.nvml import GPM_METRICS, REASONS
 
 GPM_COLUMNS = tuple(GPM_METRICS)
@@ -177,7 +178,7 @@ def _by_run(frame: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
 
 
 def _measured(df: pd.DataFrame) -> pd.DataFrame:
-    return df[~df["phase"].str.startswith(("warmup:", "idle"))] if not df.empty else df
+    return measured(df)
 
 
 def gpu_points(tele: dict[str, pd.DataFrame], summary: pd.DataFrame) -> pd.DataFrame:
@@ -251,9 +252,10 @@ KV_FULL_PCT = 90.0  # its KV cache at least this full
 BUSY_UTIL_PCT, IDLE_SM_PCT = 90.0, 50.0  # NVML "utilization" this high while GPM SM activity stays below this
 COUNT_GAP = 0.2  # the engine's token rate and the client's differ by more than this share
 OCCUPANCY_GAP_PCT = 25.0  # the engine's own forward-pass occupancy and NVML's utilization differ by more points
-# scrapes of a counter within a level before its rate is compared (at 1 Hz a 3 s level's rate read 27% off the
-# client's, a 0.2 s level's had one scrape)
-MIN_RATE_SAMPLES = 10
+# scrapes of a counter within a level (its steady window, where the load has one) before its rate is read: at 1 Hz a
+# 3 s level's rate, ramp and drain in, read 27% off the client's, a 0.2 s level's had one scrape; five scrapes of a
+# steady window give that window's own rate
+MIN_RATE_SAMPLES = 5
 
 
 def engine_counters(tele: dict[str, pd.DataFrame], counters: dict[str, tuple[Any, ...]]) -> pd.DataFrame:
@@ -300,11 +302,12 @@ def engine_beside_gpu(engine: pd.DataFrame, gpu: pd.DataFrame, summary: pd.DataF
         out = out.merge(summary[cols].rename(columns={"output_tok_s": "client_output_tok_s"}),
                         on=["config", "rep", "point"], how="left")
     out["said"] = [f"counters of replica 0 of {several[r['config']]} only" if r["config"] in several
-                   else _disagreements(r) for r in out.to_dict("records")]
+                   else disagreements(r) for r in out.to_dict("records")]
     return out
 
 
-def _disagreements(r: dict[str, Any]) -> str:
+def disagreements(r: dict[str, Any]) -> str:
+    """What a level's engine counters and NVML's and the client's readings disagree on, in words ('' for nothing)."""
     said = []
     c, run, q = r.get("concurrency"), r.get("running"), r.get("queued")
     if _num(c) and _num(run) and run < QUEUED_SHARE * c and _num(q) and q >= 1:

@@ -13,6 +13,16 @@ import pandas as pd
 log = logging.getLogger(__name__)
 
 
+# phases whose readings belong to no measured figure: a level's warm-up, the server idle, and, for a level measured
+# over its steady window, its ramp and drain (relabelled when read back: experiment.steady_phases)
+UNMEASURED = ("warmup:", "idle", "ramp:")
+
+
+def measured(df: pd.DataFrame) -> pd.DataFrame:
+    """The readings of measured phases only."""
+    return df[~df["phase"].astype(str).str.startswith(UNMEASURED)] if len(df) and "phase" in df else df
+
+
 class Phase:
     """The current phase label (e.g. 'warmup:c=16', 'c=16', 'idle'), shared by every sampler of a run."""
 

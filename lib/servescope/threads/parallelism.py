@@ -34,6 +34,7 @@ from ..probes.run import failed as probe_failed
 from ..probes.run import skipped as probe_skipped
 from ..spec import DeploymentSpec, Knobs, LoadSpec, ProfileSpec
 from ..study import Arm, Study, drop_empty, read_or_run, run_study
+from ..telemetry.base import UNMEASURED
 from .grouped_gemm import profiled_once
 
 THREAD = "04_data_parallelism"
@@ -173,7 +174,7 @@ class ParallelStudy:
         p = tele.get("server_procs", pd.DataFrame())
         if p.empty or "replica" not in p:
             return pd.DataFrame()
-        p = p[p["replica"].notna() & ~p["phase"].str.startswith(("warmup:", "idle"))]
+        p = p[p["replica"].notna() & ~p["phase"].str.startswith(UNMEASURED)]
         if p.empty:
             return pd.DataFrame()
         keys = ["config", "rep", "phase", "replica"]
@@ -252,10 +253,10 @@ class ParallelStudy:
         procs = self.study.results.telemetry.get("server_procs", pd.DataFrame())
         if host.empty or "mem_available_mib" not in host:
             return pd.DataFrame()
-        host = host[~host["phase"].str.startswith(("warmup:", "idle"))]
+        host = host[~host["phase"].str.startswith(UNMEASURED)]
         out = host.groupby(["config", "phase"], as_index=False)["mem_available_mib"].median()
         if len(procs):
-            pr = procs[~procs["phase"].str.startswith(("warmup:", "idle"))]
+            pr = procs[~procs["phase"].str.startswith(UNMEASURED)]
             rss = pr.groupby(["config", "rep", "phase", "time_unix"], as_index=False)["rss_mib"].sum()
             rss = rss.groupby(["config", "phase"], as_index=False)["rss_mib"].max().rename(
                 columns={"rss_mib": "server_rss_mib_max"})

@@ -28,6 +28,7 @@ from ..findings import Change as FindingChange
 from ..findings import Finding, Outcome, Verdict, failures_of, tier
 from ..spec import Knobs, ProfileSpec
 from ..study import Arm, Comparison, Study, drop_empty, expressible, flag_groups, run_study
+from ..telemetry.base import UNMEASURED
 
 THREAD = "07_verified_changes"
 BASELINE, COMBINED = "baseline", "combined"
@@ -367,7 +368,7 @@ class Verification:
         procs = self.study.results.telemetry.get("server_procs", pd.DataFrame())
         if procs.empty or "rss_mib" not in procs:
             return pd.DataFrame()
-        pr = procs[~procs["phase"].str.startswith(("warmup:", "idle"))]
+        pr = procs[~procs["phase"].str.startswith(UNMEASURED)]
         rss = pr.groupby(["config", "rep", "phase", "time_unix"], as_index=False)["rss_mib"].sum()
         rss = rss.groupby(["config", "rep", "phase"], as_index=False)["rss_mib"].max()
         return rss.groupby("config", as_index=False)["rss_mib"].median().rename(
