@@ -322,3 +322,19 @@ def test_03s_cpu_headline_takes_each_levels_regime_by_the_same_rule_as_a_gpus():
     assert _cpu_headline(study([v("c=16", "undecided", "none")]))[1:3] == (
         "The server computes on the CPU, so its cores are the device: per level (engine defaults; the regime most of "
         "its decided verdicts reached, of its verdicts, one per repetition) c=16 undecided (one verdict)", "none")
+
+
+@pytest.mark.parametrize("sm, tensor, dram, want", [
+    (44.0, 2.2, 39.0, "latency-bound"),  # vLLM's graphed decode at c=1 on the H100 (test_vllm_qwen3_30b)
+    (96.7, 0.0, 4.7, "compute-bound"),  # FP32 matmuls on CUDA cores, tensor pipes idle (the H200 case)
+    (60.0, 45.0, 20.0, "compute-bound"),  # matmul work in the tensor pipes
+    (60.0, 10.0, 70.0, "memory-bandwidth-bound"),
+    (20.0, 1.0, 5.0, "launch-bound"),
+])
+def test_a_busy_gpu_is_compute_bound_only_where_its_compute_is_in_use(sm, tensor, dram, want):
+    ev = rg.Evidence(gpu_util_pct=100.0, power_pct_of_limit=45.0, sm_clock_pct_of_max=100.0, sm_active_pct=sm,
+                     tensor_active_pct=tensor, dram_bw_util_pct=dram, gpu_samples=50)
+    r = rg.decide(ev)
+    assert r.regime == want, r.words()
+    if want == "latency-bound":
+        assert "none filling the GPU" in r.words() and "CUDA graphs will not help" in r.action

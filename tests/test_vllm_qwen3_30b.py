@@ -72,3 +72,21 @@ def test_thread_01_names_the_flag_and_the_deployment_it_was_asked_for():
     assert "`--enforce-eager` turns off decode and prefill graphs" in cause.headline
     assert "Requested: the suite's deployment (torch_compile=False, mem_fraction=0.88; flags --max-model-len 8192)" \
         in cause.detail
+
+
+def test_a_graphed_decode_at_one_request_is_latency_bound_not_compute_bound():
+    """vLLM with piecewise graphs at c=1 on the H100: NVML 'utilization' ~100% and no host gap, yet SMs active ~44%,
+    tensor pipes ~2%, DRAM ~39% of peak: kernels back to back, none filling the GPU. The eager deployment at c=1 is
+    host-bound, and both sides at c=128 (KV full) are what they were."""
+    from servescope import nb
+    from servescope.experiment import read_store
+    from servescope.study import Study
+    from servescope.suite import load_suite
+
+    s = load_suite(ROOT / "data" / "suites" / "vllm-qwen3-30b.yaml")
+    ctx = nb.context(s.engine, s.model, s.load, store_dir=str(REF / "store"), offline=True, deployment=s.deployment)
+    t = Study("03", ctx, [], read_store(ctx.store)).regimes(per_rep=True)
+    got = [(r.config, r.point, r.regime) for r in t.itertuples()]
+    assert [v for c, p, v in got if "piecewise" in c and p == "c=1"] == ["latency-bound"] * 2, got
+    assert {v for c, p, v in got if "piecewise" not in c and p == "c=1"} == {"host-bound"}
+    assert {v for c, p, v in got if "piecewise" in c and p == "c=128"} == {"memory-bandwidth-bound"}

@@ -16,8 +16,8 @@ import pandas as pd
 
 from . import kernels as ak
 
-REGIMES = ("idle", "client-limited", "under-loaded", "host-bound", "launch-bound", "memory-bandwidth-bound",
-           "compute-bound", "power-capped", "thermal-throttled", "hw-slowdown")
+REGIMES = ("idle", "client-limited", "under-loaded", "host-bound", "launch-bound", "latency-bound",
+           "memory-bandwidth-bound", "compute-bound", "power-capped", "thermal-throttled", "hw-slowdown")
 # a regime where the server had more to give than the load asked of it: the level at which it first saturated is named
 NOT_SATURATED = ("idle", "client-limited", "under-loaded", "undecided")
 THERMAL = ("sw_thermal_slowdown", "hw_thermal_slowdown")
@@ -39,6 +39,9 @@ class RegimeThresholds:
     dram_bw_high_pct: float = 60.0  # GPM / DCGM DRAM bandwidth (share of peak) at or above: memory-bound
     nvml_mem_util_high_pct: float = 60.0  # NVML memory utilization (no GPM): the weaker sign of the same
     tensor_active_high_pct: float = 30.0  # tensor pipes at least this busy: matmul work
+    sm_active_high_pct: float = 80.0  # SMs active at least this much: the GPU's compute is in use (an FP32 matmul on
+    # CUDA cores read 97% with its tensor pipes idle); between sm_active_low_pct and this, with tensor pipes and DRAM
+    # far from their peaks, kernels run one after another without filling the GPU: latency-bound
     power_cap_pct: float = 95.0  # of the enforced limit
     full_clock_pct: float = 90.0  # SM clock as % of its maximum
     low_power_pct: float = 50.0  # a GPU "busy" below this share of its limit does little work
@@ -74,6 +77,11 @@ ACTIONS = {
     "memory-bandwidth-bound": "DRAM bandwidth is near its peak and the tensor pipes mostly idle: more tokens per "
                               "weight read (larger batches), fewer bytes (FP8 weights or KV cache); CUDA graphs "
                               "will not help.",
+    "latency-bound": "Kernels run back to back but each uses little of the GPU (neither its SMs, its tensor pipes "
+                     "nor its DRAM bandwidth near their peaks): too few tokens per step to fill it. More tokens per "
+                     "step (a higher concurrency, larger batches) raise throughput almost for free; fewer, larger "
+                     "kernels (fused or grouped MoE GEMMs) shorten each step; CUDA graphs will not help: the GPU is "
+                     "already fed.",
     "compute-bound": "The GPU is doing the work: gains now come from lower precision (FP8), better kernels or "
                      "more GPUs.",
     "power-capped": "Power is at the enforced limit and clocks are pulled down: more work per joule (lower "
@@ -265,8 +273,13 @@ def decide(ev: Evidence, th: RegimeThresholds = RegimeThresholds()) -> Regime:
         if ev.sm_active_pct < th.sm_active_low_pct:
             return out("launch-bound", f"{util_words} but SMs active only {_fmt(ev.sm_active_pct)}: small "
                        "kernels back to back", "high")
-        return out("compute-bound", f"SMs active {_fmt(ev.sm_active_pct)}, tensor pipes "
-                   f"{_fmt(ev.tensor_active_pct)}, DRAM bandwidth {_fmt(ev.dram_bw_util_pct)} of peak", "high")
+        used = (f"SMs active {_fmt(ev.sm_active_pct)}, tensor pipes {_fmt(ev.tensor_active_pct)}, DRAM bandwidth "
+                f"{_fmt(ev.dram_bw_util_pct)} of peak")
+        if ev.sm_active_pct >= th.sm_active_high_pct or (ev.has("tensor_active_pct")
+                                                        and ev.tensor_active_pct >= th.tensor_active_high_pct):
+            return out("compute-bound", used, "high")
+        return out("latency-bound", f"{util_words}, yet {used}: kernels one after another, none filling the GPU",
+                   "high" if ev.has("tensor_active_pct") and ev.has("dram_bw_util_pct") else "medium")
     if launch_trace:
         return out("launch-bound", trace_words, "medium")
     if ev.has("mem_util_pct") and ev.mem_util_pct >= th.nvml_mem_util_high_pct:
