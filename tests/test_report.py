@@ -694,3 +694,11 @@ def test_a_field_not_as_requested_is_said_with_why():
         "config": "full", "as requested": "graph_decode full",
         "not as requested": "graph_prefill: differs (asked full, the server resolved off); tp: not verified (the "
                             "server does not report it)"}]
+
+
+def test_how_sure_says_direction_and_size_apart():
+    from servescope.findings import Effect, sureness
+
+    e = Effect(metric="output_tok_s", value_pct=286.1, ci_low_pct=246.5, ci_high_pct=330.3, n=3)
+    assert sureness("high", e) == "direction: certain; size: +246..+330% (90% CI, n=3)"
+    assert sureness("low", None) == "direction: not resolved"

@@ -245,3 +245,18 @@ def test_a_notebook_pages_tables_read_from_the_left_in_headless_chromium(tmp_pat
     dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
                           f"file://{tmp_path / 'x.html'}"], capture_output=True, text=True, timeout=120).stdout
     assert re.search(r'<body[^>]*data-align="left"', dom), re.search(r"<body[^>]*>", dom)
+
+
+def test_a_change_found_by_several_threads_is_listed_once_with_each_of_them():
+    """The sglang-qwen3-30b findings: 01 (why graphs are off), 02 (the mode to use) and 07 (verified) all name the
+    same flags; the recommendations list them once, found by every thread that did."""
+    from servescope.findings import read_findings
+
+    rep = Path(__file__).resolve().parents[1] / "data" / "reference" / "sglang-qwen3-30b" / "report"
+    by_thread = {p.name.split(".")[0]: read_findings(p) for p in sorted(rep.glob("*.findings.json"))
+                 if not p.name.startswith("99_")}
+    recs = summary.recommendations(summary.rank(by_thread), 99)
+    assert recs["change"].is_unique
+    top = recs.iloc[0]
+    assert "--cuda-graph-backend-prefill breakable" in top["change"]
+    assert len(top["found_by"].split(", ")) >= 2 and top["thread"] in top["found_by"]

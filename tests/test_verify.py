@@ -321,3 +321,24 @@ def test_a_search_stopped_by_the_runs_budget_says_so_and_goes_on_in_a_later_run(
     (tmp_path / "c").mkdir()
     on = t07.run(wider, collect(_report(tmp_path / "c")), **args)
     assert (on.search["status"] == "measured").all() and len(on.search) == len(first.search)
+
+
+def test_a_change_document_gives_both_launch_commands_shell_quoted():
+    """vLLM's graph change is a JSON flag: the 'after' command pastes into bash as one command (shlex), with the
+    user's --enforce-eager taken out and nothing else moved."""
+    import shlex
+    from types import SimpleNamespace
+
+    before = shlex.join(["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--enforce-eager",
+                         "--max-model-len", "8192"])
+    point = SimpleNamespace(target={"command": before})
+    v = SimpleNamespace(study=SimpleNamespace(results=SimpleNamespace(point=lambda name: point)))
+    c = SimpleNamespace(flags=["--compilation-config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'],
+                        drop_flags=["--enforce-eager"])
+    lines = t07._commands(v, c)
+    blocks = [lines[i + 1] for i, x in enumerate(lines) if x == "```bash"]
+    assert blocks[0] == before
+    after = shlex.split(blocks[1])
+    assert "--enforce-eager" not in after and after[-1] == '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'
+    assert after[:-2] == [x for x in shlex.split(before) if x != "--enforce-eager"]
+    assert t07._commands(v, SimpleNamespace(flags=[], drop_flags=[])) == []

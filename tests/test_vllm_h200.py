@@ -322,7 +322,8 @@ def test_the_front_page_shows_a_change_in_words_as_text_with_its_flags_as_code(o
     page = (offline_run / "index.html").read_text()
     assert "run 2 vllm servers on one GPU, each with <code>--gpu-memory-utilization 0.45</code>, pinned" in page
     assert "`--gpu-memory-utilization" not in page
-    assert '<code>--compilation-config {&#34;cudagraph_mode&#34;: &#34;FULL_AND_PIECEWISE&#34;}' in page
+    # shell-quoted: it pastes into bash as one flag and its JSON
+    assert '<code>--compilation-config &#39;{&#34;cudagraph_mode&#34;: &#34;FULL_AND_PIECEWISE&#34;}&#39;' in page
     assert str(change_html("a <b> `--x 1` c")) == "a &lt;b&gt; <code>--x 1</code> c"
     assert str(change_html("--max-num-seqs 8")) == "<code>--max-num-seqs 8</code>"
     assert str(change_html("drop --enforce-eager", words=True)) == "drop --enforce-eager"

@@ -64,6 +64,19 @@ class Effect(BaseModel):
         return f"{self.value_pct:+.1f}% {self.metric} ({ci}n={self.n}{at})"
 
 
+DIRECTION_WORDS = {"high": "certain", "medium": "likely", "low": "not resolved", "none": "not measured"}
+
+
+def sureness(confidence: str, effect: Effect | None) -> str:
+    """How sure a finding is, direction and size apart ('direction: certain; size: +246..+330%'): a confidence
+    says the sign is known, the interval says how large the effect may be."""
+    direction = f"direction: {DIRECTION_WORDS.get(confidence, confidence)}"
+    if effect is None or effect.ci_low_pct is None or effect.ci_high_pct is None \
+            or effect.ci_low_pct != effect.ci_low_pct:
+        return direction
+    return f"{direction}; size: {effect.ci_low_pct:+.0f}..{effect.ci_high_pct:+.0f}% (90% CI, n={effect.n})"
+
+
 class Failure(BaseModel):
     """A configuration that failed in this run (or in the store for this engine, version and model): its knobs and
     flags, what failed (the engine's own exception and frame where its log has one), whether it died before it was

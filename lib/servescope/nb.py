@@ -399,7 +399,9 @@ def ranked_table(ranked: pd.DataFrame) -> Markdown | HTML:
     if ranked.empty:
         return Markdown("No finding to rank: no thread of this run wrote findings.")
     # 'optimal' (what an Already-optimal setting beat) is the front page's wording of the same row
-    df = ranked.drop(columns=["optimal", "knob_keys"], errors="ignore").replace("", pd.NA).dropna(axis=1, how="all").fillna("")
+    # how sure, direction and size apart, in place of the one confidence word (readers took "high" for the size)
+    df = ranked.drop(columns=["optimal", "knob_keys", "confidence"], errors="ignore").rename(
+        columns={"sureness": "how sure"}).replace("", pd.NA).dropna(axis=1, how="all").fillna("")
     # a change or why in words quotes its flags in backticks: code there, as on the front page
     df = df.map(lambda v: str(change_html(str(v), words=True)))
     # the thread names its page: a column of links repeating it pushed the table past the page's edge

@@ -8,11 +8,24 @@ measured (a thread that could not answer). Within a tier, larger measured effect
 
 from __future__ import annotations
 
+import shlex
+
 import pandas as pd
 from markupsafe import Markup, escape
 
 from .findings import SUMMARY as SELF
-from .findings import TIERS, Change, Finding, Verdict, collect, failed_change, failures_of, sentences, tier  # noqa: F401
+from .findings import (  # noqa: F401
+    TIERS,
+    Change,
+    Finding,
+    Verdict,
+    collect,
+    failed_change,
+    failures_of,
+    sentences,
+    sureness,
+    tier,
+)
 
 
 def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer") -> pd.DataFrame:
@@ -24,7 +37,7 @@ def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer")
     for thread, fs in findings.items():
         for i, f in enumerate(fs):
             t = tier(f, failed)
-            change = " ".join(f.recommended_flags)
+            change = shlex.join(f.recommended_flags)  # pasted into a shell as it is
             if f.recommendation:
                 change = f"{change}; {f.recommendation}" if change else f.recommendation
             effect = f.effect.text() if f.effect is not None else ("not measured: suggested by the readings"
@@ -32,11 +45,12 @@ def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer")
             rows.append({"tier": t, "thread": thread, "finding": f.title, "effect": effect,
                          "optimal": optimal_words(f) if t == "Already optimal" else "",
                          "effect_pct": abs(f.effect.value_pct) if f.effect is not None else float("nan"),
-                         "confidence": f.confidence, "change": change,
+                         "confidence": f.confidence, "sureness": sureness(f.confidence, f.effect), "change": change,
                          "why": _why(f, t, failed), "evidence": link.format(thread=thread), "order": i,
                          "alternative": bool(f.change is not None and f.change.alternative_to),
                          "knob_keys": ",".join(sorted(f.change.knob_settings)) if f.change is not None else ""})
-    cols = ["tier", "thread", "finding", "effect", "confidence", "change", "why", "evidence", "optimal", "knob_keys"]
+    cols = ["tier", "thread", "finding", "effect", "confidence", "sureness", "change", "why", "evidence", "optimal",
+            "knob_keys"]
     if not rows:
         return pd.DataFrame(columns=cols)
     df = pd.DataFrame(rows)
@@ -69,7 +83,10 @@ def optimal_words(f: Finding) -> str:
 def recommendations(ranked: pd.DataFrame, n: int = 5) -> pd.DataFrame:
     """The top changes to make (tiers High, Medium, Low), best first, each change once (a thread's headline and its
     per-mode finding, or a regime's suggestion, may name the same flags: the best-ranked one stands for them)."""
-    recs = ranked[ranked["tier"].isin(TIERS[:3])].drop_duplicates(subset="change", keep="first")
+    recs = ranked[ranked["tier"].isin(TIERS[:3])]
+    # every thread that found the same change, said beside the one that stands for it
+    found = recs.groupby("change", sort=False)["thread"].agg(lambda t: ", ".join(dict.fromkeys(t)))
+    recs = recs.drop_duplicates(subset="change", keep="first").assign(found_by=lambda d: d["change"].map(found))
     if "knob_keys" in recs:  # alternatives for the same knob (graph modes, say): the best-ranked one stands
         keyed = recs["knob_keys"].astype(str) != ""
         recs = recs[~keyed | ~recs["knob_keys"].duplicated(keep="first")]

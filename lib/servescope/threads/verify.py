@@ -14,6 +14,7 @@ against the combined configuration with repetitions of its own."""
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -906,6 +907,36 @@ def _none_verified(s: Search, n: int, against: str) -> str:
             f"none of the {n} tried{_at(s)} beat {against} by more than {s.floor_pct:.0f}%")
 
 
+def _commands(v: Verification, c: Any) -> list[str]:
+    """The launch command measured as the baseline and the same command with this change alone, shell-quoted so each
+    pastes as one command ([] where the baseline's command is not stored or the change is not flags)."""
+    pt = v.study.results.point(BASELINE) if v.study is not None else None
+    before = str(pt.target.get("command") or "") if pt is not None else ""
+    if not before or not (c.flags or c.drop_flags):
+        return []
+    argv = shlex.split(before)
+    for group in flag_groups(list(c.drop_flags)):
+        argv = _without(argv, list(group))
+    after = argv + list(c.flags)
+    return ["Before (the baseline as launched here):", "", "```bash", before, "```", "",
+            "After (this change alone):", "", "```bash", shlex.join(after), "```", ""]
+
+
+def _without(argv: list[str], drop: list[str]) -> list[str]:
+    """argv with the sequence drop taken out where it occurs (each flag with its values)."""
+    n = len(drop)
+    if not n:
+        return list(argv)
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i:i + n] == drop:
+            i += n
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def _slug(words: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", words.lower()).strip("-")[:60] or "change"
 
@@ -938,16 +969,16 @@ def documents(v: Verification, fs: list[Finding]) -> dict[str, str]:
         risks += [f"Measured alternative, not taken: {x.label} ({x.effect} alone, {x.tier})" for x in alternatives]
         worse = _worse(v.study, BASELINE, COMBINED)[0] if v.study is not None and not c.excluded else []
         risks += [f"With the combination: {w}" for w in worse]
-        dropped = " ".join(c.drop_flags)
-        rollback = (f"Remove `{' '.join(c.flags)}` from the launch command"
+        dropped, added = shlex.join(c.drop_flags), shlex.join(c.flags)
+        rollback = (f"Remove `{added}` from the launch command"
                     + (f" and put `{dropped}` back" if dropped else "") if c.flags
                     else f"Add `{dropped}` back to the launch command" if dropped
                     else "Run one server again in place of the replicas and their balancer" +
                     (" (and stop the MPS control daemon)" if c.knobs.get("gpu_share") == "mps" else "") if c.layout
                     else f"Set {', '.join(c.knobs)} back to {v.baseline_words}") + \
             f" and restart: the server then runs as {v.baseline_words} again."
-        change = (f"Remove `{dropped}` from the launch command and add `{' '.join(c.flags)}`." if c.flags and dropped
-                  else f"`{' '.join(c.flags)}`" if c.flags else
+        change = (f"Remove `{dropped}` from the launch command and add `{added}`." if c.flags and dropped
+                  else f"`{added}`" if c.flags else
                   f"Remove `{dropped}` from the launch command: the engine's defaults then run as "
                   f"{Knobs(**c.knobs).label()}." if dropped else
                   f"{c.change.words[:1].upper()}{c.change.words[1:]} (knobs: {Knobs(**c.knobs).label()})."
@@ -956,7 +987,7 @@ def documents(v: Verification, fs: list[Finding]) -> dict[str, str]:
             f"# Change {i}: {c.label}", "",
             f"Rank {i} of {len(kept)} ({c.tier}), from [{c.thread}](../{c.thread}.html#Answer).", "",
             "## What was found", "", f"**{c.title}.** {c.finding.claim}", "",
-            "## The change", "", change, "",
+            "## The change", "", change, "", *_commands(v, c),
             "## Effect", "", f"- Alone (its own thread, against its own baseline): {c.effect or 'no measured effect'}"
             f" ({c.finding.confidence} confidence).", f"- Together: {together}", "",
             "## What it excludes or risks", "", *(f"- {r}" for r in risks or
