@@ -268,8 +268,8 @@ def _cmd_check_engines(a: argparse.Namespace) -> int:
     for r in bad.itertuples():
         print(f"  {r.engine} {r.version}: {r.problems}")
     if a.readme and not len(bad) and not a.subset:
-        write_readme_table(project_root() / "README.md", readme_table(matrix))
-        print("README.md engine table written")
+        write_readme_table(project_root() / "docs" / "engines.md", readme_table(matrix))
+        print("docs/engines.md engine table written")
     return 1 if len(bad) else 0
 
 
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     ce.add_argument("--subset", action="store_true", help="the releases CI reads: one per declaration and audit form")
     ce.add_argument("--csv", default="data/engines/matrix.csv", help="matrix CSV (default data/engines/matrix.csv)")
     ce.add_argument("--knobs-csv", default="data/engines/knobs.csv", help="every release's knob plans")
-    ce.add_argument("--readme", action="store_true", help="write the README's engine table (full run, clean only)")
+    ce.add_argument("--readme", action="store_true", help="write the engine table of docs/engines.md (full run, clean only)")
     ce.set_defaults(fn=_cmd_check_engines)
 
     for name, fn, what in (("audit", _cmd_audit, "list every place in an engine's source that turns CUDA graphs off "

@@ -189,7 +189,7 @@ def check_engines(engines: list[str], versions: dict[str, list[str]] | None = No
 
 
 def readme_table(matrix: pd.DataFrame) -> str:
-    """The README's engine table: consecutive releases that declare flags alike and build the same knobs merged
+    """The engine table of docs/engines.md: consecutive releases that declare flags alike and build the same knobs merged
     into one row."""
     def span(col: pd.Series) -> str:
         lo, hi = int(col.min()), int(col.max())
@@ -220,7 +220,7 @@ def readme_table(matrix: pd.DataFrame) -> str:
 
 
 def write_readme_table(readme: Path, table: str) -> None:
-    """Replace the table between the README's engine-table markers."""
+    """Replace the table between the engine-table markers of a Markdown file (docs/engines.md)."""
     text = readme.read_text()
     begin, end = "<!-- engines:begin -->", "<!-- engines:end -->"
     if begin not in text or end not in text:

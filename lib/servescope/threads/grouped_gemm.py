@@ -101,7 +101,7 @@ def shape_of(model: ModelSpec) -> MoeShape | None:
 
 def path_of(kernels: pd.DataFrame, shape: MoeShape | None, window_steps: float | None = None) -> dict[str, Any]:
     """What the kernel table says about the MoE path: kernel time and share of the MoE category, the path(s) by name,
-    forward steps in the window (the most frequent attention kernel's launches per layer, else the window's load),
+    forward steps in the window (forward_steps, else the window's load),
     launches per MoE layer per step, and dense products per layer per step (a per-expert loop's sign)."""
     k = ak.with_categories(kernels)
     total_ms = float(k["dur_ns"].sum()) / 1e6
@@ -111,12 +111,8 @@ def path_of(kernels: pd.DataFrame, shape: MoeShape | None, window_steps: float |
     dense = k[k["category"] == "dense_gemm"]
     layers = shape.layers if shape else 0
     moe_layers = shape.moe_layers if shape else 0
-    att = k[k["category"] == "attention"]
-    steps, how = float("nan"), ""
-    if len(att) and layers:
-        top = att["name"].astype(str).value_counts()
-        steps, how = float(top.iloc[0]) / layers, f"launches of {top.index[0][:60]!r} per layer"
-    elif window_steps:
+    steps, how = forward_steps(k, layers)
+    if steps != steps and window_steps:
         steps, how = float(window_steps), "requests x output tokens / concurrency of the profiled window"
     per_step = (lambda n, per: n / (per * steps)) if steps == steps and steps > 0 else (lambda n, per: float("nan"))
     grouped = [p for p in paths["moe_path"] if p in GROUPED_PATHS] if len(paths) else []
@@ -128,6 +124,36 @@ def path_of(kernels: pd.DataFrame, shape: MoeShape | None, window_steps: float |
             "moe_launches_per_layer_step": per_step(len(moe), moe_layers) if moe_layers else float("nan"),
             "dense_launches_per_layer_step": per_step(len(dense), layers) if layers else float("nan"),
             "device": "CPU" if (k["device"] < 0).all() else "GPU"}
+
+
+# kernels that write each step's keys and values into the KV cache: once per layer per step, prefill and decode alike
+KV_WRITE = r"reshape_and_cache|rope_store|store_kv|kv_store|set_kv_buffer|write_kv|kv_write"
+
+
+def forward_steps(k: pd.DataFrame, layers: int) -> tuple[float, str]:
+    """Forward steps in a kernel window, and from what kernel: the KV-cache write (once per layer per step, prefill
+    and decode alike), else the most launched attention kernel, per layer. A norm (twice per layer) or a decode-only
+    attention kernel would miscount. NaN where no such kernel runs a whole number of times per layer."""
+    if not layers or k.empty:
+        return float("nan"), ""
+    names = k["name"].astype(str)
+    counts = names.value_counts()
+    whole = counts[(counts >= layers) & (counts % layers == 0)]
+    writes = whole[whole.index.str.contains(KV_WRITE, case=False, regex=True)]
+    if len(writes):
+        name = writes.index[0]
+        return float(writes.iloc[0] // layers), f"launches of {_short(name)!r} (the KV-cache write) per layer"
+    if "category" in k:
+        att = names[k["category"].astype(str) == "attention"].value_counts()
+        if len(att):
+            return float(att.iloc[0]) / layers, f"launches of {_short(att.index[0])!r} per layer"
+    return float("nan"), ""
+
+
+def _short(name: str) -> str:
+    """A kernel's name without its template arguments and signature, at most 60 characters."""
+    bare = name.removeprefix("void ").replace("<unnamed>::", "").strip()
+    return (bare.split("<", 1)[0].split("(", 1)[0].strip() or bare)[:60]
 
 
 def verdict(info: dict[str, Any], shape: MoeShape | None, probe: pd.DataFrame | None = None) -> dict[str, Any]:
