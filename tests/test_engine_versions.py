@@ -1,6 +1,6 @@
 """Every engine version (issue 15): one published release per flag-declaration form and per audit form, read from
 its real source (wheels and vLLM's sdist, fetched once per user); the scan's and the audit's forms on small sources
-written here; `--help` as the truth for a version servescope has not read; the check-engines matrix and the README
+written here; `--help` as the truth for a version servescope has not read; the check-engines matrix and docs/engines.md
 table it writes."""
 
 from __future__ import annotations
@@ -374,7 +374,7 @@ def test_check_engines_on_one_release_per_form():
     refused = knobs[(knobs["version"] == "0.5.14") & (knobs["status"] == "refused")]
     assert list(refused["knobs"]) == ["cuda_graph=full"] and "it takes breakable" in refused["reason"].iloc[0]
     assert set(knobs["status"]) <= {"built", "refused"}
-    # the committed matrix (the README's table) is what this code reads from these releases today
+    # the committed matrix (the table of docs/engines.md) is what this code reads from these releases today
     committed = pd.read_csv(project_root() / "data" / "engines" / "matrix.csv", dtype={"version": str},
                             keep_default_na=False).set_index(["engine", "version"])
     cols = ["flags", "choices", "knobs_built", "knobs_refused", "audit_startup", "audit_per_batch", "audit_chooses",
