@@ -161,7 +161,7 @@ def test_thread06_names_the_triton_fused_moe_path_from_the_real_servers_nsys_cap
     assert moe.title == "MoE already grouped: triton_fused_moe" and moe.confidence == "high"
     assert "triton_fused_moe (66.3% of GPU time, 2176 launches)" in moe.claim
     # 68 forward steps from the KV-cache write (once per layer per step), not 136 from a norm that runs twice
-    assert "4.0 MoE launches per MoE layer per step" in moe.claim
+    assert "5.0 MoE launches per MoE layer per step" in moe.claim
     assert moe.evidence["probe_info"]["device"] == "cuda"
 
 

@@ -11,6 +11,7 @@ magnitude: another card and another machine start (02: +293.8% on the H200, +399
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -57,11 +58,11 @@ def test_both_recordings_rank_and_verify_the_same_first_change(ref):
     assert "baseline ran as compile off, CUDA graphs off (NONE)" in v.claim
     assert "combined ran as compile on (VLLM_COMPILE), CUDA graphs piecewise (FULL_AND_PIECEWISE)" in v.claim
     recs = recommendations(rank(by_thread))
-    assert recs.iloc[0]["change"].startswith(" ".join(PIECEWISE)) and "drop --enforce-eager" in recs.iloc[0]["change"]
+    assert recs.iloc[0]["change"].startswith(shlex.join(PIECEWISE)) and "drop --enforce-eager" in recs.iloc[0]["change"]
     (summary,) = read_findings(ref / "report" / "99_summary.findings.json")
     # 99 heads with whichever of 02's pick and the combination holding it measured more; both name piecewise
     assert summary.title.startswith("First change: ")
-    assert summary.change.words.startswith(" ".join(PIECEWISE)) and "drop --enforce-eager" in summary.change.words
+    assert summary.change.words.startswith(shlex.join(PIECEWISE)) and "drop --enforce-eager" in summary.change.words
 
 
 def test_the_second_recording_is_its_own_cold_run_on_an_h100():

@@ -916,13 +916,13 @@ def _commands(v: Verification, c: Any) -> list[str]:
         return []
     argv = shlex.split(before)
     for group in flag_groups(list(c.drop_flags)):
-        argv = _without(argv, list(group))
+        argv = _drop_sequence(argv, list(group))
     after = argv + list(c.flags)
     return ["Before (the baseline as launched here):", "", "```bash", before, "```", "",
             "After (this change alone):", "", "```bash", shlex.join(after), "```", ""]
 
 
-def _without(argv: list[str], drop: list[str]) -> list[str]:
+def _drop_sequence(argv: list[str], drop: list[str]) -> list[str]:
     """argv with the sequence drop taken out where it occurs (each flag with its values)."""
     n = len(drop)
     if not n:
