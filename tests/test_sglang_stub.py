@@ -278,6 +278,8 @@ def test_0517_launches_turn_on_the_engines_own_forward_occupancy_and_it_stands_b
     plan = ad.plan(install=inst, model_path="/m", served_name="m", host="h", port=1, knobs=Knobs(), extra_env={})
     assert plan.env["SGLANG_ENABLE_METRICS_DEVICE_TIMER"] == "1"
     assert ad.counters["fwd_occupancy_pct"][0] == "sglang:fwd_occupancy"
+    assert 'name="sglang:forward_execution_seconds_total"' in tree.read("sglang/srt/observability/metrics_collector.py")
+    assert ad.counters["fwd_busy_pct"][:2] == ("sglang:forward_execution_seconds_total", "rate_per_s")
     row = {"config": "off", "rep": 0, "point": "c=128", "fwd_occupancy_pct": 41.0}
     gpu = pd.DataFrame([{"config": "off", "rep": 0, "phase": "c=128", "gpu_util_pct_p50": 100.0}])
     said = engine_beside_gpu(pd.DataFrame([row]), gpu, pd.DataFrame())["said"].iloc[0]

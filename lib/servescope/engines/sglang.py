@@ -115,7 +115,10 @@ class SglangAdapter(EngineAdapter):
                 "process_cpu_pct": ("sglang:process_cpu_seconds_total", "rate_per_s", 100.0),
                 # GPU time of forward passes over wall time (CUDA events, read without a sync), where plan() turns
                 # its timer on (SGLANG_ENABLE_METRICS_DEVICE_TIMER, 0.5.17 on); NaN without it
-                "fwd_occupancy_pct": ("sglang:fwd_occupancy", "median", 1.0)}
+                "fwd_occupancy_pct": ("sglang:fwd_occupancy", "median", 1.0),
+                # the same timer's GPU seconds of forward passes, as a share of wall time (the rest: the scheduler
+                # between passes, or idle)
+                "fwd_busy_pct": ("sglang:forward_execution_seconds_total", "rate_per_s", 100.0)}
     # --mem-fraction-static counts from the memory free when the server starts (weights and KV pool together), and
     # its pool is what is left of that after its weights: replicas start one after another
     mem_fraction_of = "free"
