@@ -39,6 +39,7 @@ def test_two_repetitions_show_a_large_gain_and_same_outputs_but_resolve_nothing(
     assert per.effect.n == 2 and per.effect.value_pct > 300 and per.confidence not in ("high", "medium")
     assert "at least 3 are needed" in per.headline
     assert per.evidence["outputs"]["outputs"] == "same"
+    assert "also turns torch.compile on: vllm runs piecewise graphs only so" in per.detail
 
 
 def test_the_top_level_fills_the_kv_cache():

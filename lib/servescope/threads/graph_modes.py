@@ -264,6 +264,13 @@ def _per_mode(gs: GraphStudy, deployed: Knobs | None) -> list[Finding]:
         better = asked if install is None else gs.study.adapter.as_measured(asked, install)
         f = cmp.finding(f"CUDA graphs {mode}", f"CUDA graphs {mode}", better=better, worse=Knobs(cuda_graph=BASELINE),
                         deployed=deployed)
+        dep = gs.study.ctx.deployment.knobs
+        if asked.torch_compile is not None and "torch_compile" in dep.model_fields_set \
+                and dep.torch_compile != asked.torch_compile:
+            f.detail += (f" This side also turns torch.compile {'on' if asked.torch_compile else 'off'}: "
+                         f"{gs.study.engine.name} runs {mode} graphs only so (the deployment has it "
+                         f"{'off' if not dep.torch_compile else 'on'}), so the effect is graphs and compile "
+                         "together; thread 05 measures compile alone.")
         seen = rates[rates["config"].isin([BASELINE, mode])] if len(rates) else rates
         if len(seen) == 2:
             f.detail += " Profiled windows: " + "; ".join(
