@@ -172,3 +172,17 @@ def test_telemetry_of_a_steady_level_covers_its_steady_window_only(tmp_path, stu
     assert (host["phase"] == "ramp:c=4").sum() > 0
     whole = run(False, "whole").telemetry["host_cpu"]
     assert not whole["phase"].str.startswith("ramp:").any()
+
+
+def test_stored_requests_are_read_without_their_per_token_gaps():
+    """The per-token gaps, the bulk of a real-size requests table, stay on disk: no thread reads them."""
+    from pathlib import Path
+
+    from servescope.experiment import read_store
+    from servescope.store import Store
+
+    store = Store(Path(__file__).resolve().parents[1] / "data" / "reference" / "vllm-qwen3-30b" / "store")
+    pt = next(iter(store.points()))
+    assert "itl_ms" in pt.table("requests")
+    req = read_store(store).requests
+    assert len(req) and "itl_ms" not in req and {"ttft_ms", "e2e_ms", "output_tokens"} <= set(req)

@@ -224,7 +224,9 @@ class _Tables:
     def add(self, pt: Point, key: str, ids: dict[str, Any]) -> None:
         """Every table of one stored point, tagged with ids (config, rep)."""
         self.summaries.append(rejudge(pt.table("summary")).assign(**ids))
-        self.requests.append(pt.table("requests").assign(**ids))
+        # every request's per-token gaps (a list per request, the bulk of the table at real size) are read by no
+        # thread: the load's figures were computed from them when the level was written
+        self.requests.append(pt.table("requests", exclude=("itl_ms",)).assign(**ids))
         m = pt.manifest
         self.startups.append({**ids, **(pt.target.get("startup") or {})})
         # cuda_graph and flag_list as data: a reader picks points by knob, not by the label's words

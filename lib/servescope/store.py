@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow.parquet as pq
 import psutil
 
 from . import __version__
@@ -52,10 +53,15 @@ class Point:
     manifest: dict[str, Any]
     _logs: dict[tuple[int, bool], str] = field(default_factory=dict, repr=False, compare=False)
 
-    def table(self, name: str, columns: list[str] | None = None) -> pd.DataFrame:
-        """A parquet table of this point, or only its columns named (empty DataFrame if it has none)."""
+    def table(self, name: str, columns: list[str] | None = None, exclude: tuple[str, ...] = ()) -> pd.DataFrame:
+        """A parquet table of this point, or only its columns named, or all but those excluded (empty DataFrame if
+        it has none)."""
         p = self.path / f"{name}.parquet"
-        return pd.read_parquet(p, columns=columns) if p.is_file() else pd.DataFrame()
+        if not p.is_file():
+            return pd.DataFrame()
+        if exclude and columns is None:
+            columns = [c for c in pq.read_schema(p).names if c not in exclude]
+        return pd.read_parquet(p, columns=columns)
 
     @property
     def parts(self) -> dict[str, Any]:
