@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow.parquet as pq
 import psutil
+import pyarrow.parquet as pq
 
 from . import __version__
 from .install import EngineInstall
