@@ -235,7 +235,7 @@ def test_stored_telemetry_is_read_table_by_table_when_a_thread_asks(tmp_path, st
     run_configs(ctx, [Config("a", Knobs())], say=lambda m: None)
     read: list[str] = []
     real = Point.table
-    monkeypatch.setattr(Point, "table", lambda self, name: (read.append(name), real(self, name))[1])
+    monkeypatch.setattr(Point, "table", lambda self, name, **kw: (read.append(name), real(self, name, **kw))[1])
     res = read_store(ctx.store)
     assert not [n for n in read if n.startswith("telemetry_")]  # nothing of it read yet
     host = res.telemetry["host_cpu"]
