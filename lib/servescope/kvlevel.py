@@ -54,6 +54,11 @@ def resolve(ctx: RunContext, say: Callable[[str], None] = print) -> RunContext:
     return ctx.with_(load=ctx.load.with_kv(level), kv_level={**answer, "level": level})
 
 
+def _servers(knobs: Knobs) -> int:
+    """KV caches the deployment holds: data-parallel engines and replicas each hold one of the size a log says."""
+    return max(1, knobs.dp or 1) * max(1, knobs.replicas)
+
+
 def stored_capacity(ctx: RunContext, parts: dict[str, Any]) -> dict[str, Any] | None:
     """The KV capacity a stored point of this very launch (the deployment as it is, any load) said in its log: no
     launch needed (None where the store has none)."""
@@ -65,7 +70,7 @@ def stored_capacity(ctx: RunContext, parts: dict[str, Any]) -> dict[str, Any] | 
             tokens = ctx.adapter.kv_capacity_tokens(pt.log())
             if tokens:
                 knobs = Knobs(**p["knobs"])
-                servers = max(1, knobs.dp or 1) * max(1, knobs.replicas)
+                servers = _servers(knobs)
                 return {"kv_tokens": tokens * servers, "per_server_tokens": tokens, "servers": servers,
                         "from_point": pt.key, "engine": f"{ctx.engine.name} {pt.install.version if pt.install else ''}",
                         "knobs": knobs.label()}
@@ -92,8 +97,7 @@ def read_capacity(ctx: RunContext, knobs: Knobs, say: Callable[[str], None] = pr
     if per_server is None:
         return {"kv_tokens": None, "why": f"{ctx.engine.name} {prep.install.version}'s startup log names no KV cache "
                                           "size", "ready_s": round(ready_s, 1)}
-    # data-parallel engines and replicas each hold a cache of that size: the deployment holds them all
-    servers = max(1, knobs.dp or 1) * max(1, knobs.replicas)
+    servers = _servers(knobs)
     total = per_server * servers
     say(f"load level {KV_LEVEL!r}: the deployment's KV cache holds {total:,} tokens"
         + (f" ({servers} x {per_server:,})" if servers > 1 else "") + f" (ready in {ready_s:.0f} s)")
