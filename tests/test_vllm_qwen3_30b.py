@@ -2,9 +2,9 @@
 with data/suites/vllm-qwen3-30b.yaml): the Qwen3-30B-A3B architecture with vLLM's own random weights, deployed with
 --enforce-eager, under a steady load of mixed lengths at c=1, 16 and 128.
 
-Known answers from real hardware, two repetitions of each side so far: piecewise graphs (inside compile, which the
-thread's arm turns on over the eager deployment) far ahead at every level, answering as eager does, and still not
-called resolved (two paired repetitions resolve nothing); the top level fills vLLM's KV cache."""
+Known answers from real hardware, three repetitions of each side: piecewise graphs (inside compile, which the
+thread's arm turns on over the eager deployment) far ahead at every level, answering as eager does, verified by 07
+(dropping --enforce-eager); the top level fills vLLM's KV cache."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ REF = ROOT / "data" / "reference" / "vllm-qwen3-30b"
 def test_the_piecewise_arm_ran_with_compile_over_the_eager_deployment():
     pts = list(Store(REF / "store").points())
     knobs = sorted((pt.parts["knobs"].get("cuda_graph") or "", pt.parts["knobs"]["torch_compile"]) for pt in pts)
-    assert knobs == [("", False), ("off", False), ("piecewise", True), ("piecewise", True)]
+    assert knobs == [("", False)] + [("off", False)] * 2 + [("piecewise", True)] * 3
     for pt in pts:
         cmd = pt.target["command"]
         assert "--load-format dummy" in cmd and "--max-model-len 8192" in cmd and pt.install.version == "0.26.0"
@@ -30,16 +30,28 @@ def test_the_piecewise_arm_ran_with_compile_over_the_eager_deployment():
         assert set(s["figures_over"]) == {"steady window"} and s["filled"].all(), pt.key
 
 
-def test_two_repetitions_show_a_large_gain_and_same_outputs_but_resolve_nothing(tmp_path):
+def test_three_repetitions_resolve_the_gain_of_graphs_with_compile_and_its_outputs_are_the_same(tmp_path):
     gs = graph_study("vllm-qwen3-30b", tmp_path, modes=("piecewise",))
     fs = t02.findings(gs, {"torch_compile": False, "mem_fraction": 0.88})
     head = fs[0]
-    assert head.title == "No graph mode shown to help" and head.confidence == "low"
+    assert head.title == "Use CUDA graphs: piecewise" and head.confidence == "high"
     per = next(f for f in fs if f.title.startswith("CUDA graphs piecewise"))
-    assert per.effect.n == 2 and per.effect.value_pct > 300 and per.confidence not in ("high", "medium")
-    assert "at least 3 are needed" in per.headline
+    assert per.effect.n == 3 and per.effect.ci_low_pct > 200 and per.confidence == "high"
     assert per.evidence["outputs"]["outputs"] == "same"
     assert "also turns torch.compile on: vllm runs piecewise graphs only so" in per.detail
+    # compile is part of what the arm asked for, not a control that slipped: no "also differed" caveat
+    assert "also differed" not in per.detail and "also differed" not in per.headline
+
+
+def test_07_verifies_dropping_enforce_eager_from_02s_launches():
+    from servescope.findings import read_findings
+
+    fs = read_findings(REF / "report" / "07_verified_changes.findings.json")
+    head = fs[0]
+    assert head.title.startswith("Verified: the recommended changes together") and head.confidence == "high"
+    assert head.effect.n == 3 and head.effect.ci_low_pct > 200
+    assert "drop --enforce-eager" in (head.change.words if head.change else "") or \
+        "--enforce-eager" in head.headline
 
 
 def test_the_top_level_fills_the_kv_cache():
@@ -88,6 +100,21 @@ def test_a_graphed_decode_at_one_request_is_latency_bound_not_compute_bound():
     ctx = nb.context(s.engine, s.model, s.load, store_dir=str(REF / "store"), offline=True, deployment=s.deployment)
     t = Study("03", ctx, [], read_store(ctx.store)).regimes(per_rep=True)
     got = [(r.config, r.point, r.regime) for r in t.itertuples()]
-    assert [v for c, p, v in got if "piecewise" in c and p == "c=1"] == ["latency-bound"] * 2, got
+    assert [v for c, p, v in got if "piecewise" in c and p == "c=1"] == ["latency-bound"] * 3, got
     assert {v for c, p, v in got if "piecewise" not in c and p == "c=1"} == {"host-bound"}
     assert {v for c, p, v in got if "piecewise" in c and p == "c=128"} == {"memory-bandwidth-bound"}
+
+
+def test_sides_measured_on_different_cards_are_not_a_verified_effect(tmp_path):
+    """The same store with one eager repetition relabelled as run on an H200: the comparison says the sides ran on
+    different GPU models and does not call the effect resolved beyond low."""
+    import pandas as pd
+
+    gs = graph_study("vllm-qwen3-30b", tmp_path, modes=("piecewise",))
+    pt = Store(tmp_path / "store").get("294bc7968c1bd8fc")
+    f = pt.path / "telemetry_gpu_static.parquet"
+    pd.read_parquet(f).assign(name="NVIDIA H200").to_parquet(f)
+    gs = t02.run(gs.study.ctx, ceiling=False, only=("piecewise",))  # read again, over the relabelled point
+    per = next(f for f in t02.findings(gs, {"torch_compile": False, "mem_fraction": 0.88})
+               if f.title.startswith("CUDA graphs piecewise"))
+    assert per.confidence == "low" and "ran on different GPU models" in per.detail + per.headline

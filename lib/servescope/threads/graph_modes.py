@@ -25,6 +25,7 @@ from ..plots import Figure
 from ..probes.run import ProbeRun
 from ..probes.run import skipped as probe_skipped
 from ..spec import Knobs, ModelSpec
+from ..state import expected_state
 from ..study import Arm, Comparison, Study, audit_for, expressible, kept_probe, run_study
 from .graph_disable import server_log
 
@@ -60,6 +61,14 @@ def _needs(ctx: RunContext | None, mode: str) -> dict[str, Any]:
     dep = ctx.deployment.knobs
     return {k: v for k, v in ctx.adapter.mode_requires(mode, ctx.engine.env).items()
             if k in dep.model_fields_set and getattr(dep, k) != v}
+
+
+def _coupled_fields(arm: Knobs, baseline: Knobs) -> tuple[str, ...]:
+    """The state fields beyond the graphs that arm pins otherwise than the baseline (what a mode's requirement set);
+    the engine's eager switch with them where compile is one, since it is graphs off and compile off together."""
+    a, b = expected_state(arm), expected_state(baseline)
+    out = tuple(f for f in a if f not in STUDIED and f in b and a[f] != b[f])
+    return out + ("eager",) if "compile" in out else out
 
 
 def modes(ctx: RunContext, install: EngineInstall | None = None) -> pd.DataFrame:
@@ -125,8 +134,15 @@ class GraphStudy:
         return [a.name for a in self.study.arms if a.name not in (BASELINE, DEFAULTS)]
 
     def comparisons(self) -> dict[str, Comparison]:
-        """Each measured mode against graphs off."""
-        return {m: self.study.compare(BASELINE, m, STUDIED, CONTROLS) for m in self.compared}
+        """Each measured mode against graphs off; a knob the mode's arm sets because the mode needs it (vLLM's
+        piecewise over --enforce-eager turns compile on) is part of what is compared, not a control that slipped."""
+        out = {}
+        for m in self.compared:
+            dep = self.study.ctx.deployed
+            coupled = _coupled_fields(dep(self.study.arm(m).knobs), dep(self.study.arm(BASELINE).knobs))
+            out[m] = self.study.compare(BASELINE, m, STUDIED + coupled,
+                                        tuple(c for c in CONTROLS if c not in coupled))
+        return out
 
     def effects(self) -> pd.DataFrame:
         """Paired effects of every mode against graphs off, one table ('point' names mode and level)."""
