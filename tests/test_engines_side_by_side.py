@@ -43,7 +43,21 @@ def test_sglang_serves_the_h200_model_better_than_vllm_at_every_level(both):
     assert (t["ci_high_pct"] < 0).all() and (t["n_a"] >= 3).all() and (t["n_b"] >= 3).all()
     assert set(t["configs_a"]) == {4} and set(t["configs_b"]) == {6}
     said = words(t)
-    assert said.startswith("At c=1, sglang 0.5.17 serves it better: vllm 0.26.0 (cuda_graph=") and "90% CI" in said
+    assert said.startswith("At c=1 on NVIDIA H200, sglang 0.5.17 serves it better: vllm 0.26.0 (cuda_graph=")
+    assert "90% CI" in said and set(t["card"]) == {"NVIDIA H200"}
+
+
+def test_engines_measured_on_different_cards_are_not_compared(both, tmp_path):
+    """The same model and load on two engines, but one engine's points on another GPU model: no comparison."""
+    import pandas as pd
+
+    store = tmp_path / "store"
+    shutil.copytree(both, store)
+    for pt in Store(store).points():
+        if pt.install is not None and pt.install.distribution == "sglang":
+            f = pt.path / "telemetry_gpu_static.parquet"
+            pd.read_parquet(f).assign(name="NVIDIA H100 80GB HBM3").to_parquet(f)
+    assert side_by_side(Store(store)).empty
 
 
 def test_one_engine_alone_is_not_compared():

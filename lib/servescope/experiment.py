@@ -163,6 +163,14 @@ class Results:
         reps = sorted(r for c, r in self.stored if c == config and (rep is None or r == rep))
         return self.stored[(config, reps[0])] if reps else None
 
+    def cards(self, configs: Sequence[str]) -> dict[str, set[str]]:
+        """Per configuration of configs, the GPU models its stored points ran on (none named for a CPU build)."""
+        out: dict[str, set[str]] = {c: set() for c in configs}
+        for (c, _), pt in self.stored.items():
+            if c in out and pt.card:
+                out[c].add(pt.card)
+        return out
+
     def engine_default_configs(self) -> set[str]:
         """The configurations that set no knob (the engine's defaults, profiled or not), by name."""
         pts = self.points

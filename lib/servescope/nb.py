@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,7 @@ def show_findings(findings: list[Finding], path: str | Path, res: Results | None
             lines.append(f"- measured effect: {f.effect.text()} ({f.effect.treatment} vs {f.effect.baseline})")
         lines.append(f"- confidence: **{f.confidence}**")
         if f.recommended_flags:
-            lines.append(f"- recommended flags: `{' '.join(f.recommended_flags)}`")
+            lines.append(f"- recommended flags: `{shlex.join(f.recommended_flags)}`")  # pasted into a shell
         if f.recommendation:  # what the flags do not say: the deployment's own flags to drop, a change in words
             lines.append(f"- recommended: {f.recommendation}")
         if not f.recommended_flags and not f.recommendation:

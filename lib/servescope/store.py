@@ -90,6 +90,12 @@ class Point:
         inst = self.target.get("install")
         return EngineInstall.from_dict(inst) if isinstance(inst, dict) and inst else None
 
+    @cached_property
+    def card(self) -> str:
+        """The GPU model NVML named while this point ran ('' where none was read: a CPU build, an external server)."""
+        s = self.table("telemetry_gpu_static")
+        return str(s["name"].iloc[0]) if len(s) and "name" in s else ""
+
     @property
     def cpu_count(self) -> int | None:
         """The cores the suite could use when the point ran (the manifest's cpu_count)."""

@@ -11,6 +11,7 @@ more than the studied knob.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -538,6 +539,11 @@ class Comparison:
                 continue
             cap = "low"
             said.add(r.field)
+        cards = self.study.results.cards([self.baseline, self.treatment])
+        if len(set().union(*cards.values())) > 1:  # a difference between card models is no effect of the knob
+            says.append("the sides ran on different GPU models (" + "; ".join(
+                f"{n}: {', '.join(sorted(c))}" for n, c in cards.items()) + ")")
+            cap = "low"
         return says, cap, varied
 
     def buffered_words(self) -> str:
@@ -650,15 +656,15 @@ class Comparison:
         side = self.treatment if direction == "better" else self.baseline
         if drop and not flags:  # the engine's default is the better side, and the deployment's own flags keep it from it
             note = (f" The engine's defaults run as {side}; the deployment (the suite's baseline, "
-                    f"{deployed.label() if deployed else ''}) turns that off with `{' '.join(drop)}`: drop it.")
+                    f"{deployed.label() if deployed else ''}) turns that off with `{shlex.join(drop)}`: drop it.")
             reason, optimal = "", False
         elif drop:  # the deployment's own flags would override the better side's: they go, and what it needs comes
             flags = add
             note += (f" On the deployment (the suite's baseline, {deployed.label() if deployed else ''}), "
-                     f"`{' '.join(drop)}` overrides {side}: drop it" + (f" and add `{' '.join(add)}`." if add else "."))
+                     f"`{shlex.join(drop)}` overrides {side}: drop it" + (f" and add `{shlex.join(add)}`." if add else "."))
         # what a later thread composes (07 verifies them together); drop: what 07's improvement document says to
         # remove and, to roll back, to put back
-        change = Change(knobs=rec_knobs, flags=flags, drop_flags=drop, words=f"drop {' '.join(drop)}" if drop else "") \
+        change = Change(knobs=rec_knobs, flags=flags, drop_flags=drop, words=f"drop {shlex.join(drop)}" if drop else "") \
             if (flags or drop) and rec_knobs is not None else None
         return change, note, reason, optimal
 

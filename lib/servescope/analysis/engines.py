@@ -28,7 +28,8 @@ def _engine_name(pt: Point) -> str:
 
 
 def measured(store: Store) -> pd.DataFrame:
-    """One row per point and level: engine, configuration, model and load (as keys), repetition, output tok/s."""
+    """One row per point and level: engine, configuration, model and load (as keys), the GPU model it ran on ('' where
+    none was read), repetition, output tok/s."""
     rows = []
     for pt in store.points():
         s = pt.table("summary")
@@ -39,10 +40,12 @@ def measured(store: Store) -> pd.DataFrame:
             continue
         for r in s.itertuples():
             rows.append({"model": json.dumps(pt.parts.get("model"), sort_keys=True),
-                         "load": json.dumps(pt.parts.get("load"), sort_keys=True), "engine": _engine_name(pt),
+                         "load": json.dumps(pt.parts.get("load"), sort_keys=True), "card": pt.card,
+                         "engine": _engine_name(pt),
                          "config": knobs.label(), "rep": pt.parts.get("rep"), "concurrency": int(r.concurrency),
                          "output_tok_s": float(r.output_tok_s)})
-    return pd.DataFrame(rows, columns=["model", "load", "engine", "config", "rep", "concurrency", "output_tok_s"])
+    return pd.DataFrame(rows, columns=["model", "load", "card", "engine", "config", "rep", "concurrency",
+                                       "output_tok_s"])
 
 
 def _best(g: pd.DataFrame) -> tuple[str, np.ndarray, int] | None:
@@ -56,17 +59,17 @@ def _best(g: pd.DataFrame) -> tuple[str, np.ndarray, int] | None:
 
 
 def side_by_side(store: Store, model: ModelSpec | None = None, load: LoadSpec | None = None) -> pd.DataFrame:
-    """Per model and load the store holds on two or more engines (only this model, this load, where given), per level
-    and pair of engines: each side's best configuration, its median and repetitions, the ratio (second against first,
-    %) with its 90% interval, and which serves the model better ('no resolved difference' where the interval holds
-    0)."""
+    """Per model, load and GPU model the store holds on two or more engines (only this model, this load, where given;
+    never across cards), per level and pair of engines: each side's best configuration, its median and repetitions,
+    the ratio (second against first, %) with its 90% interval, and which serves the model better ('no resolved
+    difference' where the interval holds 0)."""
     m = measured(store)
     if model is not None:  # as point keys name them (experiment.point_parts)
         m = m[m["model"] == json.dumps(model.model_dump(mode="json", exclude_none=True), sort_keys=True)]
     if load is not None:
         m = m[m["load"] == json.dumps(load.model_dump(mode="json", exclude_defaults=True), sort_keys=True)]
     out = []
-    for (model, load), g in m.groupby(["model", "load"], sort=False):
+    for (model, load, card), g in m.groupby(["model", "load", "card"], sort=False):
         engines = sorted(g["engine"].unique())
         if len(engines) < 2:
             continue
@@ -81,7 +84,8 @@ def side_by_side(store: Store, model: ModelSpec | None = None, load: LoadSpec | 
                 ratio = float(np.median(sb[1]) / np.median(sa[1]))
                 lo, hi = 100 * (np.exp(ci.low) - 1), 100 * (np.exp(ci.high) - 1)
                 better = b if lo > 0 else a if hi < 0 else "no resolved difference"
-                out.append({"model": model, "load": load, "concurrency": level, "engine_a": a, "config_a": sa[0],
+                out.append({"model": model, "load": load, "card": card, "concurrency": level, "engine_a": a,
+                            "config_a": sa[0],
                             "output_tok_s_a": float(np.median(sa[1])), "n_a": len(sa[1]), "configs_a": sa[2],
                             "engine_b": b, "config_b": sb[0], "output_tok_s_b": float(np.median(sb[1])),
                             "n_b": len(sb[1]), "configs_b": sb[2], "b_vs_a_pct": 100 * (ratio - 1),
@@ -97,7 +101,8 @@ def words(t: pd.DataFrame) -> str:
     for r in t.itertuples():
         who = (f"{r.better} serves it better" if r.better != "no resolved difference" else
                "neither is resolved as better")
-        said.append(f"At c={r.concurrency}, {who}: {r.engine_b} ({r.config_b}) {r.output_tok_s_b:,.0f} output tok/s "
+        on = f" on {r.card}" if r.card else ""
+        said.append(f"At c={r.concurrency}{on}, {who}: {r.engine_b} ({r.config_b}) {r.output_tok_s_b:,.0f} output tok/s "
                     f"against {r.engine_a} ({r.config_a}) {r.output_tok_s_a:,.0f}, {r.b_vs_a_pct:+.1f}% (90% CI "
                     f"{r.ci_low_pct:+.1f}..{r.ci_high_pct:+.1f}%, n={r.n_b} and {r.n_a})")
     first = t.iloc[0]

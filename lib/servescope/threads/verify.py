@@ -143,7 +143,7 @@ class Candidate:
     @property
     def label(self) -> str:
         """The change in the engine's spelling, else its short name (a layout), its words, or its knobs."""
-        return " ".join(self.flags) or self.change.name or self.change.words or Knobs(**self.knobs).label()
+        return shlex.join(self.flags) or self.change.name or self.change.words or Knobs(**self.knobs).label()
 
     @property
     def layout(self) -> str:
@@ -781,7 +781,7 @@ def _combined_finding(v: Verification) -> Finding:
 def _how(v: Verification, f: Finding) -> tuple[str, Finding]:
     """How the verified line says the change ('with FLAGS, as LAYOUT, and without DROPPED'), and the combined finding
     with its change saying the layout too (99 ranks that change)."""
-    flags = " ".join(f.recommended_flags)
+    flags = shlex.join(f.recommended_flags)  # as pasted into a shell
     labels = "; ".join(c.label for c in v.included)
     how = f"with {flags}" if flags else f"by the change{'s' if len(v.included) > 1 else ''} ({labels})"
     # a layout (replicas sharing the GPU) is no flag: the flags are each server's, and the line says how they run
@@ -838,7 +838,7 @@ def _tuning_finding(v: Verification) -> Finding:
     # its verified interval clears the equivalence band ('high'), not merely zero (a stub's +4.5% at one level did)
     if eff is not None and f.direction == "better" and f.confidence == "high":
         title = f"Verified scheduler setting: {setting}, {eff.value_pct:+.1f}% over {against}"
-        verdict = Verdict(verified=True, words=f"{eff.text()} with {' '.join(f.recommended_flags)}, against {against}")
+        verdict = Verdict(verified=True, words=f"{eff.text()} with {shlex.join(f.recommended_flags)}, against {against}")
     elif eff is not None and f.applies:
         if f.direction == "worse" and f.confidence in ("high", "medium"):
             held = "hurts"
