@@ -80,3 +80,24 @@ def test_the_profiled_point_loads_only_the_windows_level():
     assert t06.profiled_load(ProfileSpec(kind="torch"), load).num_requests == 32
     open_loop = LoadSpec(mode="open", request_rate=(2.0, 8.0), max_concurrency=8)
     assert t06.profiled_load(ProfileSpec(kind="nsys"), open_loop) == open_loop
+
+
+def test_the_moe_launches_per_layer_step_name_the_kernels_that_make_them():
+    """The same Triton fused-MoE path reads 5.0 launches per MoE layer per step on SGLang 0.5.17 and 7.0 on vLLM 0.26
+    (H200 recordings): each page names the kernels behind its number, so the difference is seen (vLLM files its
+    top-k gating, activation and expert sum in the MoE category), and kernel names are shortened to their function."""
+    from servescope.findings import read_findings
+    from servescope.threads.grouped_gemm import kernel_label
+
+    assert kernel_label("void at::native::(anonymous namespace)::sort_kernel<c10::BFloat16>(int)") == "sort_kernel"
+    assert kernel_label("void vllm::moe::topkGating<8>(float*)") == "topkGating"
+    assert kernel_label("void <unnamed>::act_and_mul_kernel<__nv_bfloat16, (bool)1>(<unnamed>::P)") == "act_and_mul_kernel"
+    ref = Path(__file__).resolve().parents[1] / "data" / "reference"
+    sg = read_findings(ref / "sglang-h200" / "report" / "06_grouped_gemm.findings.json")[0].headline
+    vl = read_findings(ref / "vllm-h200" / "report" / "06_grouped_gemm.findings.json")[0].headline
+    assert "5.0 MoE launches per MoE layer per step (fused_moe_kernel 2.0, moe_align_block_size_kernel 1.0" in sg
+    assert "7.0 MoE launches per MoE layer per step (fused_moe_kernel 2.0," in vl
+    assert "topkGating 1.0" in vl and "moe_sum_vec_kernel 1.0" in vl and "void" not in sg + vl
+    # a library's launcher is named by the kernel it runs
+    assert kernel_label("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<int>>(T1::Params)") == \
+        "GemmUniversal"

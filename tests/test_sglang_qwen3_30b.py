@@ -95,3 +95,19 @@ def test_the_engines_counters_stand_beside_nvml_and_their_disagreements_are_said
     assert off["running"] >= 120 and off["queued"] == 0
     # one request in graphs keeps NVML at 100% while the SMs are active 38% of the time: said, not taken for busy
     assert "NVML reads the GPU 100% utilized while its SMs were active 38%" in pw["said"]
+
+
+def test_the_h100_store_starts_with_the_deployment_on_its_own_card():
+    """data/reference/sglang-qwen3-30b-h100: the same deployment, model and load, the first point on an H100. Its key
+    is the H200 store's (keys do not name the card), which is why it is a store of its own; the card is read from
+    NVML per point, and the engines side by side never mix cards."""
+    h100 = list(Store(ROOT / "data" / "reference" / "sglang-qwen3-30b-h100" / "store").points())
+    h200 = {pt.key: pt for pt in Store(REF / "store").points()}
+    (pt,) = h100
+    assert pt.card == "NVIDIA H100 80GB HBM3" and h200[pt.key].card == "NVIDIA H200"
+    assert "--cuda-graph-backend-decode disabled" in pt.target["command"] and pt.install.version == "0.5.17"
+    s = pt.table("summary").set_index("concurrency")
+    assert list(s.index) == [1, 16, 128] and s["filled"].all()
+    # graphs off on the H100 machine ran below the H200 machine at every level (host-bound: the CPUs differ)
+    s200 = h200[pt.key].table("summary").set_index("concurrency")
+    assert (s["output_tok_s"] < s200["output_tok_s"]).all()

@@ -122,7 +122,7 @@ def test_a_level_that_did_not_fill_is_said_on_the_page():
     res = Results(summary=s, requests=pd.DataFrame(), startup=pd.DataFrame(), points=pd.DataFrame({"config": ["a"]}),
                   errors=pd.DataFrame(columns=["config", "rep", "error_type"]), planned=1)
     words = show_measured(res).data
-    assert "Levels that did not fill" in words and "a rep 0 c=8 (51%)" in words and "c=1" not in words
+    assert "Levels that did not fill" in words and "a rep 1 c=8 (51%)" in words and "c=1" not in words
 
 
 def test_notes_keyed_by_a_whole_load_keep_their_keys():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pandas as pd
 import pytest
 
@@ -64,3 +65,21 @@ def test_a_point_is_an_object_with_its_record_replicas_and_logs_read_once(tmp_pa
     (pt.path / "resolved_config.json").unlink()
     assert pt.log() == "out line\n\nerr line\n" and pt.resolved_config == {"graphs": "off"}  # read once, kept
     assert s.get("k").log() == "err line\n"  # a fresh read sees the file gone
+
+
+def test_a_points_length_is_judged_by_its_own_configuration_first(tmp_path):
+    """A graphed launch (~130 s on the H200) was not launched in 167 s of budget because the longest point of the
+    engine and model, an eager one, took 422 s: another repetition of the same configuration judges it first."""
+    from servescope.util import atomic_write_json
+
+    store = Store(tmp_path)
+    base = {"engine": "e", "model": {"architecture": "a"}, "load": {"concurrency": [1]}}
+    for i, (knobs, took) in enumerate([({"cuda_graph": "off"}, 422.0), ({"cuda_graph": "piecewise"}, 130.0)]):
+        parts = {**base, "knobs": knobs, "rep": 0}
+        with store.writing(store.key(parts), parts) as w:
+            w.manifest["started_unix"] = 1000.0 * i
+        m = store.path(store.key(parts)) / "manifest.json"
+        data = json.loads(m.read_text()) | {"started_unix": 1000.0 * i, "ended_unix": 1000.0 * i + took}
+        atomic_write_json(m, data)
+    assert store.longest_point_s({**base, "knobs": {"cuda_graph": "piecewise"}, "rep": 1}) == 130.0
+    assert store.longest_point_s({**base, "knobs": {"cuda_graph": "full"}, "rep": 0}) == 422.0  # none like it yet

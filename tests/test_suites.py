@@ -70,7 +70,7 @@ def test_sglang_example_is_valid_for_sglang_0_5_23(wheel_install):
     assert spelled["tp=8"] == ["--tp-size", "8"] and spelled["dp=8"] == ["--dp-size", "8"]
     assert spelled["dp attention=8"] == ["--tp-size", "8", "--attn-dp-size", "8"]
     assert spelled["8 replicas, round-robin"] == []  # replicas are eight plain servers, one GPU each
-    assert adapter.knob_flags(tuning[0], install)[-2:] == ["--max-running-requests", "128"]
+    assert adapter.knob_flags(tuning[0], install)[-2:] == ["--max-running-requests", "64"]  # 0.25 x c=256
 
 
 def test_sglang_h200_is_valid_for_sglang_0_5_17(wheel_install):

@@ -260,3 +260,22 @@ def test_a_change_found_by_several_threads_is_listed_once_with_each_of_them():
     top = recs.iloc[0]
     assert "--cuda-graph-backend-prefill breakable" in top["change"]
     assert len(top["found_by"].split(", ")) >= 2 and top["thread"] in top["found_by"]
+
+
+def test_the_ranking_lists_each_change_once_with_every_thread_that_found_it():
+    """vllm-qwen3-30b: 02's answer, 02's per-mode finding and 07's verification all name one fix (drop
+    --enforce-eager for piecewise graphs with compile): one row, found by 02 and 07."""
+    from pathlib import Path
+
+    from servescope import summary
+    from servescope.findings import read_findings
+
+    d = Path(__file__).resolve().parents[1] / "data" / "reference" / "vllm-qwen3-30b" / "report"
+    by = {p.name.split(".")[0]: read_findings(p) for p in sorted(d.glob("*.findings.json"))
+          if not p.name.startswith("99")}
+    ranked = summary.rank(by)
+    assert (ranked["tier"] == "High").sum() == 3
+    once = summary.each_change_once(ranked)
+    high = once[once["tier"] == "High"]
+    assert len(high) == 1 and high["found_by"].iloc[0] == "02_piecewise_cuda_graphs, 07_verified_changes"
+    assert len(once) == len(ranked) - 2

@@ -120,9 +120,10 @@ def test_the_scheduler_search_finds_and_verifies_a_setting(tmp_path, stub_engine
     ctx = context(eng, {"path": "stub"}, {**LOAD, "concurrency": [4, 8]}, repetitions=3, max_repetitions=3,
                   store_dir=str(tmp_path / "s"), progress=False)
     v = t07.run(ctx, collect(d), search=["max_running_requests"], search_budget_s=120)
-    assert list(v.search["setting"]) == ["(the engine's defaults)", "max_running_requests=4", "max_running_requests=8",
-                                         "max_running_requests=16"]
-    assert (v.search["vs_combined_pct"].iloc[1:] > 20).all()
+    # below the level (8) only: a cap at or above it holds nothing back; 2 is the stub's own cap
+    assert list(v.search["setting"]) == ["(the engine's defaults)", "max_running_requests=2", "max_running_requests=4",
+                                         "max_running_requests=6"]
+    assert (v.search["vs_combined_pct"].iloc[2:] > 20).all()
     fs = t07.findings(v)
     assert fs[0].title == "Nothing to verify: no recommended change"
     assert fs[1].title.startswith("Verified scheduler setting: max_running_requests=") and fs[1].confidence == "high"
@@ -342,3 +343,55 @@ def test_a_change_document_gives_both_launch_commands_shell_quoted():
     assert "--enforce-eager" not in after and after[-1] == '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'
     assert after[:-2] == [x for x in shlex.split(before) if x != "--enforce-eager"]
     assert t07._commands(v, SimpleNamespace(flags=[], drop_flags=[])) == []
+
+
+def test_the_search_refuses_settings_that_cannot_change_anything():
+    """A knob the version's source never reads, and a running-request cap at or above the level, are not launched
+    (said why); a cap at or above the level is launched where it lifts a lower cap the engine chose itself."""
+    from servescope.threads.verify import _Frame
+
+    f = _Frame(32, 100.0, unread={"num_continuous_decode_steps": "sglang 0.5.17 declares it and no file reads it"})
+    assert f.refused("num_continuous_decode_steps=4") == (
+        "not read", "no effect: sglang 0.5.17 declares it and no file reads it")
+    assert f.refused("max_running_requests=32")[0] == "cannot bind"
+    assert "at most 32 are in flight" in f.refused("max_running_requests=64")[1]
+    assert f.refused("max_running_requests=16") is None and f.refused("chunked_prefill_size=512") is None
+    assert f.refused("chunked_prefill_size=512 + num_continuous_decode_steps=2")[0] == "not read"  # a pair
+    lifted = _Frame(32, 100.0, default_cap=8)
+    assert lifted.refused("max_running_requests=32") is None
+
+
+def test_the_search_pairs_the_best_settings_of_its_two_best_knobs():
+    from servescope.threads.verify import SearchRow, _pair
+
+    cands = [("max_running_requests=8", Knobs(max_running_requests=8)),
+             ("max_running_requests=16", Knobs(max_running_requests=16)),
+             ("chunked_prefill_size=512", Knobs(chunked_prefill_size=512)),
+             ("num_continuous_decode_steps=2", Knobs(num_continuous_decode_steps=2))]
+    rows = [SearchRow("(combined)", "measured", vs_combined_pct=0.0, reference=True),
+            SearchRow("max_running_requests=8", "measured", vs_combined_pct=4.0),
+            SearchRow("max_running_requests=16", "measured", vs_combined_pct=9.0),
+            SearchRow("chunked_prefill_size=512", "measured", vs_combined_pct=3.0),
+            SearchRow("num_continuous_decode_steps=2", "measured", vs_combined_pct=-5.0)]
+    ((setting, knobs),) = _pair(rows, cands)
+    assert setting == "max_running_requests=16 + chunked_prefill_size=512"
+    assert knobs == Knobs(max_running_requests=16, chunked_prefill_size=512)
+    assert _pair(rows[:3], cands) == []  # one knob ahead: no pair
+
+
+def test_a_setting_from_another_machine_start_is_shown_apart(tmp_path):
+    """The reference ran in one machine start, the setting in another: its throughput is shown, never compared."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from servescope.threads.verify import _Frame
+
+    pt = SimpleNamespace(machine_start="boot-b")
+    st = SimpleNamespace(results=SimpleNamespace(summary=pd.DataFrame({"config": ["tune x=1"], "output_tok_s": [50.0]}),
+                                                 stored={("tune x=1", 0): pt}))
+    row = _Frame(8, 100.0, frozenset({"boot-a"})).row("x=1", st, "tune x=1", "--x 1")
+    assert row.state == "other machine start" and row.output_tok_s == 50.0 and row.vs_combined_pct != row.vs_combined_pct
+    assert row.status.startswith("shown apart: launched in another machine start")
+    same = _Frame(8, 100.0, frozenset({"boot-b"})).row("x=1", st, "tune x=1", "--x 1")
+    assert same.state == "measured" and same.vs_combined_pct == -50.0

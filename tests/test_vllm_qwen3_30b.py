@@ -118,3 +118,40 @@ def test_sides_measured_on_different_cards_are_not_a_verified_effect(tmp_path):
     per = next(f for f in t02.findings(gs, {"torch_compile": False, "mem_fraction": 0.88})
                if f.title.startswith("CUDA graphs piecewise"))
     assert per.confidence == "low" and "ran on different GPU models" in per.detail + per.headline
+
+
+def test_the_change_document_deploys():
+    """07's document for dropping --enforce-eager: both launch commands paste into bash as one command each, and it
+    gives the per-level gain with its interval and p50/p99 latencies, the KV capacity and startup cost the engine's
+    own log and the launches show, the output check and the counters to watch."""
+    import re
+    import shlex
+
+    (doc,) = sorted((REF / "report" / "changes").glob("*.md"))
+    text = doc.read_text()
+    before, after = re.findall(r"```bash\n(.*?)\n```", text, flags=re.S)
+    assert "--enforce-eager" in shlex.split(before) and "--enforce-eager" not in shlex.split(after)
+    assert shlex.split(after)[-2:] == ["--compilation-config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}']
+    for part in ("## Measured", "## What it costs", "## Output check", "## What to watch after deploying",
+                 "| c | output tok/s | effect (90% CI) | TTFT p50 / p99 ms | TPOT p50 / p99 ms |",
+                 "at c=1 to 128 (the range it was measured on",
+                 "KV cache (the engine's own token capacity, from its startup log): 108,080 tokens before, 100,896 "
+                 "after (-6.6%)", "Startup (launch to first token):",
+                 "`vllm:kv_cache_usage_perc`", "`vllm:num_requests_waiting`", "answers as the baseline does"):
+        assert part in text, part
+    assert re.search(r"\| 128 \| 1,139 -> 2,404 \| \+111\.0% \(\+50\.0\.\.\+162\.1%\) \|", text)
+
+
+def test_a_host_bound_launch_without_graphs_is_pointed_at_graphs_first():
+    """03 at c=128: the eager deployment is host-bound; its advice reads the launch's resolved state (no CUDA
+    graphs) and sends the reader to graphs first, with the flags that turn them on; the graphed launch, bound by DRAM
+    there, gets no such line."""
+    from servescope.findings import read_findings
+    from servescope.threads.clocks_power import GRAPHS_OFF_ACTION
+
+    fs = {f.title: f for f in read_findings(REF / "report" / "03_clocks_power.findings.json")}
+    eager = fs["the deployment at c=128: host-bound"]
+    assert GRAPHS_OFF_ACTION in eager.detail and "cut host work per step" in eager.detail
+    graphed = next(f for t, f in fs.items() if t.startswith("cuda_graph=piecewise") and t.endswith("c=128: "
+                                                                                                  "memory-bandwidth-bound"))
+    assert GRAPHS_OFF_ACTION not in graphed.detail

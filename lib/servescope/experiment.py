@@ -147,7 +147,7 @@ class Results:
         gaps = int(self.errors["error_type"].isin(UNMEASURED).sum()) if len(self.errors) else 0
         return Outcome(thread=thread, points_planned=self.planned, points_measured=len(self.points),
                        points_failed=len(self.errors) - gaps, points_unmeasured=gaps,
-                       first_error="" if first is None else f"{first['config']} rep {first['rep']}: {first['summary']}",
+                       first_error="" if first is None else f"{first['config']} rep {int(first['rep']) + 1}: {first['summary']}",
                        first_signal="" if first is None else str(first.get("signal") or ""),
                        findings_total=len(findings), findings_answering=sum(f.answers for f in findings))
 
@@ -209,7 +209,7 @@ class Results:
         """One line per point where the client limited the figure (kind='limited') or was starved ('starved')."""
         h = self.client_health()
         bad = h[h[f"client_{kind}"].fillna(False).astype(bool)]
-        return [f"{r.config} rep {r.rep} {r.point}: {r.client_warning}" for r in bad.itertuples()]
+        return [f"{r.config} rep {int(r.rep) + 1} {r.point}: {r.client_warning}" for r in bad.itertuples()]
 
 
 class _Tables:

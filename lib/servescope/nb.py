@@ -19,7 +19,7 @@ from .experiment import Results
 from .findings import Finding, Outcome, write_findings, write_outcome
 from .probes.run import Failed, ProbeRun
 from .study import Study
-from .summary import change_html
+from .summary import change_html, each_change_once
 from .util import atomic_write_text
 
 # long words (a verdict's "because", a flag list) wrap in the HTML report instead of ending in "..."
@@ -127,7 +127,7 @@ def findings_table(findings: list[Finding]) -> list[str]:
     rows it belongs to, instead of the same paragraphs thirty times."""
     if not findings:
         return []
-    changes = [" ".join(f.recommended_flags) or f.recommendation for f in findings]
+    changes = [shlex.join(f.recommended_flags) or f.recommendation for f in findings]
     head = ["#", "finding", "confidence", "what was read"] + (["change"] if any(changes) else [])
     out = [f"\n### {len(findings)} more, one row each\n", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     details: dict[str, list[int]] = {}
@@ -153,7 +153,7 @@ def show_measured(res: Results) -> Markdown:
         if len(unfilled):
             dep += "\n\n**Levels that did not fill** (requests in flight below 90% of the concurrency over the steady " \
                    "window: they measured a lower concurrency than their label): " + "; ".join(
-                       f"{r.config} rep {r.rep} {r.point} ({r.fill_pct:.0f}%)" for r in unfilled.itertuples()) + "."
+                       f"{r.config} rep {int(r.rep) + 1} {r.point} ({r.fill_pct:.0f}%)" for r in unfilled.itertuples()) + "."
     if not o.points_failed and not o.points_unmeasured:
         return Markdown((f"Measured all {o.points_planned} points." if o.points_planned else "Nothing to measure.")
                         + dep)
@@ -399,10 +399,11 @@ def ranked_table(ranked: pd.DataFrame) -> Markdown | HTML:
     """The summary's ranking as one table, each thread a link to its answer."""
     if ranked.empty:
         return Markdown("No finding to rank: no thread of this run wrote findings.")
+    ranked = each_change_once(ranked)
     # 'optimal' (what an Already-optimal setting beat) is the front page's wording of the same row
     # how sure, direction and size apart, in place of the one confidence word (readers took "high" for the size)
     df = ranked.drop(columns=["optimal", "knob_keys", "confidence"], errors="ignore").rename(
-        columns={"sureness": "how sure"}).replace("", pd.NA).dropna(axis=1, how="all").fillna("")
+        columns={"sureness": "how sure", "found_by": "found by"}).replace("", pd.NA).dropna(axis=1, how="all").fillna("")
     # a change or why in words quotes its flags in backticks: code there, as on the front page
     df = df.map(lambda v: str(change_html(str(v), words=True)))
     # the thread names its page: a column of links repeating it pushed the table past the page's edge

@@ -426,6 +426,7 @@ def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_st
     measured (default: this machine)."""
     env = Environment(loader=FileSystemLoader(str(Path(__file__).with_name("templates"))),
                       autoescape=select_autoescape(["html", "j2"]))
+    env.filters["shell"] = shlex.join  # flags as pasted into a shell
     by_thread = {r.id: r.findings for r in runs if r.id != summary.SELF}
     ranked = summary.rank(by_thread)
     html_of = {r.id: r.html for r in runs}

@@ -33,6 +33,14 @@ from .util import atomic_write_json
 MANIFEST = "manifest.json"
 
 
+def boot_id() -> str:
+    """This machine's boot id (Linux), '' where it cannot be read."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 @dataclass(frozen=True)
 class Replica:
     """One server of a point's configuration, as data: its index, where it ran, and where it logged."""
@@ -89,6 +97,12 @@ class Point:
         """The engine install the point ran on, as its manifest recorded it (None where it recorded none)."""
         inst = self.target.get("install")
         return EngineInstall.from_dict(inst) if isinstance(inst, dict) and inst else None
+
+    @property
+    def machine_start(self) -> str:
+        """The boot of the machine the point ran on ('' for points stored before it was recorded): two points of one
+        machine start share it, and a card, a driver and a host's noise with it."""
+        return str(self.manifest.get("boot_id") or "")
 
     @cached_property
     def card(self) -> str:
@@ -313,13 +327,17 @@ class Store:
         return {"host": host, "platform": plat, "cpus": cpus, "points": n, **gpu}
 
     def longest_point_s(self, parts: dict[str, Any]) -> float | None:
-        """The longest a complete point like this one took here, launch to teardown: of the same engine identity and
-        model, with as many replicas and a profile armed or not as this one (else any of that engine and model);
-        None when the store holds none (nothing to judge a launch's length by)."""
+        """The longest a complete point like this one took here, launch to teardown: another repetition of the same
+        configuration and load where there is one (a graphed launch is not judged by an eager one's length), else of
+        the same engine identity and model with as many replicas and a profile armed or not, else any of that engine
+        and model; None when the store holds none (nothing to judge a launch's length by)."""
         def shape(p: dict[str, Any]) -> tuple[int, bool]:
             return int((p.get("knobs") or {}).get("replicas", 1)), "profile" in p
 
-        alike, any_ = [], []
+        def config(p: dict[str, Any]) -> tuple[Any, ...]:
+            return shape(p), json.dumps(p.get("knobs"), sort_keys=True), json.dumps(p.get("load"), sort_keys=True)
+
+        same, alike, any_ = [], [], []
         for pt in self.points(parts.get("engine"), parts.get("model")):
             m = pt.manifest
             took = float(m.get("ended_unix") or 0) - float(m.get("started_unix") or 0)
@@ -327,7 +345,9 @@ class Store:
                 any_.append(took)
                 if shape(pt.parts) == shape(parts):
                     alike.append(took)
-        return max(alike or any_) if any_ else None
+                if config(pt.parts) == config(parts):
+                    same.append(took)
+        return max(same or alike or any_) if any_ else None
 
     def slowest_ready_s(self, engine: str | None, model: dict[str, Any] | None) -> float | None:
         """The longest a launch of this engine identity and model took to serve its first token here (its replicas'
@@ -402,6 +422,7 @@ class Store:
         w = PointWriter(key, tmp, {
             "key": key, "parts": parts, "servescope_version": __version__, "host": socket.gethostname(),
             "platform": platform.platform(), "cpu_count": os.cpu_count(), "started_unix": time.time(),
+            "boot_id": boot_id(),
         })
         try:
             yield w

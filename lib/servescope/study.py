@@ -223,7 +223,7 @@ class Study:
         if s.empty or "short_outputs" not in s:
             return []
         bad = s[s["short_outputs"].fillna(0) > 0]
-        return [f"{r.config} rep {r.rep} c={int(r.concurrency)}: {int(r.short_outputs)} of {int(r.completed)} requests "
+        return [f"{r.config} rep {int(r.rep) + 1} c={int(r.concurrency)}: {int(r.short_outputs)} of {int(r.completed)} requests "
                 f"ended early (mean {r.mean_output_tokens:.0f} output tokens)" for r in bad.itertuples()]
 
     def startup(self) -> pd.DataFrame:
@@ -700,11 +700,11 @@ class Comparison:
 
     def _not_measured(self, subject: str, states: dict[str, ResolvedState], errs: list[dict[str, Any]]) -> Finding:
         first = next((x for x in errs if x.get("signal")), errs[0] if errs else None)
-        cause = f" First failure: {first['config']} rep {first['rep']}: {first['summary']}" if first else ""
+        cause = f" First failure: {first['config']} rep {int(first['rep']) + 1}: {first['summary']}" if first else ""
         return Finding(thread=self.study.thread, kind="failure", title=f"{subject}: not measured", applies=False,
                        confidence="none", headline=f"No paired measurement of {self.treatment} vs {self.baseline} "
                        "completed, so no effect can be stated", detail=cause.strip(),
-                       reason="; ".join(f"{x['config']} rep {x['rep']}: {x['signal'] or x['error_type']}"
+                       reason="; ".join(f"{x['config']} rep {int(x['rep']) + 1}: {x['signal'] or x['error_type']}"
                                         for x in errs) or "no data",
                        evidence={"errors": errs, "resolved": {k: v.to_dict() for k, v in states.items()}})
 
@@ -1026,7 +1026,7 @@ def expressible(ctx: RunContext, arms: Sequence[Arm], install: EngineInstall | N
                 raise SpecError("an external server runs as it was started: its settings cannot be chosen from here")
             adapter.knob_flags(ctx.deployed(a.knobs), install)  # what launches: refused there, refused here
             flags = adapter.knob_flags(a.knobs, install)
-            rows.append({"arm": a.name, "expressible": True, "flags": " ".join(flags) or "(none: the default)",
+            rows.append({"arm": a.name, "expressible": True, "flags": shlex.join(flags) or "(none: the default)",
                          "reason": "", "asked": True})
         except (KnobError, SpecError) as ex:
             rows.append({"arm": a.name, "expressible": False, "flags": "", "reason": str(ex), "asked": True})

@@ -80,13 +80,54 @@ def optimal_words(f: Finding) -> str:
     return f"{won} (it beat {lost}: {e.text()})"
 
 
+def _change_key(ranked: pd.DataFrame) -> pd.Series:
+    """What makes two rows the same change: the same flags, or the same knobs where their findings' changes are typed
+    (07's combination spells 02's mode with the deployment's flags dropped); each row gets its group's first index."""
+    group: dict[int, int] = {}
+
+    def root(i: int) -> int:
+        while group.get(i, i) != i:
+            i = group[i]
+        return i
+
+    first: dict[tuple[str, str], int] = {}
+    for i, r in zip(ranked.index, ranked.itertuples(), strict=True):
+        group[i] = i
+        for kind, v in (("change", str(r.change)), ("knobs", str(getattr(r, "knob_keys", "") or ""))):
+            if not v:
+                continue
+            if (kind, v) in first:
+                a, b = root(first[kind, v]), root(i)
+                group[max(a, b)] = min(a, b)
+            else:
+                first[kind, v] = i
+    return pd.Series([root(i) for i in ranked.index], index=ranked.index)
+
+
+def each_change_once(ranked: pd.DataFrame) -> pd.DataFrame:
+    """The ranking with each recommended change on one row, its best-ranked finding's, and found_by naming every
+    thread that found it (02's mode, 02's headline and 07's verification name one fix)."""
+    if ranked.empty:
+        return ranked
+    recs = ranked["tier"].isin(TIERS[:3]) & (ranked["change"].astype(str) != "")
+    key = _change_key(ranked)
+    found = ranked[recs].groupby(key[recs], sort=False)["thread"].agg(lambda t: ", ".join(dict.fromkeys(t)))
+    keep = ~recs | ~key.where(recs).duplicated(keep="first")
+    out = ranked[keep].copy()
+    out["found_by"] = [found.get(k, "") if r else "" for k, r in zip(key[keep], recs[keep], strict=True)]
+    # one thread alone is the thread column already
+    out.loc[~out["found_by"].str.contains(",", regex=False), "found_by"] = ""
+    return out.reset_index(drop=True)
+
+
 def recommendations(ranked: pd.DataFrame, n: int = 5) -> pd.DataFrame:
     """The top changes to make (tiers High, Medium, Low), best first, each change once (a thread's headline and its
     per-mode finding, or a regime's suggestion, may name the same flags: the best-ranked one stands for them)."""
     recs = ranked[ranked["tier"].isin(TIERS[:3])]
     # every thread that found the same change, said beside the one that stands for it
-    found = recs.groupby("change", sort=False)["thread"].agg(lambda t: ", ".join(dict.fromkeys(t)))
-    recs = recs.drop_duplicates(subset="change", keep="first").assign(found_by=lambda d: d["change"].map(found))
+    key = _change_key(recs)
+    found = recs.groupby(key, sort=False)["thread"].agg(lambda t: ", ".join(dict.fromkeys(t)))
+    recs = recs[~key.duplicated(keep="first")].assign(found_by=lambda d: _change_key(d).map(found))
     if "knob_keys" in recs:  # alternatives for the same knob (graph modes, say): the best-ranked one stands
         keyed = recs["knob_keys"].astype(str) != ""
         recs = recs[~keyed | ~recs["knob_keys"].duplicated(keep="first")]

@@ -1,4 +1,5 @@
-"""The graph ceiling probe: what CUDA graphs could give at most on this hardware, engine-free. A decode-like layer
+"""The graph ceiling probe: what CUDA graphs take off a decode step on this hardware, engine-free (an estimate of the
+kernel-launch share, not a bound on what graphs return in an engine, which also sheds host work). A decode-like layer
 stack of the model's shapes (per layer: RMSNorm, the fused q/k/v product, attention of one new token against a fixed
 context, the output product, RMSNorm, the router and an MoE block of the model's experts) is timed per step, for each
 batch size, in up to four forms:

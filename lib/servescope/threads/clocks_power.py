@@ -193,6 +193,12 @@ def _reuse(res: Results) -> tuple[Results, list[Arm]] | None:
     return (res, []) if len(res.points) else None
 
 
+GRAPH_FIRST = ("host-bound", "launch-bound")
+GRAPHS_OFF_ACTION = ("This launch ran without CUDA graphs (its resolved state): turn them on first (thread 02 "
+                     "measures each mode on this engine), since every decode step's kernel launches are host work "
+                     "that graphs remove; what is left after that is the rest of this advice.")
+
+
 def run(ctx: RunContext) -> PowerStudy:
     """The points the store holds for this engine and model (measured by other threads); where it holds none,
     one engine-defaults sweep measured here (not offline)."""
@@ -240,11 +246,19 @@ def findings(ps: PowerStudy) -> list[Finding]:
         # a flag it already ran with, value and all, is no advice; compared as whole flags with their values (token
         # by token, a vLLM point run with --compilation-config '{...PIECEWISE}' kept FULL's value without its flag)
         ran_with = {g for fl in res.points.loc[res.points["config"] == cfg, "flag_list"] for g in flag_groups(list(fl))}
+        # the advice reads the launch as it resolved: without graphs, the host work a step costs is first its
+        # kernel launches, which graphs remove (02 measures it), whatever else the regime suggests
+        st = ps.study.states.get(cfg) or next((pt.resolved for (c, _), pt in res.stored.items()
+                                               if c == cfg and pt.resolved is not None), None)
+        graphless = decided and r.regime in GRAPH_FIRST and "server_cores" not in r.evidence and st is not None \
+            and st.value("graph_decode") == "off"  # a CPU build has no CUDA graphs to turn on
+        action = (GRAPHS_OFF_ACTION + " " + r.action) if graphless else r.action
+        # graphs' flags are 02's to name (the mode it measured best, with what the deployment must drop)
         flags = [f for g in flag_groups(_flags(ps, r.regime)) if g not in ran_with for f in g]
         head = r.regime if decided else "undecided (" + " or ".join(r.candidates) + ")"
         out.append(Finding(
             thread=THREAD, kind="regime", title=f"{cfg} at {top}: {head}", headline=r.headline() + agreement,
-            detail=(r.missing_words() + (f" What to try: {r.action}" if decided else "")).strip(),
+            detail=(r.missing_words() + (f" What to try: {action}" if decided else "")).strip(),
             applies=decided, reason="" if decided else f"the readings cannot separate {', '.join(r.candidates)}",
             change=Change(flags=flags) if flags else None, confidence=confidence if decided else "none",
             evidence={"config": cfg, "point": top, "regime": r.as_dict(),

@@ -12,6 +12,7 @@ counts. Verdict: already grouped, per-expert (with what it costs), or not MoE.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,8 +123,27 @@ def path_of(kernels: pd.DataFrame, shape: MoeShape | None, window_steps: float |
             "dense_ms": float(dense["dur_ns"].sum()) / 1e6, "dense_kernels": int(len(dense)),
             "steps": steps, "steps_from": how,
             "moe_launches_per_layer_step": per_step(len(moe), moe_layers) if moe_layers else float("nan"),
+            # which kernels make that number: the same path reads differently on two engines by its helpers (the
+            # expert sort, the top-k, the sum of the experts' outputs), so each is named with its own count
+            "moe_launch_kinds": [{"kernel": kernel_label(str(n)), "per_layer_step": per_step(int(c), moe_layers)}
+                                 for n, c in moe["name"].astype(str).value_counts().items()] if moe_layers else [],
             "dense_launches_per_layer_step": per_step(len(dense), layers) if layers else float("nan"),
             "device": "CPU" if (k["device"] < 0).all() else "GPU"}
+
+
+GENERIC_KERNELS = ("device_kernel", "kernel", "kernel_entry", "generic_kernel")
+
+
+def kernel_label(name: str, width: int = 48) -> str:
+    """A kernel's name as a sentence can hold it: its function without template arguments and namespaces, cut to
+    width."""
+    base = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "").split("(")[0]
+    base = re.sub(r"^void\s+", "", re.sub(r"<.*", "", base).strip())
+    base = base.rsplit("::", 1)[-1] or name
+    if base.lower() in GENERIC_KERNELS:  # a library's launcher: the kernel it runs is its template's first argument
+        inner = re.search(r"<\s*([\w:]+)", name.replace("(anonymous namespace)::", "").replace("<unnamed>::", ""))
+        base = inner.group(1).rsplit("::", 1)[-1] if inner else base
+    return base if len(base) <= width else base[:width - 1] + "…"
 
 
 # kernels that write each step's keys and values into the KV cache: once per layer per step, prefill and decode alike
@@ -340,7 +360,10 @@ def findings(ms: MoeStudy) -> list[Finding]:
                         confidence="none", headline=f"No kernel table of the engine's defaults was measured{first}",
                         reason=v["why"], evidence=ev)]
     where = f"{i['device']} time"
+    kinds = [x for x in i.get("moe_launch_kinds", []) if x["per_layer_step"] == x["per_layer_step"]]
     launch = (f"{i['moe_launches_per_layer_step']:.1f} MoE launches per MoE layer per step"
+              + (" (" + ", ".join(f"{x['kernel']} {x['per_layer_step']:.1f}" for x in kinds[:6])
+                 + (f", {len(kinds) - 6} more" if len(kinds) > 6 else "") + ")" if kinds else "")
               if i["moe_launches_per_layer_step"] == i["moe_launches_per_layer_step"] else "")
     steps = f" ({i['steps']:.0f} forward steps in the window, from {i['steps_from']})" if i["steps"] == i["steps"] \
         else ""

@@ -36,7 +36,8 @@ BASELINE, COMBINED = "baseline", "combined"
 TIERS = ("High", "Medium")  # the recommended changes: a measured effect of high or medium confidence
 # the scheduler knobs searched, as multiples of the load's highest concurrency (running requests) or absolute values
 SEARCH: dict[str, tuple[float, ...]] = {
-    "max_running_requests": (0.5, 1.0, 2.0),  # x the highest concurrency: below it requests queue
+    # x the highest concurrency: a cap at or above it cannot bind (at most that many requests are in flight)
+    "max_running_requests": (0.25, 0.5, 0.75),
     "chunked_prefill_size": (512, 2048, 8192),  # tokens per step: prefill chunking (transformers: --cb-max-batch-tokens)
     "num_continuous_decode_steps": (2, 4, 8),
     "cuda_graph_max_bs": (0.5, 2.0),  # x the highest concurrency: decode batches above it run without a graph
@@ -52,8 +53,9 @@ FIELDS = ("compile", "eager", "graph_decode", "graph_prefill", "tp", "dp")
 
 # how a search setting ended: launched (measured or failed), or not launched and why
 SearchState = Literal["measured", "failed", "not measured", "not expressible", "budget spent", "count reached",
-                      "run budget spent", "not tried by the measuring run"]
-LAUNCHED: tuple[SearchState, ...] = ("measured", "failed")
+                      "run budget spent", "not tried by the measuring run", "not read", "cannot bind",
+                      "other machine start"]
+LAUNCHED: tuple[SearchState, ...] = ("measured", "failed", "other machine start")
 # the words of the states a measuring run keeps in the store for an offline render (and earlier runs kept)
 SKIPPED_WORDS: dict[SearchState, str] = {"budget spent": "not tried: search budget spent",
                                          "count reached": "not tried: search_settings reached",
@@ -79,6 +81,10 @@ class SearchRow:
     @property
     def status(self) -> str:
         """The state in words: 'measured', 'failed: why', 'not tried: search budget spent', ..."""
+        if self.state in ("not read", "cannot bind"):
+            return f"not launched: {self.reason}"
+        if self.state == "other machine start":
+            return f"shown apart: {self.reason}"
         return SKIPPED_WORDS.get(self.state) or (f"{self.state}: {self.reason}" if self.reason else self.state)
 
     def as_dict(self) -> dict[str, Any]:
@@ -260,7 +266,7 @@ class Search:
         """One row per setting: its one launch against the reference, or why it was not launched."""
         out = pd.DataFrame([r.as_dict() for r in self.rows])
         out["source_says"] = [next((w for k, w in self.unread.items() if r.setting.startswith(f"{k}=")), "")
-                              for r in self.rows]
+                              if r.state != "not read" else "" for r in self.rows]  # its status says it already
         return out
 
     @property
@@ -523,14 +529,14 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
     # of the others what that run said (a budget spent is not seen from the data)
     parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "load": one.load.full_dump(),
              "around": combined.model_dump(mode="json", exclude_defaults=True), "search": wanted,
-             "budget_s": budget_s}
-    if count:  # only where asked: the recorded searches of earlier runs keep their keys
-        parts["settings"] = count
+             "budget_s": budget_s} | ({"settings": count} if count else {})  # keys of earlier runs' searches kept
     trial = _Trial()
+    frame = _frame_of(ref, study, level, ref_tok)
 
     def measure() -> dict[str, Any]:
-        trial.rows, trial.studies = _try(one, arms, ex, ref_tok, budget_s, None, count)
+        # read before anything launches: a knob this version never reads is not worth a launch
         unread = ctx.adapter.unread_knobs(ref.install) if ref.install is not None else {}
+        trial.rows, trial.studies = _trials(one, arms, ex, replace(frame, unread=unread), budget_s, None, count)
         return {"tried": [r.setting for r in trial.rows if r.state in LAUNCHED],
                 "skipped": {r.setting: SKIPPED_WORDS[r.state] for r in trial.rows if r.state in SKIPPED_WORDS},
                 "unread": unread}
@@ -540,12 +546,11 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
     kept, _ = ctx.memo("verify_search", parts, measure, keep=lambda _: not ctx.offline, compute_offline=True,
                        unfinished=lambda k: bool(set(UNFINISHED) & set((k.get("skipped") or {}).values())))
     if not trial.rows and not trial.studies:
-        trial.rows, trial.studies = _try(one, arms, ex, ref_tok, budget_s, kept, count)
+        trial.rows, trial.studies = _trials(one, arms, ex, replace(frame, unread=(kept or {}).get("unread") or {}),
+                                            budget_s, kept, count)
     rows = [reference, *trial.rows]
     studies += trial.studies
-    note = (f"coarse grid, one knob at a time around the combined configuration, at c={level}, one launch per "
-            f"setting, {f'at most {count} settings, ' if count else ''}within search_budget_s={budget_s:.0f}; the "
-            f"reference: {ref_note}")
+    note = _how_searched(level, count, budget_s, ref_note)
     floor_pct, floor_why, spread = _floor_of(ctx, study, level)
     tried = [r for r in rows if r.state == "measured" and not r.reference and r.vs_combined_pct == r.vs_combined_pct]
     lead = max(tried, key=lambda r: r.vs_combined_pct) if tried else None
@@ -556,7 +561,7 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
                    studies)
     if not verify_lead:  # a screen: its verification (repetitions of the suite's whole load) is not paid for here
         return found
-    knobs = next(k for s, k in cands if s == lead.setting)
+    knobs = next(k for s, k in [*cands, *_pair(rows, cands)] if s == lead.setting)
     tuned = run_study(THREAD, ctx, [Arm(base, combined, "the combined configuration"),
                                     Arm(lead.setting, knobs, f"{base} with {lead.setting}")],
                       headlines=[(base, lead.setting)])
@@ -584,7 +589,101 @@ def _reference(one: RunContext, study: Study | None, combined: Knobs, level: int
     return ref, _tok(ref, f"tune {COMBINED}"), "one launch of the combined configuration"
 
 
-def _try(one: RunContext, arms: list[Arm], ex: pd.DataFrame, ref_tok: float, budget_s: float,
+PAIR = " + "  # two settings launched together
+
+
+def _pair(rows: Sequence[SearchRow], cands: Sequence[tuple[str, Knobs]]) -> list[tuple[str, Knobs]]:
+    """The best setting of each of the two knobs whose best single setting led the reference most (both ahead of
+    it), as one setting: the seed's gain came from two scheduler knobs together. [] where fewer than two led."""
+    best: dict[str, SearchRow] = {}
+    for r in rows:
+        if r.state == "measured" and not r.reference and PAIR not in r.setting and r.vs_combined_pct > 0:
+            knob = r.setting.split("=", 1)[0]
+            if knob not in best or r.vs_combined_pct > best[knob].vs_combined_pct:
+                best[knob] = r
+    if len(best) < 2:
+        return []
+    a, b = sorted(best.values(), key=lambda r: -r.vs_combined_pct)[:2]
+    ka, kb = dict(cands)[a.setting], dict(cands)[b.setting]
+    knob_b = b.setting.split("=", 1)[0]
+    return [(f"{a.setting}{PAIR}{b.setting}", ka.model_copy(update={knob_b: getattr(kb, knob_b)}))]
+
+
+def _trials(one: RunContext, arms: list[Arm], ex: pd.DataFrame, frame: _Frame, budget_s: float,
+            kept: dict[str, Any] | None, count: int) -> tuple[list[SearchRow], list[Study]]:
+    """The settings one knob at a time, then the pair of the two best (_pair), within the budget and count."""
+    t0 = time.monotonic()
+    rows, studies = _try(one, arms, ex, frame, budget_s, kept, count)
+    pair = _pair(rows, [(a.note, a.knobs) for a in arms])
+    launched = sum(r.state in LAUNCHED for r in rows)
+    if not pair or (count and launched >= count):
+        return rows, studies
+    parm = [Arm(f"tune {pair[0][0]}", pair[0][1], pair[0][0])]
+    more, st = _try(one, parm, expressible(one, parm), frame, max(0.0, budget_s - (time.monotonic() - t0)), kept)
+    return rows + more, studies + st
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """What every setting of the search is held against: the level, the reference's throughput there and the
+    machine starts its launches ran in, and the knobs this version's source never reads (knob -> the evidence)."""
+
+    level: int | None
+    ref_tok: float
+    ref_starts: frozenset[str] = frozenset()
+    unread: dict[str, str] = field(default_factory=dict)
+    default_cap: int | None = None  # the running-request cap the reference resolved to, where its engine says
+
+    def refused(self, setting: str) -> tuple[SearchState, str] | None:
+        """Why a setting is not launched at all (a knob the version never reads, a cap that cannot bind), or
+        None."""
+        for one in setting.split(PAIR):
+            knob, _, value = one.partition("=")
+            if knob in self.unread:
+                return "not read", f"no effect: {self.unread[knob]}"
+            # a cap at or above the level holds nothing back, unless it lifts a lower cap the engine chose itself
+            if knob == "max_running_requests" and self.level and int(value) >= self.level and not (
+                    self.default_cap is not None and self.default_cap < self.level):
+                return "cannot bind", (f"a cap of {value} running requests cannot bind at c={self.level}: at most "
+                                       f"{self.level} are in flight")
+        return None
+
+    def row(self, setting: str, st: Study, arm: str, flags: str) -> SearchRow:
+        """A launched setting's row: its lead over the reference where both ran in one machine start, else its
+        throughput shown apart."""
+        tok = _tok(st, arm)
+        if tok != tok:
+            return SearchRow(setting, "failed", _first_error(st), flags=flags)
+        starts = _starts(st, arm)
+        if self.ref_starts and starts and not starts & self.ref_starts:
+            return SearchRow(setting, "other machine start", "launched in another machine start than the reference: "
+                             "not compared with it", flags=flags, output_tok_s=tok)
+        return SearchRow(setting, "measured", flags=flags, output_tok_s=tok,
+                         vs_combined_pct=round(100 * (tok / self.ref_tok - 1), 1) if self.ref_tok else float("nan"))
+
+
+def _how_searched(level: int | None, count: int, budget_s: float, ref_note: str) -> str:
+    """How the search ran, in words."""
+    return (f"coarse grid, one knob at a time around the combined configuration (then the best settings of the two "
+            f"best knobs together), at c={level}, one launch per setting, "
+            f"{f'at most {count} settings, ' if count else ''}within search_budget_s={budget_s:.0f}; the reference: "
+            f"{ref_note}")
+
+
+def _frame_of(ref: Study, study: Study | None, level: int | None, ref_tok: float) -> _Frame:
+    """The search's frame from its reference (the verification's combined arm, or a launch of its own)."""
+    arm = COMBINED if ref is study else f"tune {COMBINED}"
+    cap = st.facts.get("max_running_requests") if (st := ref.states.get(arm)) is not None else None
+    return _Frame(level, ref_tok, _starts(ref, arm), default_cap=cap if isinstance(cap, int) else None)
+
+
+def _starts(study: Study, arm: str) -> frozenset[str]:
+    """The machine starts an arm's stored points ran in (none named for points stored before they were kept)."""
+    return frozenset(pt.machine_start for (c, _), pt in study.results.stored.items()
+                     if c == arm and pt.machine_start)
+
+
+def _try(one: RunContext, arms: list[Arm], ex: pd.DataFrame, frame: _Frame, budget_s: float,
          kept: dict[str, Any] | None, count: int = 0) -> tuple[list[SearchRow], list[Study]]:
     """One launch per expressible setting while the budget lasts and fewer than count (0: any number) have launched
     (or, kept, the settings the measuring run tried, the others with what it said of them): the rows and studies."""
@@ -597,6 +696,9 @@ def _try(one: RunContext, arms: list[Arm], ex: pd.DataFrame, ref_tok: float, bud
     t0, took = time.monotonic(), 0.0
     for a in arms:
         flags = str(ex.loc[ex["arm"] == a.name, "flags"].iloc[0]) if a.name in ok else ""
+        if (refused := frame.refused(a.note)) is not None:  # before the store: a measured one is not shown either
+            rows.append(SearchRow(a.note, refused[0], refused[1], flags=flags))
+            continue
         # what the measuring run said of it (a spent budget), unless it was launched as that run stopped: the point
         # it finished is in the store, and a render reads it rather than say it was not tried
         late = kept is not None and kept["skipped"].get(a.note) in UNFINISHED and ok.get(a.name, False) \
@@ -605,9 +707,12 @@ def _try(one: RunContext, arms: list[Arm], ex: pd.DataFrame, ref_tok: float, bud
             rows.append(SearchRow(a.note, said[kept["skipped"][a.note]], flags=flags))
             continue
         if not ok.get(a.name, False):
-            # offline without the engine, a setting the store lacks cannot be asked about: not measured, not refused
-            state: SearchState = "not expressible" if asked.get(a.name, True) else "not measured"
-            rows.append(SearchRow(a.note, state, why.get(a.name, "")))
+            # offline without the engine, a setting the store lacks cannot be asked about: not measured, not refused;
+            # one the measuring run's grid did not hold (the grid changed since) was not tried, not lost
+            unasked = kept is not None and a.note not in kept["tried"] and a.note not in kept["skipped"]
+            state: SearchState = "not expressible" if asked.get(a.name, True) else \
+                "not tried by the measuring run" if unasked else "not measured"
+            rows.append(SearchRow(a.note, state, "" if unasked and state != "not expressible" else why.get(a.name, "")))
             continue
         launched = sum(r.state in LAUNCHED for r in rows)
         # a count makes the settings tried the same from run to run; a clock alone depends on how fast launches were
@@ -622,13 +727,10 @@ def _try(one: RunContext, arms: list[Arm], ex: pd.DataFrame, ref_tok: float, bud
         st = run_study(THREAD, one, [a])
         studies.append(st)
         took = max(took, time.monotonic() - t1) if st.results.points.shape[0] else took
-        tok = _tok(st, a.name)
-        if tok != tok and st.results.why_unmeasured() == "budget":
+        if _tok(st, a.name) != _tok(st, a.name) and st.results.why_unmeasured() == "budget":
             rows.append(SearchRow(a.note, "run budget spent", flags=flags))
             continue
-        rows.append(SearchRow(a.note, "measured", flags=flags, output_tok_s=tok,
-                              vs_combined_pct=round(100 * (tok / ref_tok - 1), 1) if ref_tok else float("nan"))
-                    if tok == tok else SearchRow(a.note, "failed", _first_error(st), flags=flags))
+        rows.append(frame.row(a.note, st, a.name, flags))
     return rows, studies
 
 
@@ -922,6 +1024,108 @@ def _commands(v: Verification, c: Any) -> list[str]:
             "After (this change alone):", "", "```bash", shlex.join(after), "```", ""]
 
 
+WATCH = ("running", "queued", "kv_used_pct", "preemptions_per_s")  # the counters a change of the batch moves
+
+
+def _deployed_sections(v: Verification, c: Candidate) -> list[str]:
+    """What deploying it costs and gives, from the combination it joined against the baseline: per level
+    throughput (effect, 90% CI) and p50/p99 TTFT and TPOT, the KV capacity and startup of each side, the output
+    check, and the engine counters to watch ([] where the combination was not measured)."""
+    if v.study is None or c.excluded:
+        return []
+    s = v.study.results.summary
+    if s.empty or not {BASELINE, COMBINED} <= set(s["config"]):
+        return []
+    n = len(v.included)
+    whose = "this change" if n == 1 else f"the combination of the {n} changes it joined"
+    eff = v.compare().effects()
+    tok = eff[eff["metric"] == "output_tok_s"].set_index("concurrency") if len(eff) else pd.DataFrame()
+    med = s.groupby(["config", "concurrency"])[[m for m in ("output_tok_s", "ttft_ms_p50", "ttft_ms_p99",
+                                                             "tpot_ms_p50", "tpot_ms_p99") if m in s]].median()
+    reps = s.groupby("config")["rep"].nunique()
+    rows = ["| c | output tok/s | effect (90% CI) | TTFT p50 / p99 ms | TPOT p50 / p99 ms |", "|---|---|---|---|---|"]
+    for lvl in sorted(set(s["concurrency"])):
+        if (BASELINE, lvl) not in med.index or (COMBINED, lvl) not in med.index:
+            continue
+        a, b = med.loc[(BASELINE, lvl)], med.loc[(COMBINED, lvl)]
+        e = tok.loc[lvl] if lvl in tok.index else None
+        said = f"{e['effect_pct']:+.1f}% ({e['ci_low_pct']:+.1f}..{e['ci_high_pct']:+.1f}%)" if e is not None \
+            and e["ci_low_pct"] == e["ci_low_pct"] else f"{e['effect_pct']:+.1f}% (no interval)" if e is not None else ""
+
+        def pair(m50: str, m99: str, x: pd.Series = a, y: pd.Series = b) -> str:
+            return f"{x.get(m50, float('nan')):,.0f} / {x.get(m99, float('nan')):,.0f} -> " \
+                   f"{y.get(m50, float('nan')):,.0f} / {y.get(m99, float('nan')):,.0f}"
+
+        rows.append(f"| {int(lvl)} | {a['output_tok_s']:,.0f} -> {b['output_tok_s']:,.0f} | {said} | "
+                    f"{pair('ttft_ms_p50', 'ttft_ms_p99')} | {pair('tpot_ms_p50', 'tpot_ms_p99')} |")
+    levels = sorted(int(x) for x in set(s["concurrency"]))
+    out = ["## Measured", "", f"{whose[:1].upper()}{whose[1:]} against the baseline, medians over "
+           f"{int(reps.get(COMBINED, 0))} and {int(reps.get(BASELINE, 0))} repetitions, at c={levels[0]} to "
+           f"{levels[-1]} (the range it was measured on: outside it, measure again); before -> after:", "", *rows, ""]
+    out += ["## What it costs", "", *(f"- {x}" for x in _costs(v)), ""]
+    verdict = v.study.output_verdict(COMBINED, BASELINE)
+    out += ["## Output check", "", f"With {whose}, the server {verdict.words().replace('as baseline', 'as the baseline')}.",
+            ""]
+    watch = _watch(v)
+    if watch:
+        out += ["## What to watch after deploying", "", "The engine's own counters on its `/metrics` (medians per "
+                "level over the repetitions, before -> after), to see the change working in production:", "",
+                *watch, ""]
+    return out
+
+
+def _costs(v: Verification) -> list[str]:
+    """Each side's KV capacity (the engine's own token count from its startup log) and time to its first token."""
+    from ..engines.logs import kv_tokens_from_log
+
+    assert v.study is not None
+    said = []
+    kv = {}
+    for side in (BASELINE, COMBINED):
+        got = [kv_tokens_from_log(pt.log(), v.ctx.adapter.name) for (cfg, _), pt in v.study.results.stored.items()
+               if cfg == side and pt.has_log()]
+        got = [x for x in got if x]
+        if got:
+            kv[side] = (min(got), max(got))
+    if len(kv) == 2:
+        (a, _), (b, _) = kv[BASELINE], kv[COMBINED]
+        said.append(f"KV cache (the engine's own token capacity, from its startup log): {a:,} tokens before, "
+                    f"{b:,} after ({100 * (b / a - 1):+.1f}%)")
+    else:
+        said.append("KV cache: not read (the engine's startup log does not give its token capacity here)")
+    st = v.study.results.startup
+    if len(st) and "first_token_s" in st:
+        r = st.groupby("config")["first_token_s"].agg(["min", "max"])
+        if {BASELINE, COMBINED} <= set(r.index):
+            a, b = r.loc[BASELINE], r.loc[COMBINED]
+            said.append(f"Startup (launch to first token): {a['min']:.0f}-{a['max']:.0f} s before, "
+                        f"{b['min']:.0f}-{b['max']:.0f} s after")
+    return said
+
+
+def _watch(v: Verification) -> list[str]:
+    """One line per engine counter of WATCH: its series and its medians per level before and after."""
+    assert v.study is not None
+    t = v.study.engine_beside_gpu()
+    counters = v.ctx.adapter.counters
+    if t.empty:
+        return []
+    med = t.groupby(["config", "concurrency"])[[c for c in WATCH if c in t]].median()
+    out = []
+    for name in (c for c in WATCH if c in t and c in counters):
+        per = [f"c={int(lvl)}: {_num(med.loc[(BASELINE, lvl), name])} -> {_num(med.loc[(COMBINED, lvl), name])}"
+               for lvl in sorted(set(t["concurrency"]))
+               if (BASELINE, lvl) in med.index and (COMBINED, lvl) in med.index]
+        if per:
+            out.append(f"- {name} (`{counters[name][0]}`): " + "; ".join(per))
+    return out
+
+
+def _num(x: float) -> str:
+    """A counter's median as shown: one decimal, or 'not read'."""
+    return f"{x:,.1f}" if x == x else "not read"
+
+
 def _drop_sequence(argv: list[str], drop: list[str]) -> list[str]:
     """argv with the sequence drop taken out where it occurs (each flag with its values)."""
     n = len(drop)
@@ -944,7 +1148,8 @@ def _slug(words: str) -> str:
 def documents(v: Verification, fs: list[Finding]) -> dict[str, str]:
     """One Markdown improvement document per recommended change (file name -> text; nb.write_documents puts them in
     the report's changes/): what was found (with a link to the evidence), the change in the engine's spelling, its
-    effect alone and in combination, what it excludes or risks, and how to roll it back."""
+    effect alone and in combination, per level with p50/p99 latencies (_deployed_sections), its KV capacity and startup
+    cost, the output check, the counters to watch, what it excludes or risks, and how to roll it back."""
     head = fs[0] if fs else None
     shares = {r["change"]: r for r in v.shares().to_dict("records")}
     docs = {}
@@ -989,7 +1194,7 @@ def documents(v: Verification, fs: list[Finding]) -> dict[str, str]:
             "## What was found", "", f"**{c.title}.** {c.finding.claim}", "",
             "## The change", "", change, "", *_commands(v, c),
             "## Effect", "", f"- Alone (its own thread, against its own baseline): {c.effect or 'no measured effect'}"
-            f" ({c.finding.confidence} confidence).", f"- Together: {together}", "",
+            f" ({c.finding.confidence} confidence).", f"- Together: {together}", "", *_deployed_sections(v, c),
             "## What it excludes or risks", "", *(f"- {r}" for r in risks or
                                                    ["Nothing this run measured: no exclusion rule, no latency "
                                                     "metric resolvedly worse."]), "",
