@@ -317,10 +317,8 @@ class Store:
         for pt in self.points():
             m = pt.manifest
             seen[(str(m.get("host", "?")), str(m.get("platform", "")).split("-with-")[0], str(m.get("cpu_count", "?")))] += 1
-            if not gpu:
-                static = pt.table("telemetry_gpu_static")
-                if len(static) and "name" in static:
-                    gpu = {"gpu": str(static["name"].iloc[0]), "gpus": len(static)}
+            if not gpu and pt.card:
+                gpu = {"gpu": pt.card, "gpus": len(pt.table("telemetry_gpu_static"))}
         if not seen:
             return {}
         (host, plat, cpus), n = seen.most_common(1)[0]

@@ -1076,13 +1076,11 @@ def _deployed_sections(v: Verification, c: Candidate) -> list[str]:
 
 def _costs(v: Verification) -> list[str]:
     """Each side's KV capacity (the engine's own token count from its startup log) and time to its first token."""
-    from ..engines.logs import kv_tokens_from_log
-
     assert v.study is not None
     said = []
     kv = {}
     for side in (BASELINE, COMBINED):
-        got = [kv_tokens_from_log(pt.log(), v.ctx.adapter.name) for (cfg, _), pt in v.study.results.stored.items()
+        got = [v.ctx.adapter.kv_capacity_tokens(pt.log()) for (cfg, _), pt in v.study.results.stored.items()
                if cfg == side and pt.has_log()]
         got = [x for x in got if x]
         if got:
