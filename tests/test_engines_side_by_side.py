@@ -73,7 +73,45 @@ def test_the_summary_shows_the_comparison(both, tmp_path):
     alone = run_suite(ROOT / "data" / "suites" / "vllm-h200.yaml", only=["99"], offline=True,
                       reports_dir=tmp_path / "r2", store_dir=ROOT / "data" / "reference" / "vllm-h200" / "store",
                       run_id="t", progress=False)
-    assert "on one engine only" in (alone.out_dir / "99_summary.html").read_text()
+    assert "hold no two engines serving this model" in (alone.out_dir / "99_summary.html").read_text()
+
+
+def test_a_suite_compares_against_another_engines_store_it_names(tmp_path):
+    """compare_with: the vLLM recording's suite, pointed at the SGLang recording's store, sets the two engines side by
+    side from its own store alone, as the store holding both does; the other store is read, never written."""
+    import yaml
+
+    src = ROOT / "data" / "suites" / "vllm-h200.yaml"
+    raw = yaml.safe_load(src.read_text())
+    raw["compare_with"] = [str(ROOT / "data" / "reference" / "sglang-h200" / "store")]
+    suite = tmp_path / "vllm-h200.yaml"
+    suite.write_text(yaml.safe_dump(raw))
+    other = ROOT / "data" / "reference" / "sglang-h200" / "store"
+    before = sorted(p.name for p in other.iterdir())
+    store = tmp_path / "store"
+    shutil.copytree(ROOT / "data" / "reference" / "vllm-h200" / "store", store)
+    done = run_suite(suite, only=["99"], offline=True, reports_dir=tmp_path / "r", store_dir=store, run_id="t",
+                     progress=False)
+    assert "sglang 0.5.17 serves it better" in (done.out_dir / "99_summary.html").read_text()
+    assert sorted(p.name for p in other.iterdir()) == before
+
+
+def test_stores_read_together_count_each_point_once(both):
+    """Two stores holding the same points (or one point under an alias) give the figures of one store: a repetition
+    read twice would narrow the interval."""
+    one = side_by_side(Store(both))
+    twice = side_by_side([Store(both), Store(both)])
+    assert one.equals(twice) and (one["n_a"] >= 3).all()
+
+
+def test_a_compare_with_that_is_no_store_is_refused_before_anything_launches(tmp_path):
+    from servescope.spec import SpecError
+    from servescope.suite import load_suite
+
+    suite = tmp_path / "s.yaml"
+    suite.write_text("name: s\ncompare_with: [no/such/store]\nnotebooks: [{id: 99_summary}]\n")
+    with pytest.raises(SpecError, match="compare_with 'no/such/store' is no store with points"):
+        load_suite(suite)
 
 
 def test_only_the_runs_model_and_load_are_compared(both):

@@ -318,6 +318,13 @@ def test_a_run_budget_launches_no_point_that_would_not_finish_and_a_later_run_go
     assert (o.points_planned, o.points_measured, o.points_failed, o.points_unmeasured) == (3, 1, 0, 2)
     assert "--budget-s" in res.stopped and "a later run goes on" in res.stopped
     assert any("not launched: the run's budget (--budget-s) ends in" in m for m in said)
+    # an offline render of that store counts the same points as asked and not in it (the SGLang H100 reference's 02
+    # read "ok" offline while the GPU run said "partial", and 07 then said no change was recommended)
+    off = measure(EngineSpec(**stub_engine), MODEL, [a, b], LOAD, repetitions=2, store=store, offline=True,
+                  say=lambda m: None)
+    o = off.outcome("t", [])
+    assert (o.points_planned, o.points_measured, o.points_unmeasured) == (3, 1, 2), off.errors
+    assert off.stopped == res.stopped
     # a budget already spent launches nothing, even where the store has nothing to judge a launch by
     monkeypatch.setenv(DEADLINE_ENV, str(time.time() - 1))
     empty = measure(EngineSpec(**stub_engine), MODEL, [a], LOAD, repetitions=1, store=Store(tmp_path / "e"),

@@ -259,6 +259,31 @@ def test_slimming_the_index_hides_what_the_gpu_never_reads_and_restore_puts_it_b
     assert slim.restore(tmp_path) == []  # nothing slimmed: nothing to do
 
 
+def test_slimming_keeps_the_stores_a_suite_compares_against(tmp_path):
+    """A suite's compare_with stores travel to the GPU machine (99 reads them there); their reports and logs do not; a
+    compare_with outside data/reference/<name>/store is refused before anything is taken out of the index."""
+    import subprocess
+
+    slim = _load("slim_index")
+    files = ["lib/a.py", "data/reference/v/store/k1/m.json", "data/reference/v/report/index.html",
+             "data/reference/s/store/k2/m.json", "data/reference/s/report/index.html",
+             "data/reference/other/store/k3/m.json"]
+    for f in files:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text(f)
+    (tmp_path / "data" / "suites").mkdir(parents=True)
+    suite = tmp_path / "data" / "suites" / "v.yaml"
+    suite.write_text("name: v\ncompare_with: [../reference/s/store]\n")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=tmp_path, check=True)
+    assert slim.slim(tmp_path, suite) == ["data/reference/other", "data/reference/s/report", "data/reference/v/report"]
+    slim.restore(tmp_path)
+    suite.write_text("name: v\ncompare_with: [../../elsewhere/store]\n")
+    with pytest.raises(SystemExit, match="not a data/reference/<name>/store"):
+        slim.slim(tmp_path, suite)
+    assert not slim.slimmed(tmp_path)
+
+
 def test_pack_refuses_when_the_tree_leaves_no_room_for_parts(monkeypatch):
     """A tree over what a call carries left pack.py printing '0 parts of at most -5.0 MiB' (seen at 65 MiB): it
     refuses, and says how to slim."""

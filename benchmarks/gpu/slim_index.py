@@ -41,11 +41,13 @@ def slimmed(root: Path) -> bool:
     return (git_dir(root) / RECORD).is_file()
 
 
-def unneeded(root: Path, suite_name: str) -> list[str]:
+def unneeded(root: Path, suite_name: str, compared: tuple[str, ...] = ()) -> list[str]:
     """The tracked folders the GPU machine never reads for this suite: every other reference folder, this one's
-    rendered report and logs (its store stays: the suite continues it), the embedded reference and the fixtures."""
+    rendered report and logs (its store stays: the suite continues it; so do the stores it compares against, its
+    compare_with, given as reference names), the embedded reference and the fixtures."""
     tracked = git(root, "ls-files", "--", "data/reference", "tests/fixtures").splitlines()
-    keep = f"data/reference/{suite_name}/store/"
+    read = (suite_name, *compared)
+    keep = tuple(f"data/reference/{name}/store/" for name in read)
     out: set[str] = set()
     for p in tracked:
         if p.startswith(keep):
@@ -53,19 +55,32 @@ def unneeded(root: Path, suite_name: str) -> list[str]:
         parts = p.split("/")
         if parts[0] == "tests":
             out.add("tests/fixtures")
-        elif len(parts) > 3 and parts[2] == suite_name:
-            out.add("/".join(parts[:4]))  # this suite's report/, gpu-logs/, ...: not its store
+        elif len(parts) > 3 and parts[2] in read:
+            out.add("/".join(parts[:4]))  # report/, gpu-logs/, ... of a reference read: not its store
         elif len(parts) > 3:
             out.add("/".join(parts[:3]))
     return sorted(out)
+
+
+def compared_references(root: Path, suite: Path, compare_with: list[str]) -> tuple[str, ...]:
+    """The reference names (data/reference/<name>/store) of a suite's compare_with stores."""
+    refs = (root / "data" / "reference").resolve()
+    names = []
+    for given in compare_with:
+        store = (suite.resolve().parent / given).resolve()
+        if store.parent.parent != refs or store.name != "store":
+            raise SystemExit(f"{suite}: compare_with {given!r} is not a data/reference/<name>/store: the GPU machine "
+                             "would not have it")
+        names.append(store.parent.name)
+    return tuple(names)
 
 
 def slim(root: Path, suite: Path) -> list[str]:
     """Take the unneeded folders out of git's index and hide them from it; the paths taken out."""
     if slimmed(root):
         raise SystemExit(f"the index is slimmed already ({git_dir(root) / RECORD}): restore first")
-    name = yaml.safe_load(suite.read_text())["name"]
-    paths = unneeded(root, name)
+    raw = yaml.safe_load(suite.read_text())
+    paths = unneeded(root, raw["name"], compared_references(root, suite, raw.get("compare_with") or []))
     if not paths:
         return []
     record = git_dir(root) / RECORD

@@ -12,11 +12,14 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import SpecError
 from .paths import cache_root, project_root
 from .util import file_lock
+
+if TYPE_CHECKING:
+    from .spec import ModelSpec
 
 META = "servescope-model.json"
 # bumped when the folder servescope writes for an architecture changes (its tokenizer), so caches are rebuilt
@@ -65,6 +68,15 @@ def config_digest(name: str) -> str:
     changed config is another model)."""
     raw = json.dumps({"config": read_config(name), "build": BUILD_VERSION}, sort_keys=True).encode()
     return hashlib.sha256(raw).hexdigest()[:12]
+
+
+def model_key(model: ModelSpec) -> dict[str, Any]:
+    """The model as store keys name it (a tiny model in full: it is the model; an architecture with its config's
+    digest, so that a changed config is another model)."""
+    key = model.model_dump(mode="json", exclude_none=True)
+    if model.architecture is not None:
+        key["config"] = config_digest(model.architecture)
+    return key
 
 
 @dataclass(frozen=True)

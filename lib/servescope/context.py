@@ -92,14 +92,10 @@ class RunContext:
 
     @property
     def model_key(self) -> dict[str, Any]:
-        """The model as store keys name it (a tiny model in full: it is the model; an architecture with its config's
-        digest, so that a changed config is another model)."""
-        key = self.model.model_dump(mode="json", exclude_none=True)
-        if self.model.architecture is not None:
-            from .architectures import config_digest
+        """The model as store keys name it (architectures.model_key)."""
+        from .architectures import model_key
 
-            key["config"] = config_digest(self.model.architecture)
-        return key
+        return model_key(self.model)
 
     def memo(self, kind: str, parts: dict[str, Any], compute: Callable[[], Any],
              keep: Callable[[Any], bool] = lambda _: True, reuse_online: bool = True,

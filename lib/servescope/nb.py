@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import shlex
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -413,19 +414,26 @@ def ranked_table(ranked: pd.DataFrame) -> Markdown | HTML:
                                                                      classes="servescope-ranked"))
 
 
-def engines_side_by_side(store_dir: str, model: dict | None = None, load: dict | None = None) -> Markdown | pd.DataFrame:
+def engines_side_by_side(store_dir: str, model: dict | None = None, load: dict | None = None,
+                         compare_stores: Sequence[str] = ()) -> Markdown | pd.DataFrame:
     """Two engines serving this run's model under this run's load (where given; else every model and load the store
-    holds), side by side (analysis.engines), or one line saying why there is nothing to compare."""
+    holds), side by side across the run's store and the suite's compare_with stores (analysis.engines), or one line
+    saying why there is nothing to compare."""
     from .analysis import engines
     from .spec import LoadSpec, ModelSpec
     from .store import Store
 
     if not store_dir or not Path(store_dir).is_dir():
         return Markdown("Not compared: this run names no store.")
-    t = engines.side_by_side(Store(store_dir), ModelSpec(**model) if model else None,
-                             LoadSpec(**load) if load else None)
+    missing = [c for c in compare_stores if not Path(c).is_dir()]
+    if missing:
+        return Markdown(f"Not compared: the suite's compare_with store {missing[0]} is not on this machine.")
+    stores = [Store(store_dir), *(Store(c) for c in compare_stores)]
+    t = engines.side_by_side(stores, ModelSpec(**model) if model else None, LoadSpec(**load) if load else None)
     if t.empty:
-        return Markdown("Not compared: the store holds this model under this load on one engine only.")
+        where = "the run's store" + (" and the suite's compare_with stores" if compare_stores else "")
+        return Markdown(f"Not compared: {where} hold no two engines serving this model under this load on one GPU "
+                        f"model with {engines.MIN_REPS} or more repetitions of a configuration each.")
     display(Markdown(engines.words(t)))
     return t.drop(columns=["model", "load", "configs_a", "configs_b"]).round(1)
 

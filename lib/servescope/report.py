@@ -99,13 +99,14 @@ class SuiteRun:
 
 
 def plan_parameters(suite: Suite, path: Path, nb_id: str, overrides: dict[str, Any], out_dir: Path,
-                    store_dir: Path, offline: bool) -> dict[str, Any]:
+                    store_dir: Path, offline: bool, compare_stores: Sequence[Path] = ()) -> dict[str, Any]:
     """Parameters papermill injects: suite-wide engine/model/load, the notebook's overrides, and run paths."""
     declared = pm.inspect_notebook(str(path))
     params: dict[str, Any] = {}
     suite_wide = {"engine": suite.engine, "model": suite.model, "load": suite.load, "telemetry": suite.telemetry,
                   "profile": suite.profile, "baseline": suite.baseline_knobs, "deployment": suite.deployment,
                   "store_dir": str(store_dir), "offline": offline,
+                  "compare_stores": [str(c) for c in compare_stores],
                   "findings_path": str(out_dir / f"{nb_id}.findings.json"), "report_dir": str(out_dir)}
     for k, v in suite_wide.items():
         if k in declared:
@@ -251,7 +252,8 @@ def run_suite(
     run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{suite.name}"
     out_dir = (reports / run_id).resolve()
     files = {e.id: notebook_file(suite_path, e) for e in entries}
-    plans = {e.id: plan_parameters(suite, files[e.id], e.id, e.parameters, out_dir, store.resolve(), offline)
+    plans = {e.id: plan_parameters(suite, files[e.id], e.id, e.parameters, out_dir, store.resolve(), offline,
+                                    suite.compare_stores(suite_path))
              for e in entries}
     if not offline:
         check_baseline(suite)

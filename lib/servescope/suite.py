@@ -55,6 +55,13 @@ class Suite(BaseModel):
     baseline: dict[str, Any] = Field(default_factory=dict, description="Knobs of the deployment as it runs today "
                                      "(thread 07 verifies the changes against it); empty: the deployment's knobs, "
                                      "else the engine's defaults")
+    compare_with: list[str] = Field(default_factory=list, description="stores of this model under this load served "
+                                    "by another engine on the same GPU model (relative to the suite file), read only: "
+                                    "the summary sets the engines side by side across them")
+
+    def compare_stores(self, suite_path: str | Path) -> list[Path]:
+        """The compare_with stores as absolute paths."""
+        return [(Path(suite_path).parent / s).resolve() for s in self.compare_with]
 
     @property
     def baseline_knobs(self) -> dict[str, Any]:
@@ -98,4 +105,7 @@ def load_suite(path: str | Path) -> Suite:
             raise SpecError(f"suite {p} names notebook {nb.id!r}, but {notebook_file(p, nb)} does not exist")
         if "load" in nb.parameters:
             parse(LoadSpec, {**suite.load, **nb.parameters["load"]}, f"{p}: notebooks[{nb.id}].load")
+    for given, store in zip(suite.compare_with, suite.compare_stores(p), strict=True):
+        if not store.is_dir() or not any(store.iterdir()):
+            raise SpecError(f"suite {p}: compare_with {given!r} is no store with points ({store})")
     return suite

@@ -9,12 +9,14 @@ configurations favours the side with more of them: the words say how many each s
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from itertools import combinations
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..architectures import model_key
 from ..spec import Knobs, LoadSpec, ModelSpec
 from ..store import Point, Store
 
@@ -27,11 +29,21 @@ def _engine_name(pt: Point) -> str:
     return f"{inst.distribution} {inst.version}" if inst is not None else str(pt.parts.get("engine", "?"))
 
 
-def measured(store: Store) -> pd.DataFrame:
-    """One row per point and level: engine, configuration, model and load (as keys), the GPU model it ran on ('' where
-    none was read), repetition, output tok/s."""
+def _points(stores: Store | Sequence[Store]) -> Iterator[Point]:
+    """Every complete point of one store or of several (a point two stores hold is read once)."""
+    seen: set[str] = set()
+    for store in [stores] if isinstance(stores, Store) else stores:
+        for pt in store.points():
+            if pt.path.name not in seen:
+                seen.add(pt.path.name)
+                yield pt
+
+
+def measured(stores: Store | Sequence[Store]) -> pd.DataFrame:
+    """One row per point and level of one store or several: engine, configuration, model and load (as keys), the GPU
+    model it ran on ('' where none was read), repetition, output tok/s."""
     rows = []
-    for pt in store.points():
+    for pt in _points(stores):
         s = pt.table("summary")
         if s.empty or "output_tok_s" not in s or "concurrency" not in s:
             continue
@@ -41,31 +53,44 @@ def measured(store: Store) -> pd.DataFrame:
         for r in s.itertuples():
             rows.append({"model": json.dumps(pt.parts.get("model"), sort_keys=True),
                          "load": json.dumps(pt.parts.get("load"), sort_keys=True), "card": pt.card,
+                         "machine_start": pt.machine_start,
                          "engine": _engine_name(pt),
                          "config": knobs.label(), "rep": pt.parts.get("rep"), "concurrency": int(r.concurrency),
                          "output_tok_s": float(r.output_tok_s)})
-    return pd.DataFrame(rows, columns=["model", "load", "card", "engine", "config", "rep", "concurrency",
-                                       "output_tok_s"])
+    return pd.DataFrame(rows, columns=["model", "load", "card", "machine_start", "engine", "config", "rep",
+                                       "concurrency", "output_tok_s"])
 
 
-def _best(g: pd.DataFrame) -> tuple[str, np.ndarray, int] | None:
+def _best(g: pd.DataFrame) -> tuple[str, np.ndarray, int, set[str]] | None:
     """The configuration with the highest median among those with enough repetitions, its values, how many
-    configurations had enough."""
-    enough = {c: x["output_tok_s"].to_numpy() for c, x in g.groupby("config") if len(x) >= MIN_REPS}
+    configurations had enough, the machine starts its repetitions ran on ('' for one not recorded)."""
+    enough = {c: x for c, x in g.groupby("config") if len(x) >= MIN_REPS}
     if not enough:
         return None
-    best = max(enough, key=lambda c: float(np.median(enough[c])))
-    return best, enough[best], len(enough)
+    best = max(enough, key=lambda c: float(np.median(enough[c]["output_tok_s"])))
+    return best, enough[best]["output_tok_s"].to_numpy(), len(enough), set(enough[best]["machine_start"])
 
 
-def side_by_side(store: Store, model: ModelSpec | None = None, load: LoadSpec | None = None) -> pd.DataFrame:
-    """Per model, load and GPU model the store holds on two or more engines (only this model, this load, where given;
+def machines(a: set[str], b: set[str]) -> str:
+    """How two sides' repetitions relate to the machines they ran on: 'one machine start' when every repetition of
+    both ran on one boot, 'different machine starts' when the sides share none, 'not recorded' where a start is unknown,
+    else 'partly shared'."""
+    if "" in a or "" in b:
+        return "not recorded"
+    if len(a | b) == 1:
+        return "one machine start"
+    return "different machine starts" if not a & b else "partly shared"
+
+
+def side_by_side(stores: Store | Sequence[Store], model: ModelSpec | None = None,
+                 load: LoadSpec | None = None) -> pd.DataFrame:
+    """Per model, load and GPU model the stores hold on two or more engines (only this model, this load, where given;
     never across cards), per level and pair of engines: each side's best configuration, its median and repetitions,
     the ratio (second against first, %) with its 90% interval, and which serves the model better ('no resolved
     difference' where the interval holds 0)."""
-    m = measured(store)
-    if model is not None:  # as point keys name them (experiment.point_parts)
-        m = m[m["model"] == json.dumps(model.model_dump(mode="json", exclude_none=True), sort_keys=True)]
+    m = measured(stores)
+    if model is not None:  # as point keys name them (experiment.point_parts): an architecture with its config's digest
+        m = m[m["model"] == json.dumps(model_key(model), sort_keys=True)]
     if load is not None:
         m = m[m["load"] == json.dumps(load.model_dump(mode="json", exclude_defaults=True), sort_keys=True)]
     out = []
@@ -89,7 +114,8 @@ def side_by_side(store: Store, model: ModelSpec | None = None, load: LoadSpec | 
                             "output_tok_s_a": float(np.median(sa[1])), "n_a": len(sa[1]), "configs_a": sa[2],
                             "engine_b": b, "config_b": sb[0], "output_tok_s_b": float(np.median(sb[1])),
                             "n_b": len(sb[1]), "configs_b": sb[2], "b_vs_a_pct": 100 * (ratio - 1),
-                            "ci_low_pct": float(lo), "ci_high_pct": float(hi), "better": better})
+                            "ci_low_pct": float(lo), "ci_high_pct": float(hi), "better": better,
+                            "machines": machines(sa[3], sb[3])})
     return pd.DataFrame(out)
 
 
@@ -106,5 +132,10 @@ def words(t: pd.DataFrame) -> str:
                     f"against {r.engine_a} ({r.config_a}) {r.output_tok_s_a:,.0f}, {r.b_vs_a_pct:+.1f}% (90% CI "
                     f"{r.ci_low_pct:+.1f}..{r.ci_high_pct:+.1f}%, n={r.n_b} and {r.n_a})")
     first = t.iloc[0]
+    apart = sorted({m for m in t["machines"] if m != "one machine start"})
+    spread = (f" The sides' repetitions ran on {' and '.join(apart).replace('not recorded', 'machine starts not all recorded')}: "
+              "the interval holds the spread between one engine's launches, not between machines, so a difference of a "
+              "few percent may be the machines'." if apart else "")
     return ("; ".join(said) + f". Each side is its best measured configuration at that level (of {first.configs_b} "
-            f"and {first.configs_a} with {MIN_REPS} or more repetitions): the best of several reads a little high.")
+            f"and {first.configs_a} with {MIN_REPS} or more repetitions): the best of several reads a little high."
+            + spread)
