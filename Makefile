@@ -68,11 +68,16 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then APT=; else APT=sudo; fi; \
 	  $$APT apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$APT apt-get install -y -qq chromium >/dev/null; }
 
+# two pytest workers, a test file each at a time (module fixtures render a reference once): the 2-core machine's
+# cores both busy while one worker waits on a server; TEST_WORKERS=0 runs in one process
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: model lint browser
-	$(PY) -m pytest --durations=25 $(ARGS)
+	$(PY) -m pytest $(XDIST) --durations=25 $(ARGS)
 
 test-fast: venv lint browser
-	$(PY) -m pytest -m "not slow" $(ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow" $(ARGS)
 
 lab: venv
 	$(PY) -m pip install -q -e '.[dev,lab]'

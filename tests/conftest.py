@@ -6,6 +6,7 @@ import os
 import sys
 import uuid
 
+import psutil
 import pytest
 
 from servescope.engines.base import EngineInstall
@@ -15,6 +16,21 @@ from stub_engine import STUB, StubAdapter, stub_command  # noqa: F401  (register
 # servers they started from any other vLLM on the machine by it
 MARK = "SERVESCOPE_TEST_MARK"
 os.environ[MARK] = uuid.uuid4().hex
+
+
+def our_processes(*needles: str) -> list[psutil.Process]:
+    """Live processes this test session started (they carry its mark) whose command line holds one of the needles:
+    `make test` runs two sessions at once (pytest-xdist), and one must not count the other's servers as left over."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if p.info["status"] == psutil.STATUS_ZOMBIE or not any(n in " ".join(p.info["cmdline"] or []) for n in needles):
+            continue
+        try:
+            if p.environ().get(MARK) == os.environ[MARK]:
+                out.append(p)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue  # another user's, or gone
+    return out
 
 
 @pytest.fixture
@@ -49,3 +65,9 @@ def wheel_install():
         return EngineInstall(python=sys.executable, version=version, distribution=dist, platform="cuda",
                              source=str(fetch_wheel(dist, version)))
     return make
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The real-engine files first: `make test` hands whole files to two workers (--dist loadfile), and the longest
+    started last would leave one worker idle while the other finishes it."""
+    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else 1)

@@ -9,6 +9,7 @@ import pandas as pd
 import psutil
 import pytest
 
+from conftest import our_processes
 from servescope.experiment import Config, measure
 from servescope.load.health import FAILED_SHARE_LIMIT, level_failure
 from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
@@ -19,8 +20,7 @@ MODEL = ModelSpec(path="stub")
 
 
 def _stub_processes() -> list[int]:
-    return [p.pid for p in psutil.process_iter(["cmdline", "status"])
-            if p.info["status"] != psutil.STATUS_ZOMBIE and any("stub_server.py" in c for c in p.info["cmdline"] or [])]
+    return [p.pid for p in our_processes("stub_server.py")]
 
 
 def test_kill_9_mid_load_keeps_the_finished_level_and_the_rerun_resumes(tmp_path, stub_engine):

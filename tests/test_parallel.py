@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 import pandas as pd
-import psutil
 import pytest
 
+from conftest import our_processes
 from servescope.context import context
 from servescope.errors import KnobError, NotMeasuredError, SpecError
 from servescope.experiment import Config, measure
@@ -66,7 +66,7 @@ def test_replicas_are_pinned_and_the_least_outstanding_route_avoids_a_slow_one(t
         assert (Path(path) / "replica-1" / "server.stdout.log").read_text().count("slow") == 1
         procs = pd.read_parquet(Path(path) / "telemetry_server_procs.parquet")
         assert set(procs["replica"]) == {0, 1}  # the host sampler follows both trees
-    assert not [p for p in psutil.process_iter(["cmdline"]) if "stub_server.py" in " ".join(p.info["cmdline"] or [])]
+    assert not our_processes("stub_server.py")
 
 
 def test_more_replicas_than_cores_is_refused_before_launch(tmp_path, stub_engine):

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import our_processes
 from servescope import mps
 from servescope.context import context
 from servescope.engines import get_engine
@@ -64,8 +65,7 @@ def mps_box(tmp_path, monkeypatch) -> Path:
 
 def _left(tmp: Path) -> list[str]:
     """MPS daemons, stub servers and MPS folders still there."""
-    procs = [p for p in psutil.process_iter(["cmdline"]) if any(x in " ".join(p.info["cmdline"] or []) for x in (
-        "stub_server.py", mps.CONTROL)) and p.status() != psutil.STATUS_ZOMBIE]
+    procs = our_processes("stub_server.py", mps.CONTROL)
     return [str(p.info["cmdline"]) for p in procs] + [d.name for d in tmp.glob("servescope-*mps-*")]
 
 
@@ -209,8 +209,7 @@ def test_thread04_compares_sharing_layouts_with_one_server(mps_box, gpu_engine, 
         """The stub servers running now, as NVML would list the processes holding GPU memory."""
 
         def items(self):
-            return [(p.pid, 512.0) for p in psutil.process_iter(["cmdline"])
-                    if "stub_server.py" in " ".join(p.info["cmdline"] or [])]
+            return [(p.pid, 512.0) for p in our_processes("stub_server.py")]
 
     load = {"concurrency": [1, 4], "num_requests": 16, "output_len": 8, "warmup_requests": 0}
     with fake_nvml([FakeGpu(procs=LiveProcs(), sm_active_pct=30.0)]):

@@ -15,6 +15,7 @@ from servescope.context import context
 from servescope.errors import SpecError
 from servescope.findings import Change, Conflict, Effect, Finding, collect, write_findings
 from servescope.spec import Knobs
+from servescope.store import Store
 from servescope.summary import front_line
 from servescope.threads import verify as t07
 
@@ -130,6 +131,43 @@ def test_the_scheduler_search_finds_and_verifies_a_setting(tmp_path, stub_engine
     assert front_line(fs).startswith("Verified: +") and "the engine's defaults" in front_line(fs)
     assert "(not verified: this run recommends no change" in front_line(fs)
     assert t07.documents(v, fs) == {}
+
+
+def test_a_search_in_another_machine_start_launches_its_own_reference(tmp_path, stub_engine, monkeypatch):
+    """The search's settings are judged against a reference of their own machine start: a rerun on a new machine
+    start (a new GPU session continuing the store) launches the combined configuration and the settings there again,
+    and an offline render reads that start's launches."""
+    from servescope import store as store_mod
+    from servescope.threads import verify as v_mod
+
+    def on(boot: str) -> None:
+        monkeypatch.setattr(store_mod, "boot_id", lambda: boot)
+        monkeypatch.setattr(v_mod, "boot_id", lambda: boot)
+
+    d = _report(tmp_path)
+    eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2", "STUB_ITL_MS": "5"}}
+    load = {**LOAD, "concurrency": [4, 8]}
+
+    def run(offline: bool = False):
+        ctx = context(eng, {"path": "stub"}, load, repetitions=3, max_repetitions=3, store_dir=str(tmp_path / "s"),
+                      progress=False, offline=offline)
+        return t07.run(ctx, collect(d), search=["max_running_requests"], search_budget_s=120, search_settings=1,
+                       verify_lead=False)
+
+    on("boot-a")
+    first = run()
+    assert first.tuning.note.endswith("one launch of the combined configuration in the settings' machine start")
+    assert first.search["state"].tolist()[:2] == ["measured", "measured"]
+    on("boot-b")
+    second = run()
+    assert second.tuning.note == first.tuning.note
+    assert second.search["state"].tolist()[:2] == ["measured", "measured"]
+    # the reference launched once per start (the stub's setting is its default cap: the same launch, read by alias)
+    pinned = sorted(pt.parts["machine_start"] for pt in Store(tmp_path / "s").points() if pt.parts.get("machine_start"))
+    assert pinned == ["boot-a", "boot-b"]
+    again = run(offline=True)
+    assert again.tuning.note == second.tuning.note
+    assert again.search["output_tok_s"].head(2).tolist() == second.search["output_tok_s"].head(2).tolist()
 
 
 def test_a_screening_search_names_its_lead_and_launches_nothing_to_verify_it(tmp_path, stub_engine):

@@ -60,6 +60,9 @@ class RunContext:
     deployment: DeploymentSpec = field(default_factory=DeploymentSpec)
     # the load's 'kv' level as it was read (kvlevel.resolve): the engine's KV capacity, where from, the level
     kv_level: dict[str, Any] | None = None
+    # a point that must be measured in one machine start (the search's reference, beside the settings it judges):
+    # the start's boot id joins its key, so another start launches its own instead of reading this one's
+    pinned_start: str = ""
 
     def deployed(self, knobs: Knobs) -> Knobs:
         """What a configuration launches: the deployment with the configuration's own knobs over it."""
@@ -96,6 +99,15 @@ class RunContext:
         from .architectures import model_key
 
         return model_key(self.model)
+
+    def recall(self, kind: str, parts: dict[str, Any]) -> Any:
+        """What a run kept under kind and parts (memo's answer), or None: read before deciding how to compute it."""
+        return self.store.note(kind, parts)
+
+    def amend(self, kind: str, parts: dict[str, Any], answer: Any) -> None:
+        """Replace a kept answer online (a rerun added to it); offline nothing is written."""
+        if not self.offline:
+            self.store.put_note(kind, parts, answer)
 
     def memo(self, kind: str, parts: dict[str, Any], compute: Callable[[], Any],
              keep: Callable[[Any], bool] = lambda _: True, reuse_online: bool = True,

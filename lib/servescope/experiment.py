@@ -318,6 +318,8 @@ def point_parts(ctx: RunContext, knobs: Knobs, rep: int, load: LoadSpec | None =
              "load": (load or ctx.load).model_dump(mode="json", exclude_defaults=True), "rep": rep}
     if profile.kind != "none":
         parts["profile"] = profile.model_dump(mode="json", exclude_defaults=True)
+    if ctx.pinned_start:
+        parts["machine_start"] = ctx.pinned_start
     return parts
 
 

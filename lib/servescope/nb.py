@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import html
 import shlex
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd

@@ -28,6 +28,7 @@ from ..experiment import is_stored
 from ..findings import Change as FindingChange
 from ..findings import Finding, Outcome, Verdict, failures_of, tier
 from ..spec import Knobs, ProfileSpec
+from ..store import boot_id
 from ..study import Arm, Comparison, Study, drop_empty, expressible, flag_groups, run_study
 from ..telemetry.base import UNMEASURED
 
@@ -517,6 +518,14 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
     base = tune_base(study, baseline_words)
     one = ctx.with_(load=ctx.load.model_copy(update={"concurrency": (level,)}) if level else ctx.load,
                     plan=RepetitionPlan(1, 1), profile=ProfileSpec())
+    # which settings the measuring run tried is kept: an offline render (or a rerun) reads the same ones, and says
+    # of the others what that run said (a budget spent is not seen from the data)
+    parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "load": one.load.full_dump(),
+             "around": combined.model_dump(mode="json", exclude_defaults=True), "search": wanted,
+             "budget_s": budget_s} | ({"settings": count} if count else {})  # keys of earlier runs' searches kept
+    # the settings and their reference in one machine start: pinned to it where the verification ran in another
+    pinned = _reference_start(ctx, study, level, ctx.recall("verify_search", parts))
+    one = one.with_(pinned_start=pinned)
     cands = candidates(ctx, combined, wanted)
     arms = [Arm(f"tune {s}", k, s) for s, k in cands]
     # asked at the search's own load: offline without the engine, the store is asked for the point the search
@@ -525,11 +534,6 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
     ref, ref_tok, ref_note = _reference(one, study, combined, level)
     studies: list[Study] = [ref] if ref is not study else []
     reference = _reference_row(base, ref, ref_tok)
-    # which settings the measuring run tried is kept: an offline render (or a rerun) reads the same ones, and says
-    # of the others what that run said (a budget spent is not seen from the data)
-    parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "load": one.load.full_dump(),
-             "around": combined.model_dump(mode="json", exclude_defaults=True), "search": wanted,
-             "budget_s": budget_s} | ({"settings": count} if count else {})  # keys of earlier runs' searches kept
     trial = _Trial()
     frame = _frame_of(ref, study, level, ref_tok)
 
@@ -539,12 +543,13 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
         trial.rows, trial.studies = _trials(one, arms, ex, replace(frame, unread=unread), budget_s, None, count)
         return {"tried": [r.setting for r in trial.rows if r.state in LAUNCHED],
                 "skipped": {r.setting: SKIPPED_WORDS[r.state] for r in trial.rows if r.state in SKIPPED_WORDS},
-                "unread": unread}
+                "unread": unread, "reference_start": pinned}
 
     # a search that ran out of budget goes on where it stopped when run again online: the settings it launched come
     # back from the store at no cost, the budget then goes to those it had no time for
     kept, _ = ctx.memo("verify_search", parts, measure, keep=lambda _: not ctx.offline, compute_offline=True,
                        unfinished=lambda k: bool(set(UNFINISHED) & set((k.get("skipped") or {}).values())))
+    kept = _repinned(ctx, parts, kept, pinned)
     if not trial.rows and not trial.studies:
         trial.rows, trial.studies = _trials(one, arms, ex, replace(frame, unread=(kept or {}).get("unread") or {}),
                                             budget_s, kept, count)
@@ -577,16 +582,41 @@ def _reference_row(base: str, ref: Study, ref_tok: float) -> SearchRow:
                      vs_combined_pct=0.0, reference=True)
 
 
+def _repinned(ctx: RunContext, parts: dict[str, Any], kept: dict[str, Any] | None, pinned: str) -> dict[str, Any] | None:
+    """The kept search with the machine start its reference now has: settings kept from another start, the reference
+    launched in this one, and a later render reads this reference."""
+    if kept is None or ctx.offline or kept.get("reference_start", "") == pinned:
+        return kept
+    kept = {**kept, "reference_start": pinned}
+    ctx.amend("verify_search", parts, kept)
+    return kept
+
+
+def _reference_start(ctx: RunContext, study: Study | None, level: int | None, said: dict[str, Any] | None) -> str:
+    """The machine start the search's reference must be launched in ('' where the verification's own launches serve):
+    offline, the one the measuring run kept; online, this machine's start unless the verification's combined
+    configuration ran at the search's level in it (settings are judged only against a reference of their own start)."""
+    if ctx.offline:
+        return str((said or {}).get("reference_start") or "")
+    here = boot_id()
+    ran = study is not None and level and _at_level(study, COMBINED, level)[1] and here in _starts(study, COMBINED)
+    return "" if ran else here
+
+
 def _reference(one: RunContext, study: Study | None, combined: Knobs, level: int | None) -> tuple[Study, float, str]:
     """The search's reference: the combined configuration at the search's level, as the verification measured it
-    (its launches at the suite's load reach that level too: one launch per configuration), or one launch of its own:
-    (the study it is read from, its output tok/s, how it was had)."""
+    (its launches at the suite's load reach that level too: one launch per configuration), or, where pinned to a
+    machine start or the verification has none, one launch of its own: (the study it is read from, its output tok/s,
+    how it was had)."""
+    pinned = one.pinned_start
     ref_tok, ref_n = _at_level(study, COMBINED, level) if study is not None and level else (float("nan"), 0)
-    if ref_n and study is not None:
+    if ref_n and study is not None and not pinned:
         return study, ref_tok, (f"the combined configuration at c={level}: the median of the verification's {ref_n} "
                                 "repetitions (no launch of its own)")
     ref = run_study(THREAD, one, [Arm(f"tune {COMBINED}", combined, "the combined configuration")])
-    return ref, _tok(ref, f"tune {COMBINED}"), "one launch of the combined configuration"
+    why = (" in the settings' machine start" + (" (the verification's launches ran in another)" if ref_n else "")
+           if pinned else "")
+    return ref, _tok(ref, f"tune {COMBINED}"), f"one launch of the combined configuration{why}"
 
 
 PAIR = " + "  # two settings launched together
