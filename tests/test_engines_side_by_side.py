@@ -70,7 +70,12 @@ def test_the_summary_shows_the_comparison(both, tmp_path):
                      store_dir=both, run_id="t", progress=False)
     page = (done.out_dir / "99_summary.html").read_text()
     assert "Engines side by side" in page and "sglang 0.5.17 serves it better" in page
-    alone = run_suite(ROOT / "data" / "suites" / "vllm-h200.yaml", only=["99"], offline=True,
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "data" / "suites" / "vllm-h200.yaml").read_text())
+    raw.pop("compare_with", None)  # the store alone: one engine
+    (tmp_path / "alone.yaml").write_text(yaml.safe_dump(raw))
+    alone = run_suite(tmp_path / "alone.yaml", only=["99"], offline=True,
                       reports_dir=tmp_path / "r2", store_dir=ROOT / "data" / "reference" / "vllm-h200" / "store",
                       run_id="t", progress=False)
     assert "hold no two engines serving this model" in (alone.out_dir / "99_summary.html").read_text()

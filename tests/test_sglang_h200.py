@@ -103,10 +103,10 @@ def test_front_page_opens_with_the_verified_effect_against_the_seeds_launch(offl
     assert summary.title == "First change: Use CUDA graphs: piecewise"
     assert "--cuda-graph-backend-prefill breakable" in summary.recommendation
     page = (offline_run / "index.html").read_text()
-    line = re.search(r'id="verified"[^>]*><b>([^<]*)', page).group(1)
+    line = re.sub(r"<[^>]+>", "", re.search(r'id="verified"[^>]*><b>(.*?)</b>', page, flags=re.S).group(1))
     assert line.startswith("Verified: +532.3% output_tok_s (90% CI +340.9..+807.0%, n=3")
     assert "with --cuda-graph-backend-decode full --cuda-graph-backend-prefill breakable, against the baseline " \
-        "cuda_graph=off" in line
+        "cuda_graph=off (--cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled)" in line
     # and what the scheduler search found: nothing it could tell from the combination's own spread
     assert line.endswith("no scheduler setting was verified: none of the 5 tried at c=32 led the recommended changes "
                          "combined by more than the combination&#39;s own launches spread there (38%), so none could be "

@@ -17,6 +17,7 @@ from servescope.findings import Change, Conflict, Effect, Finding, collect, writ
 from servescope.spec import Knobs
 from servescope.store import Store
 from servescope.summary import front_line
+from servescope.threads import change_docs
 from servescope.threads import verify as t07
 
 LOAD = {"concurrency": [2, 8], "num_requests": 16, "output_len": 8, "warmup_requests": 0}
@@ -97,7 +98,7 @@ def test_the_changes_together_are_verified_with_each_ones_share(tmp_path, stub_e
     assert "Not finished, so a change it would name may be missing here: 06_moe_grouped_gemm (partial: 2 of 3 points " \
            "measured, 1 failed)." in head.claim and "07_verified_changes" not in head.claim
     assert fs[1].title == "Scheduler tuning: not searched"
-    docs = nb.write_documents(t07.documents(v, fs), d)
+    docs = nb.write_documents(change_docs.documents(v, fs), d)
     # the third change sets the same knob as the first otherwise: an alternative, said in the first one's document
     assert [p.parent.name for p in docs] == ["changes"] * 2
     text = docs[0].read_text()
@@ -130,7 +131,7 @@ def test_the_scheduler_search_finds_and_verifies_a_setting(tmp_path, stub_engine
     assert fs[1].title.startswith("Verified scheduler setting: max_running_requests=") and fs[1].confidence == "high"
     assert front_line(fs).startswith("Verified: +") and "the engine's defaults" in front_line(fs)
     assert "(not verified: this run recommends no change" in front_line(fs)
-    assert t07.documents(v, fs) == {}
+    assert change_docs.documents(v, fs) == {}
 
 
 def test_a_search_in_another_machine_start_launches_its_own_reference(tmp_path, stub_engine, monkeypatch):
@@ -374,13 +375,13 @@ def test_a_change_document_gives_both_launch_commands_shell_quoted():
     v = SimpleNamespace(study=SimpleNamespace(results=SimpleNamespace(point=lambda name: point)))
     c = SimpleNamespace(flags=["--compilation-config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'],
                         drop_flags=["--enforce-eager"])
-    lines = t07._commands(v, c)
+    lines = change_docs._commands(v, c)
     blocks = [lines[i + 1] for i, x in enumerate(lines) if x == "```bash"]
     assert blocks[0] == before
     after = shlex.split(blocks[1])
     assert "--enforce-eager" not in after and after[-1] == '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'
     assert after[:-2] == [x for x in shlex.split(before) if x != "--enforce-eager"]
-    assert t07._commands(v, SimpleNamespace(flags=[], drop_flags=[])) == []
+    assert change_docs._commands(v, SimpleNamespace(flags=[], drop_flags=[])) == []
 
 
 def test_the_search_refuses_settings_that_cannot_change_anything():

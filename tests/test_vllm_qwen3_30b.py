@@ -164,3 +164,13 @@ def test_99_sets_vllm_beside_sglang_on_the_same_card():
 
     page = re.sub(r"<[^>]+>", "", (REF / "report" / "99_summary.html").read_text())
     assert "At c=128 on NVIDIA H100 80GB HBM3, sglang 0.5.17 serves it better" in page and "-11.1%" in page
+
+
+def test_the_baseline_is_spelled_as_it_was_launched_where_the_engine_is_not_here():
+    """Offline on a machine without vLLM, 07's answer names the baseline in the flags its launch carried (the user's
+    --enforce-eager), not only in the suite's knob words; the deployment's own extra flag is left out."""
+    from servescope.findings import read_findings
+
+    head = read_findings(REF / "report" / "07_verified_changes.findings.json")[0]
+    assert "against the baseline torch_compile=False, mem_fraction=0.88 (`--enforce-eager --gpu-memory-utilization " \
+        "0.88`)" in head.headline

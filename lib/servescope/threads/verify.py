@@ -13,7 +13,6 @@ against the combined configuration with repetitions of its own."""
 
 from __future__ import annotations
 
-import re
 import shlex
 import time
 from collections.abc import Sequence
@@ -447,6 +446,8 @@ def run(ctx: RunContext, by_thread: dict[str, list[Finding]], baseline: dict[str
                 loo.append((c, f"without {c.label}"))
                 arms.append(Arm(f"without {c.label}", _without(combined, base, c), f"combined, {c.label} left out"))
         study = run_study(THREAD, ctx, arms, headlines=[(BASELINE, COMBINED)])
+        if baseline and not words.endswith("`)"):  # the engine was not here to spell it: its launch was
+            words = f"the baseline {base.label()}{_launched_as(ctx, study)}"
     tuning = _search(ctx, study, combined, words, wanted, search_budget_s, search_settings, verify_lead) \
         if search_budget_s > 0 and wanted else None
     return Verification(ctx, base, words, found, combined, study, loo, verify_lead, tuning,
@@ -467,6 +468,17 @@ def _spelled(ctx: RunContext, knobs: Knobs) -> str:
         return ""
     flags = str(ex["flags"].iloc[0]) if len(ex) and bool(ex["expressible"].iloc[0]) else ""
     return f" (`{flags}`)" if flags and not flags.startswith("(") else ""
+
+
+def _launched_as(ctx: RunContext, study: Study) -> str:
+    """' (`--enforce-eager`)': the baseline's knobs as its stored launch spelled them (the deployment's own extra
+    flags left out, as the engine would spell the knobs alone); '' where it has no stored launch."""
+    pt = study.results.point(BASELINE)
+    flags = list((pt.target.get("flags") or []) if pt is not None else [])
+    extra = list(ctx.deployment.args)
+    if extra and flags[len(flags) - len(extra):] == extra:
+        flags = flags[:len(flags) - len(extra)]
+    return f" (`{shlex.join(flags)}`)" if flags else ""
 
 
 def _expressible(ctx: RunContext, base: Knobs, combined: Knobs, found: list[Candidate]) -> Knobs:
@@ -518,11 +530,7 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
     base = tune_base(study, baseline_words)
     one = ctx.with_(load=ctx.load.model_copy(update={"concurrency": (level,)}) if level else ctx.load,
                     plan=RepetitionPlan(1, 1), profile=ProfileSpec())
-    # which settings the measuring run tried is kept: an offline render (or a rerun) reads the same ones, and says
-    # of the others what that run said (a budget spent is not seen from the data)
-    parts = {"engine": ctx.engine_identity, "model": ctx.model_key, "load": one.load.full_dump(),
-             "around": combined.model_dump(mode="json", exclude_defaults=True), "search": wanted,
-             "budget_s": budget_s} | ({"settings": count} if count else {})  # keys of earlier runs' searches kept
+    parts = _search_parts(ctx, one, combined, wanted, budget_s, count)
     # the settings and their reference in one machine start: pinned to it where the verification ran in another
     pinned = _reference_start(ctx, study, level, ctx.recall("verify_search", parts))
     one = one.with_(pinned_start=pinned)
@@ -571,6 +579,16 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
                                     Arm(lead.setting, knobs, f"{base} with {lead.setting}")],
                       headlines=[(base, lead.setting)])
     return replace(found, tuned=tuned, tuned_knobs=knobs, tuned_setting=lead.setting)
+
+
+def _search_parts(ctx: RunContext, one: RunContext, combined: Knobs, wanted: list[str], budget_s: float,
+                  count: int) -> dict[str, Any]:
+    """What the search is kept under: which settings the measuring run tried is kept, so an offline render (or a
+    rerun) reads the same ones, and says of the others what that run said (a budget spent is not seen from the
+    data); a count joins only where set (keys of earlier runs' searches kept)."""
+    return {"engine": ctx.engine_identity, "model": ctx.model_key, "load": one.load.full_dump(),
+            "around": combined.model_dump(mode="json", exclude_defaults=True), "search": wanted,
+            "budget_s": budget_s} | ({"settings": count} if count else {})
 
 
 def _reference_row(base: str, ref: Study, ref_tok: float) -> SearchRow:
@@ -1037,195 +1055,3 @@ def _none_verified(s: Search, n: int, against: str) -> str:
     return (f"none of the {n} tried{_at(s)} led {against} by more than the combination's own launches spread there "
             f"({s.floor_pct:.0f}%), so none could be told from noise" if s.floor_from_spread else
             f"none of the {n} tried{_at(s)} beat {against} by more than {s.floor_pct:.0f}%")
-
-
-def _commands(v: Verification, c: Any) -> list[str]:
-    """The launch command measured as the baseline and the same command with this change alone, shell-quoted so each
-    pastes as one command ([] where the baseline's command is not stored or the change is not flags)."""
-    pt = v.study.results.point(BASELINE) if v.study is not None else None
-    before = str(pt.target.get("command") or "") if pt is not None else ""
-    if not before or not (c.flags or c.drop_flags):
-        return []
-    argv = shlex.split(before)
-    for group in flag_groups(list(c.drop_flags)):
-        argv = _drop_sequence(argv, list(group))
-    after = argv + list(c.flags)
-    return ["Before (the baseline as launched here):", "", "```bash", before, "```", "",
-            "After (this change alone):", "", "```bash", shlex.join(after), "```", ""]
-
-
-WATCH = ("running", "queued", "kv_used_pct", "preemptions_per_s")  # the counters a change of the batch moves
-
-
-def _deployed_sections(v: Verification, c: Candidate) -> list[str]:
-    """What deploying it costs and gives, from the combination it joined against the baseline: per level
-    throughput (effect, 90% CI) and p50/p99 TTFT and TPOT, the KV capacity and startup of each side, the output
-    check, and the engine counters to watch ([] where the combination was not measured)."""
-    if v.study is None or c.excluded:
-        return []
-    s = v.study.results.summary
-    if s.empty or not {BASELINE, COMBINED} <= set(s["config"]):
-        return []
-    n = len(v.included)
-    whose = "this change" if n == 1 else f"the combination of the {n} changes it joined"
-    eff = v.compare().effects()
-    tok = eff[eff["metric"] == "output_tok_s"].set_index("concurrency") if len(eff) else pd.DataFrame()
-    med = s.groupby(["config", "concurrency"])[[m for m in ("output_tok_s", "ttft_ms_p50", "ttft_ms_p99",
-                                                             "tpot_ms_p50", "tpot_ms_p99") if m in s]].median()
-    reps = s.groupby("config")["rep"].nunique()
-    rows = ["| c | output tok/s | effect (90% CI) | TTFT p50 / p99 ms | TPOT p50 / p99 ms |", "|---|---|---|---|---|"]
-    for lvl in sorted(set(s["concurrency"])):
-        if (BASELINE, lvl) not in med.index or (COMBINED, lvl) not in med.index:
-            continue
-        a, b = med.loc[(BASELINE, lvl)], med.loc[(COMBINED, lvl)]
-        e = tok.loc[lvl] if lvl in tok.index else None
-        said = f"{e['effect_pct']:+.1f}% ({e['ci_low_pct']:+.1f}..{e['ci_high_pct']:+.1f}%)" if e is not None \
-            and e["ci_low_pct"] == e["ci_low_pct"] else f"{e['effect_pct']:+.1f}% (no interval)" if e is not None else ""
-
-        def pair(m50: str, m99: str, x: pd.Series = a, y: pd.Series = b) -> str:
-            return f"{x.get(m50, float('nan')):,.0f} / {x.get(m99, float('nan')):,.0f} -> " \
-                   f"{y.get(m50, float('nan')):,.0f} / {y.get(m99, float('nan')):,.0f}"
-
-        rows.append(f"| {int(lvl)} | {a['output_tok_s']:,.0f} -> {b['output_tok_s']:,.0f} | {said} | "
-                    f"{pair('ttft_ms_p50', 'ttft_ms_p99')} | {pair('tpot_ms_p50', 'tpot_ms_p99')} |")
-    levels = sorted(int(x) for x in set(s["concurrency"]))
-    out = ["## Measured", "", f"{whose[:1].upper()}{whose[1:]} against the baseline, medians over "
-           f"{int(reps.get(COMBINED, 0))} and {int(reps.get(BASELINE, 0))} repetitions, at c={levels[0]} to "
-           f"{levels[-1]} (the range it was measured on: outside it, measure again); before -> after:", "", *rows, ""]
-    out += ["## What it costs", "", *(f"- {x}" for x in _costs(v)), ""]
-    verdict = v.study.output_verdict(COMBINED, BASELINE)
-    out += ["## Output check", "", f"With {whose}, the server {verdict.words().replace('as baseline', 'as the baseline')}.",
-            ""]
-    watch = _watch(v)
-    if watch:
-        out += ["## What to watch after deploying", "", "The engine's own counters on its `/metrics` (medians per "
-                "level over the repetitions, before -> after), to see the change working in production:", "",
-                *watch, ""]
-    return out
-
-
-def _costs(v: Verification) -> list[str]:
-    """Each side's KV capacity (the engine's own token count from its startup log) and time to its first token."""
-    assert v.study is not None
-    said = []
-    kv = {}
-    for side in (BASELINE, COMBINED):
-        got = [v.ctx.adapter.kv_capacity_tokens(pt.log()) for (cfg, _), pt in v.study.results.stored.items()
-               if cfg == side and pt.has_log()]
-        got = [x for x in got if x]
-        if got:
-            kv[side] = (min(got), max(got))
-    if len(kv) == 2:
-        (a, _), (b, _) = kv[BASELINE], kv[COMBINED]
-        said.append(f"KV cache (the engine's own token capacity, from its startup log): {a:,} tokens before, "
-                    f"{b:,} after ({100 * (b / a - 1):+.1f}%)")
-    else:
-        said.append("KV cache: not read (the engine's startup log does not give its token capacity here)")
-    st = v.study.results.startup
-    if len(st) and "first_token_s" in st:
-        r = st.groupby("config")["first_token_s"].agg(["min", "max"])
-        if {BASELINE, COMBINED} <= set(r.index):
-            a, b = r.loc[BASELINE], r.loc[COMBINED]
-            said.append(f"Startup (launch to first token): {a['min']:.0f}-{a['max']:.0f} s before, "
-                        f"{b['min']:.0f}-{b['max']:.0f} s after")
-    return said
-
-
-def _watch(v: Verification) -> list[str]:
-    """One line per engine counter of WATCH: its series and its medians per level before and after."""
-    assert v.study is not None
-    t = v.study.engine_beside_gpu()
-    counters = v.ctx.adapter.counters
-    if t.empty:
-        return []
-    med = t.groupby(["config", "concurrency"])[[c for c in WATCH if c in t]].median()
-    out = []
-    for name in (c for c in WATCH if c in t and c in counters):
-        per = [f"c={int(lvl)}: {_num(med.loc[(BASELINE, lvl), name])} -> {_num(med.loc[(COMBINED, lvl), name])}"
-               for lvl in sorted(set(t["concurrency"]))
-               if (BASELINE, lvl) in med.index and (COMBINED, lvl) in med.index]
-        if per:
-            out.append(f"- {name} (`{counters[name][0]}`): " + "; ".join(per))
-    return out
-
-
-def _num(x: float) -> str:
-    """A counter's median as shown: one decimal, or 'not read'."""
-    return f"{x:,.1f}" if x == x else "not read"
-
-
-def _drop_sequence(argv: list[str], drop: list[str]) -> list[str]:
-    """argv with the sequence drop taken out where it occurs (each flag with its values)."""
-    n = len(drop)
-    if not n:
-        return list(argv)
-    out, i = [], 0
-    while i < len(argv):
-        if argv[i:i + n] == drop:
-            i += n
-            continue
-        out.append(argv[i])
-        i += 1
-    return out
-
-
-def _slug(words: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", words.lower()).strip("-")[:60] or "change"
-
-
-def documents(v: Verification, fs: list[Finding]) -> dict[str, str]:
-    """One Markdown improvement document per recommended change (file name -> text; nb.write_documents puts them in
-    the report's changes/): what was found (with a link to the evidence), the change in the engine's spelling, its
-    effect alone and in combination, per level with p50/p99 latencies (_deployed_sections), its KV capacity and startup
-    cost, the output check, the counters to watch, what it excludes or risks, and how to roll it back."""
-    head = fs[0] if fs else None
-    shares = {r["change"]: r for r in v.shares().to_dict("records")}
-    docs = {}
-    # an alternative setting of a knob a higher-ranked change sets is said in that change's document, not its own
-    kept = [c for c in v.changes if not c.alternative_to]
-    for i, c in enumerate(kept, 1):
-        share = shares.get(c.label)
-        alternatives = [x for x in v.changes if x.alternative_to == c.label]
-        if c.excluded:
-            together = f"Not in the combination: {c.excluded}."
-        elif head is not None and head.effect is not None:
-            together = f"All {len(v.included)} joined change(s) together: {head.effect.text()} against " \
-                       f"{v.baseline_words} ({head.title})."
-            if share is not None:
-                together += (f" Its share (the combination against it left out): {share['share_pct']:+.1f}% "
-                             f"(90% CI {share['ci_low_pct']:+.1f}..{share['ci_high_pct']:+.1f}%, n={share['n']}).")
-        else:
-            together = "Not measured in combination in this run."
-        risks = [f"Excluded: {c.excluded}"] if c.excluded else []
-        risks += [f"{x.label} was left out because of it: {x.excluded}" for x in v.changes
-                  if x.excluded and not x.alternative_to and c.label in x.excluded]
-        risks += [f"Measured alternative, not taken: {x.label} ({x.effect} alone, {x.tier})" for x in alternatives]
-        worse = _worse(v.study, BASELINE, COMBINED)[0] if v.study is not None and not c.excluded else []
-        risks += [f"With the combination: {w}" for w in worse]
-        dropped, added = shlex.join(c.drop_flags), shlex.join(c.flags)
-        rollback = (f"Remove `{added}` from the launch command"
-                    + (f" and put `{dropped}` back" if dropped else "") if c.flags
-                    else f"Add `{dropped}` back to the launch command" if dropped
-                    else "Run one server again in place of the replicas and their balancer" +
-                    (" (and stop the MPS control daemon)" if c.knobs.get("gpu_share") == "mps" else "") if c.layout
-                    else f"Set {', '.join(c.knobs)} back to {v.baseline_words}") + \
-            f" and restart: the server then runs as {v.baseline_words} again."
-        change = (f"Remove `{dropped}` from the launch command and add `{added}`." if c.flags and dropped
-                  else f"`{added}`" if c.flags else
-                  f"Remove `{dropped}` from the launch command: the engine's defaults then run as "
-                  f"{Knobs(**c.knobs).label()}." if dropped else
-                  f"{c.change.words[:1].upper()}{c.change.words[1:]} (knobs: {Knobs(**c.knobs).label()})."
-                  if c.change.words else f"Knobs: {Knobs(**c.knobs).label()}")
-        text = "\n".join([
-            f"# Change {i}: {c.label}", "",
-            f"Rank {i} of {len(kept)} ({c.tier}), from [{c.thread}](../{c.thread}.html#Answer).", "",
-            "## What was found", "", f"**{c.title}.** {c.finding.claim}", "",
-            "## The change", "", change, "", *_commands(v, c),
-            "## Effect", "", f"- Alone (its own thread, against its own baseline): {c.effect or 'no measured effect'}"
-            f" ({c.finding.confidence} confidence).", f"- Together: {together}", "", *_deployed_sections(v, c),
-            "## What it excludes or risks", "", *(f"- {r}" for r in risks or
-                                                   ["Nothing this run measured: no exclusion rule, no latency "
-                                                    "metric resolvedly worse."]), "",
-            "## Roll back", "", rollback, ""])
-        docs[f"{i:02d}-{_slug(c.label)}.md"] = text
-    return docs
