@@ -172,5 +172,5 @@ def test_the_baseline_is_spelled_as_it_was_launched_where_the_engine_is_not_here
     from servescope.findings import read_findings
 
     head = read_findings(REF / "report" / "07_verified_changes.findings.json")[0]
-    assert "against the baseline torch_compile=False, mem_fraction=0.88 (`--enforce-eager --gpu-memory-utilization " \
-        "0.88`)" in head.headline
+    assert head.verdict.words.endswith("against the baseline torch_compile=False, mem_fraction=0.88 (`--enforce-eager "
+                                       "--gpu-memory-utilization 0.88`)")
