@@ -46,6 +46,7 @@ from .server import log_tails, read_logs
 from .spec import DeploymentSpec, EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec
 from .store import Point, Store
 from .telemetry import Telemetry
+from .util import rep_label
 
 TELEMETRY_TABLES = ("gpu", "gpu_static", "gpu_procs", "host_cpu", "server_procs", "server_threads", "server_metrics",
                     "dcgm")
@@ -147,7 +148,7 @@ class Results:
         gaps = int(self.errors["error_type"].isin(UNMEASURED).sum()) if len(self.errors) else 0
         return Outcome(thread=thread, points_planned=self.planned, points_measured=len(self.points),
                        points_failed=len(self.errors) - gaps, points_unmeasured=gaps,
-                       first_error="" if first is None else f"{first['config']} rep {int(first['rep']) + 1}: {first['summary']}",
+                       first_error="" if first is None else f"{first['config']} {rep_label(first['rep'])}: {first['summary']}",
                        first_signal="" if first is None else str(first.get("signal") or ""),
                        findings_total=len(findings), findings_answering=sum(f.answers for f in findings))
 
@@ -209,7 +210,7 @@ class Results:
         """One line per point where the client limited the figure (kind='limited') or was starved ('starved')."""
         h = self.client_health()
         bad = h[h[f"client_{kind}"].fillna(False).astype(bool)]
-        return [f"{r.config} rep {int(r.rep) + 1} {r.point}: {r.client_warning}" for r in bad.itertuples()]
+        return [f"{r.config} {rep_label(r.rep)} {r.point}: {r.client_warning}" for r in bad.itertuples()]
 
 
 class _Tables:
@@ -359,7 +360,7 @@ class _Loop:
 
     def tag(self, rep: int, cfg: Config) -> str:
         plan = self.ctx.plan
-        return f"rep {rep + 1} {cfg.name}" + (f" (of at least {plan.min_reps})" if plan.max_reps > plan.min_reps
+        return f"{rep_label(rep)} {cfg.name}" + (f" (of at least {plan.min_reps})" if plan.max_reps > plan.min_reps
                                               else f"/{plan.max_reps}")
 
     def point(self, rep: int, cfg: Config) -> str:

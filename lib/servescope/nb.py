@@ -21,7 +21,7 @@ from .findings import Finding, Outcome, write_findings, write_outcome
 from .probes.run import Failed, ProbeRun
 from .study import Study
 from .summary import change_html, each_change_once
-from .util import atomic_write_text
+from .util import atomic_write_text, rep_label
 
 # long words (a verdict's "because", a flag list) wrap in the HTML report instead of ending in "..."
 pd.set_option("display.max_colwidth", 400)
@@ -154,7 +154,7 @@ def show_measured(res: Results) -> Markdown:
         if len(unfilled):
             dep += "\n\n**Levels that did not fill** (requests in flight below 90% of the concurrency over the steady " \
                    "window: they measured a lower concurrency than their label): " + "; ".join(
-                       f"{r.config} rep {int(r.rep) + 1} {r.point} ({r.fill_pct:.0f}%)" for r in unfilled.itertuples()) + "."
+                       f"{r.config} {rep_label(r.rep)} {r.point} ({r.fill_pct:.0f}%)" for r in unfilled.itertuples()) + "."
     if not o.points_failed and not o.points_unmeasured:
         return Markdown((f"Measured all {o.points_planned} points." if o.points_planned else "Nothing to measure.")
                         + dep)

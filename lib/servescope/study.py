@@ -43,6 +43,7 @@ from .probes.run import failed as probe_failed
 from .probes.run import skipped as probe_skipped
 from .spec import EngineSpec, Knobs
 from .state import FIELDS, ResolvedState, differences, verify
+from .util import rep_label
 
 # a load client held up this long (event-loop lag p99) lost ten times the host's scheduling slack: its figures carry
 # the stall; where one side of a comparison ran so and the other did not, the difference is partly the client's
@@ -223,7 +224,7 @@ class Study:
         if s.empty or "short_outputs" not in s:
             return []
         bad = s[s["short_outputs"].fillna(0) > 0]
-        return [f"{r.config} rep {int(r.rep) + 1} c={int(r.concurrency)}: {int(r.short_outputs)} of {int(r.completed)} requests "
+        return [f"{r.config} {rep_label(r.rep)} c={int(r.concurrency)}: {int(r.short_outputs)} of {int(r.completed)} requests "
                 f"ended early (mean {r.mean_output_tokens:.0f} output tokens)" for r in bad.itertuples()]
 
     def startup(self) -> pd.DataFrame:
@@ -700,11 +701,11 @@ class Comparison:
 
     def _not_measured(self, subject: str, states: dict[str, ResolvedState], errs: list[dict[str, Any]]) -> Finding:
         first = next((x for x in errs if x.get("signal")), errs[0] if errs else None)
-        cause = f" First failure: {first['config']} rep {int(first['rep']) + 1}: {first['summary']}" if first else ""
+        cause = f" First failure: {first['config']} {rep_label(first['rep'])}: {first['summary']}" if first else ""
         return Finding(thread=self.study.thread, kind="failure", title=f"{subject}: not measured", applies=False,
                        confidence="none", headline=f"No paired measurement of {self.treatment} vs {self.baseline} "
                        "completed, so no effect can be stated", detail=cause.strip(),
-                       reason="; ".join(f"{x['config']} rep {int(x['rep']) + 1}: {x['signal'] or x['error_type']}"
+                       reason="; ".join(f"{x['config']} {rep_label(x['rep'])}: {x['signal'] or x['error_type']}"
                                         for x in errs) or "no data",
                        evidence={"errors": errs, "resolved": {k: v.to_dict() for k, v in states.items()}})
 

@@ -73,3 +73,8 @@ def redact_mapping(obj: Any) -> Any:
     if isinstance(obj, list):
         return [redact_mapping(v) for v in obj]
     return obj
+
+
+def rep_label(rep: Any) -> str:
+    """'rep 1' for a point's first repetition: stores and keys count from 0, every page and log line from 1."""
+    return f"rep {int(rep) + 1}"
