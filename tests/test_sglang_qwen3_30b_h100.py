@@ -72,3 +72,11 @@ def test_99_sets_sglang_beside_vllm_on_the_same_card():
     assert f"At c=16 on {CARD}, neither is resolved as better" in page
     assert f"At c=128 on {CARD}, sglang 0.5.17 serves it better" in page
     assert "machine starts not all recorded" in page
+
+
+def test_the_scheduler_search_waits_for_02():
+    """The suite asks 07 to search SGLang's scheduler knobs at c=128, where this card's KV cache is full; with 02
+    unfinished no change is recommended, and a search around the graphs-off deployment would tune what 02 replaces:
+    it waits, and says so."""
+    tuning = _findings("07_verified_changes")[1]
+    assert tuning.title == "Scheduler tuning: waits for an earlier thread" and "02_piecewise_cuda_graphs" in tuning.headline

@@ -171,6 +171,20 @@ def test_a_search_in_another_machine_start_launches_its_own_reference(tmp_path, 
     assert again.search["output_tok_s"].head(2).tolist() == second.search["output_tok_s"].head(2).tolist()
 
 
+def test_the_search_waits_for_an_unfinished_thread_that_may_name_the_change(tmp_path, stub_engine):
+    """SGLang's H100 store: 02 cut short by the device budget, so no change is recommended yet; a search around the
+    graphs-off deployment would tune what 02's change replaces. Nothing is launched and both findings say why."""
+    ctx = context(stub_engine, {"path": "stub"}, LOAD, repetitions=1, max_repetitions=1,
+                  store_dir=str(tmp_path / "s"), progress=False)
+    v = t07.run(ctx, collect(_report(tmp_path)), search=["max_running_requests"], search_budget_s=60,
+                unfinished={"02_piecewise_cuda_graphs": "partial: 5 of 6 points measured, 1 not in the store"})
+    assert v.tuning is None and not Store(tmp_path / "s").keys()
+    head, tuning = t07.findings(v)
+    assert head.title == "Not verified: an earlier thread did not finish"
+    assert tuning.title == "Scheduler tuning: waits for an earlier thread"
+    assert "02_piecewise_cuda_graphs (partial: 5 of 6 points measured" in tuning.headline
+
+
 def test_a_screening_search_names_its_lead_and_launches_nothing_to_verify_it(tmp_path, stub_engine):
     """verify_lead=False (the default suite: verifying a lead there cost 3 launches of the whole load, about 180 s of
     a cold make report): the same known answer as above leads by >20% and is named, but no verification is launched,

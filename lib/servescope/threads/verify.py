@@ -448,10 +448,13 @@ def run(ctx: RunContext, by_thread: dict[str, list[Finding]], baseline: dict[str
         study = run_study(THREAD, ctx, arms, headlines=[(BASELINE, COMBINED)])
         if baseline and not words.endswith("`)"):  # the engine was not here to spell it: its launch was
             words = f"the baseline {base.label()}{_launched_as(ctx, study)}"
+    gaps = {t: w for t, w in (unfinished or {}).items() if t != THREAD}
+    # no change yet because a thread did not finish: a search around the baseline would tune what the finished
+    # thread may replace, so it waits with the verification
+    waits = not found and bool(gaps)
     tuning = _search(ctx, study, combined, words, wanted, search_budget_s, search_settings, verify_lead) \
-        if search_budget_s > 0 and wanted else None
-    return Verification(ctx, base, words, found, combined, study, loo, verify_lead, tuning,
-                        {t: w for t, w in (unfinished or {}).items() if t != THREAD})
+        if search_budget_s > 0 and wanted and not waits else None
+    return Verification(ctx, base, words, found, combined, study, loo, verify_lead, tuning, gaps)
 
 
 def _removed_only(flags: list[str], drop: list[str]) -> str:
@@ -949,8 +952,19 @@ def _how(v: Verification, f: Finding) -> tuple[str, Finding]:
     return how, f
 
 
+def _search_waits(v: Verification) -> Finding:
+    """The search not run: an unfinished thread may yet name the change it would tune around."""
+    gaps = "; ".join(f"{t} ({w})" for t, w in v.unfinished.items())
+    return Finding(thread=THREAD, kind="search", title="Scheduler tuning: waits for an earlier thread", applies=False,
+                   confidence="none", headline=f"The scheduler knobs were not searched: {gaps} did not finish, and "
+                   "the search tunes the configuration the recommended changes make",
+                   reason="an earlier thread did not finish", evidence={"search": [], "method": ""})
+
+
 def _tuning_finding(v: Verification) -> Finding:
     s = v.tuning
+    if s is None and not v.changes and v.unfinished:
+        return _search_waits(v)
     if s is None or not s.rows:
         return Finding(thread=THREAD, kind="search", title="Scheduler tuning: not searched", applies=False,
                        confidence="none", headline="The scheduler knobs were not searched (search_budget_s=0 or no "
