@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from servescope.analysis.engines import side_by_side, words
+from servescope.analysis.engines import side_by_side, table, words
 from servescope.report import run_suite
 from servescope.store import Store
 
@@ -43,8 +43,13 @@ def test_sglang_serves_the_h200_model_better_than_vllm_at_every_level(both):
     assert (t["ci_high_pct"] < 0).all() and (t["n_a"] >= 3).all() and (t["n_b"] >= 3).all()
     assert set(t["configs_a"]) == {4} and set(t["configs_b"]) == {6}
     said = words(t)
-    assert said.startswith("At c=1 on NVIDIA H200, sglang 0.5.17 serves it better: vllm 0.26.0 (cuda_graph=")
-    assert "90% CI" in said and set(t["card"]) == {"NVIDIA H200"}
+    assert said.startswith("On NVIDIA H200: sglang 0.5.17 serves it better at c=1, 8, 32. Each side is its "
+                           "configuration measured 3 or more times: sglang 0.5.17 (its best per level), the best of 4")
+    assert len(said.split()) < 90  # a few sentences, the figures in the table
+    shown = table(t)
+    assert list(shown.columns[:3]) == ["c", "sglang 0.5.17 output_tok_s", "vllm 0.26.0 output_tok_s"]
+    assert "card" not in shown and shown["90% CI %"].iloc[0].startswith("-")
+    assert set(t["card"]) == {"NVIDIA H200"}
 
 
 def test_engines_measured_on_different_cards_are_not_compared(both, tmp_path):

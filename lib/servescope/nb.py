@@ -435,7 +435,7 @@ def engines_side_by_side(store_dir: str, model: dict | None = None, load: dict |
         return Markdown(f"Not compared: {where} hold no two engines serving this model under this load on one GPU "
                         f"model with {engines.MIN_REPS} or more repetitions of a configuration each.")
     display(Markdown(engines.words(t)))
-    return t.drop(columns=["model", "load", "configs_a", "configs_b"]).round(1)
+    return engines.table(t)
 
 
 use_page_tables()  # every notebook imports nb before it shows a table

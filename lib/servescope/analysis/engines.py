@@ -120,22 +120,42 @@ def side_by_side(stores: Store | Sequence[Store], model: ModelSpec | None = None
 
 
 def words(t: pd.DataFrame) -> str:
-    """The comparison in sentences, one per level ('' where the store holds one engine)."""
+    """The comparison in a few sentences: per GPU model, which engine serves it better at which levels; each side's
+    configuration; whether the sides ran on one machine start ('' where the store holds one engine)."""
     if t.empty:
         return ""
     said = []
-    for r in t.itertuples():
-        who = (f"{r.better} serves it better" if r.better != "no resolved difference" else
-               "neither is resolved as better")
-        on = f" on {r.card}" if r.card else ""
-        said.append(f"At c={r.concurrency}{on}, {who}: {r.engine_b} ({r.config_b}) {r.output_tok_s_b:,.0f} output tok/s "
-                    f"against {r.engine_a} ({r.config_a}) {r.output_tok_s_a:,.0f}, {r.b_vs_a_pct:+.1f}% (90% CI "
-                    f"{r.ci_low_pct:+.1f}..{r.ci_high_pct:+.1f}%, n={r.n_b} and {r.n_a})")
+    loads = list(dict.fromkeys(zip(t["model"], t["load"], strict=True)))
+    for (model, load, card), g in t.groupby(["model", "load", "card"], sort=False):
+        by = {w: [int(c) for c in x["concurrency"]] for w, x in g.groupby("better", sort=False)}
+        parts = [f"{w} serves it better at c={', '.join(map(str, cs))}" if w != "no resolved difference" else
+                 f"no resolved difference at c={', '.join(map(str, cs))}" for w, cs in by.items()]
+        which = f" (load {loads.index((model, load)) + 1} of {len(loads)})" if len(loads) > 1 else ""
+        said.append(f"{'On ' + card if card else 'Here'}{which}: {'; '.join(parts)}.")
     first = t.iloc[0]
+    sides = []
+    for eng, cfg, n in (("engine_a", "config_a", "configs_a"), ("engine_b", "config_b", "configs_b")):
+        cfgs = sorted(set(t[cfg]))
+        best = f", the best of {first[n]}" if first[n] > 1 else ""
+        sides.append(f"{first[eng]} {cfgs[0] if len(cfgs) == 1 else '(its best per level)'}{best}")
+    said.append(f"Each side is its configuration measured {MIN_REPS} or more times: {'; '.join(sides)}"
+                + (" (the best of several reads a little high)." if max(first.configs_a, first.configs_b) > 1 else "."))
     apart = sorted({m for m in t["machines"] if m != "one machine start"})
-    spread = (f" The sides' repetitions ran on {' and '.join(apart).replace('not recorded', 'machine starts not all recorded')}: "
-              "the interval holds the spread between one engine's launches, not between machines, so a difference of a "
-              "few percent may be the machines'." if apart else "")
-    return ("; ".join(said) + f". Each side is its best measured configuration at that level (of {first.configs_b} "
-            f"and {first.configs_a} with {MIN_REPS} or more repetitions): the best of several reads a little high."
-            + spread)
+    if apart:
+        said.append(f"The sides ran on {' and '.join(apart).replace('not recorded', 'machine starts not all recorded')}"
+                    ": the interval holds one engine's launch-to-launch spread, not the machines', so a difference of a "
+                    "few percent may be the machines'.")
+    return " ".join(said)
+
+
+def table(t: pd.DataFrame) -> pd.DataFrame:
+    """The comparison as a page shows it: per level, each side's median output tok/s, the second against the first
+    with its interval, repetitions, which is better and the machine starts (the card only where there are several)."""
+    a, b = t["engine_a"].iloc[0], t["engine_b"].iloc[0]
+    out = pd.DataFrame({"card": t["card"], "c": t["concurrency"],
+                        f"{a} output_tok_s": t["output_tok_s_a"].round(0), f"{b} output_tok_s": t["output_tok_s_b"].round(0),
+                        f"{b} vs {a} %": t["b_vs_a_pct"].round(1),
+                        "90% CI %": [f"{lo:+.1f}..{hi:+.1f}" for lo, hi in zip(t["ci_low_pct"], t["ci_high_pct"], strict=True)],
+                        "n": [f"{x} / {y}" for x, y in zip(t["n_a"], t["n_b"], strict=True)],
+                        "better": t["better"], "machines": t["machines"]})
+    return out.drop(columns="card") if out["card"].nunique() <= 1 else out
