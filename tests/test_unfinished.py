@@ -34,9 +34,9 @@ def test_a_point_that_failed_is_a_finished_answer():
     h200's 04 (a repetition the budget never launched): unfinished."""
     ref = ROOT / "data" / "reference"
     assert unfinished(ref / "sglang-h200" / "report") == {}
+    # 07 waits for 04 (its search would tune what 04 may change): it plans nothing, so it is no gap of its own
     assert unfinished(ref / "h200" / "report") == {
-        "04_data_parallelism": "partial: 4 of 5 points measured, 1 not in the store",
-        "07_verified_changes": "failed: 0 of 10 points measured, 10 not in the store"}  # 07 leaves its own out
+        "04_data_parallelism": "partial: 4 of 5 points measured, 1 not in the store"}
 
 
 def _verify(tmp: Path, **kw) -> tuple[t07.Verification, list]:
