@@ -492,17 +492,17 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
     else:
         stopped = f"max_repetitions={plan.max_reps} reached" if plan.max_reps > plan.min_reps else \
             f"{plan.max_reps} repetitions, as asked"
-    if ctx.offline:
-        _late_offline(loop, configs, rep)
-    late = sorted({r["config"] for r in loop.acc.errors if r["error_type"] == NotLaunchedError.__name__})
+    said = _late_offline(loop, configs, rep) if ctx.offline else None
+    unlaunched = sorted({(r["config"], int(r["rep"])) for r in loop.acc.errors
+                         if r["error_type"] == NotLaunchedError.__name__})
+    late = sorted({c for c, _ in unlaunched})
     if late:
         stopped = (f"the run's budget (--budget-s) ended before {', '.join(late)} could launch: a later run goes on "
                    "from the store")
     elif gone - {r["config"] for r in loop.acc.errors if r["before_ready"] and r["exception"]}:
         stopped = _held(loop, configs)
     res = loop.acc.results(loop.planned)
-    res.stopped = _keep_stopped(ctx, configs, rep, stopped, sorted(
-        {(r["config"], int(r["rep"])) for r in loop.acc.errors if r["error_type"] == NotLaunchedError.__name__}))
+    res.stopped = _keep_stopped(ctx, configs, rep, stopped, unlaunched, said)
     res.deployment = deployment_words(ctx, configs)
     return res
 
@@ -540,14 +540,14 @@ def _rep_note(ctx: RunContext, configs: Sequence[Config]) -> dict[str, Any]:
             "plan": [plan.min_reps, plan.max_reps, plan.budget_s]}
 
 
-def _late_offline(loop: _Loop, configs: Sequence[Config], reps: int) -> None:
+def _late_offline(loop: _Loop, configs: Sequence[Config], reps: int) -> dict[str, Any] | None:
     """Offline, the points the measuring run's budget left unlaunched (its note names them) and the store still lacks
     count as asked and not measured, as they did in that run: a thread cut short by a budget stays partial in every
-    render of its store, and the threads after it know."""
+    render of its store, and the threads after it know. Returns the note read (None where there is none)."""
     ctx = loop.ctx
     said = ctx.store.note("repetitions", _rep_note(ctx, configs))
     if not said or said.get("reps") != reps:
-        return
+        return said
     by_name = {c.name: c for c in configs}
     for name, rep in said.get("late") or []:
         cfg = by_name.get(name)
@@ -561,17 +561,18 @@ def _late_offline(loop: _Loop, configs: Sequence[Config], reps: int) -> None:
             loop.planned += 0 if seen else 1
             loop.acc.errors.append(error_row(name, rep, key, NotLaunchedError(
                 f"{loop.tag(rep, cfg)}: not launched: the measuring run's budget ended first; a later run launches it")))
+    return said
 
 
 def _keep_stopped(ctx: RunContext, configs: Sequence[Config], reps: int, stopped: str,
-                  late: Sequence[tuple[str, int]] = ()) -> str:
-    """The measuring run's reason stands in offline renders of the same store (a budget is not seen from the data);
-    online, the note keeps it with the points the budget left unlaunched."""
-    note = _rep_note(ctx, configs)
+                  late: Sequence[tuple[str, int]] = (), said: dict[str, Any] | None = None) -> str:
+    """The measuring run's reason (said: its note, as _late_offline read it) stands in offline renders of the same
+    store (a budget is not seen from the data); online, the note keeps it with the points the budget left
+    unlaunched."""
     if ctx.offline:
-        said = ctx.store.note("repetitions", note)
         return said["stopped"] if said and said.get("reps") == reps else stopped
-    ctx.store.put_note("repetitions", note, {"stopped": stopped, "reps": reps, "late": [list(x) for x in late]})
+    ctx.store.put_note("repetitions", _rep_note(ctx, configs),
+                       {"stopped": stopped, "reps": reps, "late": [list(x) for x in late]})
     return stopped
 
 

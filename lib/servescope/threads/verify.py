@@ -422,7 +422,8 @@ def run(ctx: RunContext, by_thread: dict[str, list[Finding]], baseline: dict[str
     as the budget allows), and verify the best (unless verify_lead is False: then the search only screens);
     unfinished: the threads before this one that did not finish (findings.unfinished)."""
     base = Knobs(**(baseline or {}))
-    words = f"the baseline {base.label()}{_spelled(ctx, base)}" if baseline else "the engine's defaults"
+    spelled = _spelled(ctx, base) if baseline else ""
+    words = f"the baseline {base.label()}{spelled}" if baseline else "the engine's defaults"
     wanted = list(DEFAULT_SEARCH) if search is None else list(search)
     bad = sorted(set(wanted) - set(SEARCH))
     if bad:
@@ -446,7 +447,7 @@ def run(ctx: RunContext, by_thread: dict[str, list[Finding]], baseline: dict[str
                 loo.append((c, f"without {c.label}"))
                 arms.append(Arm(f"without {c.label}", _without(combined, base, c), f"combined, {c.label} left out"))
         study = run_study(THREAD, ctx, arms, headlines=[(BASELINE, COMBINED)])
-        if baseline and not words.endswith("`)"):  # the engine was not here to spell it: its launch was
+        if baseline and not spelled:  # the engine was not here to spell it: its launch was
             words = f"the baseline {base.label()}{_launched_as(ctx, study)}"
     gaps = {t: w for t, w in (unfinished or {}).items() if t != THREAD}
     # no change yet because a thread did not finish: a search around the baseline would tune what the finished
