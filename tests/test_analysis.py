@@ -217,3 +217,15 @@ def test_a_medium_effect_asks_for_another_repetition():
     assert needs_repetition(h("unresolved", -10.0, 50.0))
     assert not needs_repetition(h("no change", -2.0, 3.0))
     assert needs_repetition(h("worse", -60.0, -1.0))
+
+
+def test_a_target_level_carries_the_headline_alone():
+    """Where the suite names the level the deployment serves at, the headline is judged there, whatever the other
+    levels say (here they disagree in sign, which alone would put it at the highest level)."""
+    s = _summary({("a", 1): [100, 100, 100], ("b", 1): [150, 160, 155], ("a", 16): [100, 100, 100],
+                  ("b", 16): [80, 82, 79], ("a", 64): [100, 100, 100], ("b", 64): [90, 91, 89]})
+    h = headline_effect(s, "output_tok_s", "a", "b", target=1)
+    assert h.scope == "at c=1, the target" and h.levels == (1.0,) and h.status == "better" and h.same_sign
+    assert 50 < h.effect_pct < 60
+    # a target the comparison did not measure leaves the rule over the levels
+    assert headline_effect(s, "output_tok_s", "a", "b", target=32).scope == "at c=64"

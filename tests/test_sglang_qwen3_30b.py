@@ -57,6 +57,17 @@ def test_graphs_against_the_seeds_launch_help_at_every_level_and_answer_the_same
     assert gs.study.output_verdict("piecewise", "off").spread < 1e-3  # random weights: near-uniform, said so
 
 
+def test_a_target_level_judges_the_same_points_there(tmp_path):
+    """An engineer who serves at c=128 names it: the same stored launches give the gain at that level (about +63%,
+    where the mean over the levels is +286%), said as the target's, and the repetitions still resolve it."""
+    gs = graph_study("sglang-qwen3-30b", tmp_path, modes=("piecewise",), load={"target": 128})
+    head = t02.findings(gs, {"cuda_graph": "off", "mem_fraction": 0.88})[0]
+    assert head.title == "Use CUDA graphs: piecewise" and head.confidence == "high"
+    assert head.effect.n == 3 and 40 < head.effect.value_pct < 100 and head.effect.ci_low_pct > 30
+    assert head.effect.at == "at c=128, the target"
+    assert "at c=128, the target" in head.headline
+
+
 def test_the_front_page_opens_with_the_verified_change_and_its_output_check():
     index = (REF / "report" / "index.html").read_text()
     assert "Verified: +286.1% output_tok_s (90% CI +246.5..+330.3%, n=3" in index

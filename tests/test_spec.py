@@ -48,3 +48,19 @@ def test_knobs_label_and_digest():
     assert TinyModelSpec().digest() == TinyModelSpec().digest()
     with pytest.raises(SpecError, match="cuda_graph"):
         parse(Knobs, {"cuda_graph": "sometimes"}, "knobs")
+
+
+def test_load_target_is_a_measured_level_and_no_part_of_a_point_key():
+    """The target names where headlines are judged: one of the closed-loop levels ('kv' resolved with it), refused
+    otherwise, and never in a point's key or a note's (the same points are re-read under another target)."""
+    plain = LoadSpec(concurrency=(1, 16, 128), requests_per_slot=3)
+    aimed = LoadSpec(concurrency=(1, 16, 128), requests_per_slot=3, target=128)
+    assert aimed.key_dump() == plain.key_dump() and aimed.full_dump() == plain.full_dump()
+    assert aimed.target_level == 128 and plain.target_level is None
+    with pytest.raises(SpecError, match="target 64 must be one of the closed-loop levels"):
+        parse(LoadSpec, {"concurrency": [1, 16], "target": 64}, "load")
+    kv = LoadSpec(concurrency=(1, 32, "kv"), requests_per_slot=3, target="kv")
+    assert kv.target_level is None
+    resolved = kv.with_kv(550)
+    assert resolved.concurrency == (1, 32, 550) and resolved.target_level == 550
+    assert LoadSpec(concurrency=(1, 32, "kv"), requests_per_slot=3, target=32).with_kv(550).target_level == 32

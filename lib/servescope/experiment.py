@@ -316,7 +316,7 @@ def point_parts(ctx: RunContext, knobs: Knobs, rep: int, load: LoadSpec | None =
     parts = {"engine": ctx.engine_identity, "engine_env": dict(sorted(ctx.engine.env.items())),
              **({"engine_args": list(ctx.engine.args)} if ctx.engine.args else {}),
              "model": ctx.model_key, "knobs": knobs.model_dump(mode="json", exclude_defaults=True),
-             "load": (load or ctx.load).model_dump(mode="json", exclude_defaults=True), "rep": rep}
+             "load": (load or ctx.load).key_dump(), "rep": rep}
     if profile.kind != "none":
         parts["profile"] = profile.model_dump(mode="json", exclude_defaults=True)
     if ctx.pinned_start:

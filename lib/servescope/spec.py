@@ -319,6 +319,10 @@ class LoadSpec(_Spec):
     ignore_eos: bool = Field(True, description="ask for exact output lengths (ignore_eos and min_tokens)")
     endpoint: Literal["completions", "chat", "generate"] = "completions"
     slo_ms: dict[str, float] = Field(default_factory=dict, description="goodput SLOs, e.g. {ttft_ms: 500, tpot_ms: 50}")
+    target: int | Literal["kv"] | None = Field(
+        None, description="the level the deployment serves at (one of concurrency, or 'kv'): every headline and "
+        "verdict is judged there; None: over the levels that agree. Not part of a point's identity: changing it "
+        "re-reads the same points")
     request_timeout_s: float = Field(
         300, gt=0, description="a request fails this long after its first token; before it (queueing in a full "
         "server) it waits while the server sends tokens to anyone (hang_s bounds a server that sends nothing)")
@@ -352,9 +356,19 @@ class LoadSpec(_Spec):
 
     def full_dump(self) -> dict[str, Any]:
         """Every field, as notes kept before the steady-load fields existed name the load: those fields are left out
-        while at their defaults, so those notes keep their keys."""
+        while at their defaults, so those notes keep their keys (the target never: it names no launch)."""
         later = {f for f in ADDED_LATER if getattr(self, f) == type(self).model_fields[f].default}
-        return self.model_dump(mode="json", exclude=later)
+        return self.model_dump(mode="json", exclude=later | {"target"})
+
+    def key_dump(self) -> dict[str, Any]:
+        """The load as a point's key names it: the fields set away from their defaults, the target left out (where
+        the headline is judged does not change what was measured)."""
+        return self.model_dump(mode="json", exclude_defaults=True, exclude={"target"})
+
+    @property
+    def target_level(self) -> int | None:
+        """The target as a number (None while it is the unresolved 'kv' level, or not set)."""
+        return self.target if isinstance(self.target, int) else None
 
     @property
     def kv_level(self) -> bool:
@@ -372,7 +386,8 @@ class LoadSpec(_Spec):
     def with_kv(self, level: int) -> LoadSpec:
         """The load with its 'kv' level replaced by a number: the levels in order, each once."""
         numbers = {int(c) for c in self.concurrency if c != KV_LEVEL} | {max(1, int(level))}
-        return self.model_copy(update={"concurrency": tuple(sorted(numbers))})
+        target = max(1, int(level)) if self.target == KV_LEVEL else self.target
+        return self.model_copy(update={"concurrency": tuple(sorted(numbers)), "target": target})
 
     def level_requests(self, concurrency: int | None) -> int:
         """Requests one level sends (a count), or its prompt pool (with duration_s)."""
@@ -397,6 +412,9 @@ class LoadSpec(_Spec):
     def _consistent(self) -> LoadSpec:
         if self.mode == "closed" and not self.concurrency:
             raise ValueError("closed-loop load needs at least one concurrency level")
+        if self.target is not None and (self.mode != "closed" or self.target not in self.concurrency):
+            raise ValueError(f"target {self.target!r} must be one of the closed-loop levels "
+                             f"{list(self.concurrency)} (the headline is judged at a level that is measured)")
         if self.mode == "open" and not self.request_rate:
             raise ValueError("open-loop load needs at least one request_rate")
         if self.kv_level and self.requests_per_slot is None:

@@ -84,7 +84,8 @@ def run_study(thread: str, ctx: RunContext, arms: Sequence[Arm],
     def until(res: Results) -> set[str]:
         need: set[str] = set()
         for b, t in pairs:
-            h = headline_effect(res.summary, "output_tok_s", b, t, ctx.equivalence_pct) if len(res.summary) else None
+            h = headline_effect(res.summary, "output_tok_s", b, t, ctx.equivalence_pct,
+                                target=ctx.load.target_level) if len(res.summary) else None
             if h is not None and needs_repetition(h):
                 need |= {b, t}
         return need
@@ -572,7 +573,8 @@ class Comparison:
         s = self.study.results.summary
         if s.empty:
             return None
-        return headline_effect(s, metric, self.baseline, self.treatment, self.study.equivalence_pct)
+        return headline_effect(s, metric, self.baseline, self.treatment, self.study.equivalence_pct,
+                               target=self.study.ctx.load.target_level)
 
     def finding(self, title: str, subject: str, better: Knobs | None = None, worse: Knobs | None = None,
                 extra: str = "", deployed: Knobs | None = None, named: str = "") -> Finding:

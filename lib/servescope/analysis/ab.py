@@ -137,8 +137,10 @@ class Headline:
 
 
 def headline_effect(summary: pd.DataFrame, metric: str, baseline: str, treatment: str,
-                    equivalence_pct: float = EQUIVALENCE_PCT, level: float = 0.90) -> Headline | None:
-    """The headline effect of treatment vs baseline on metric (None when no repetition measured both)."""
+                    equivalence_pct: float = EQUIVALENCE_PCT, level: float = 0.90,
+                    target: int | None = None) -> Headline | None:
+    """The headline effect of treatment vs baseline on metric (None when no repetition measured both); at the
+    target level alone where one is named and measured (the level the deployment serves at)."""
     s = summary[summary["config"].isin([baseline, treatment])]
     if s.empty:
         return None
@@ -149,6 +151,10 @@ def headline_effect(summary: pd.DataFrame, metric: str, baseline: str, treatment
     if logr.empty:
         return None
     by_level = logr.groupby(level="concurrency").median()
+    if target is not None and target in by_level.index:
+        at = logr.xs(target, level="concurrency")
+        return _finish(at, at, f"at c={int(target)}, the target",
+                       (float(target),), metric, baseline, treatment, equivalence_pct, level)
     one_sign = bool((by_level > 0).all() or (by_level < 0).all())
     if one_sign and len(by_level) > 1:
         per_rep = logr.unstack("concurrency").dropna().mean(axis=1)  # repetitions that measured every level
@@ -172,6 +178,12 @@ def headline_effect(summary: pd.DataFrame, metric: str, baseline: str, treatment
         per_rep = logr.xs(top, level="concurrency")
         scope = f"at c={int(top)}"
         used = (float(top),)
+    return _finish(logr, per_rep, scope, used, metric, baseline, treatment, equivalence_pct, level)
+
+
+def _finish(logr: pd.Series, per_rep: pd.Series, scope: str, used: tuple[float, ...], metric: str, baseline: str,
+            treatment: str, equivalence_pct: float, level: float) -> Headline:
+    """The headline from its per-repetition log ratios: interval, status and the words' scope."""
     x = np.asarray(per_rep, dtype=float)
     test = _t(x, level)
     same_sign = bool((logr > 0).all() or (logr < 0).all())

@@ -92,7 +92,7 @@ def side_by_side(stores: Store | Sequence[Store], model: ModelSpec | None = None
     if model is not None:  # as point keys name them (experiment.point_parts): an architecture with its config's digest
         m = m[m["model"] == json.dumps(model_key(model), sort_keys=True)]
     if load is not None:
-        m = m[m["load"] == json.dumps(load.model_dump(mode="json", exclude_defaults=True), sort_keys=True)]
+        m = m[m["load"] == json.dumps(load.key_dump(), sort_keys=True)]
     out = []
     for (model, load, card), g in m.groupby(["model", "load", "card"], sort=False):
         engines = sorted(g["engine"].unique())

@@ -234,8 +234,9 @@ def findings(ps: PowerStudy) -> list[Finding]:
     if ps.has_gpu:
         out.append(_headline(ps))
     s = res.summary
+    target = ps.study.ctx.load.target_level
     for cfg, g in s.groupby("config", sort=False):
-        top = g.groupby("point")["output_tok_s"].median().idxmax()
+        top = _operating_point(g.groupby("point")["output_tok_s"].median(), target)
         vs = [(i, r) for i, r in ps.verdicts if i["config"] == cfg and i["point"] == top]
         if not vs:
             continue
@@ -299,6 +300,13 @@ def _agreed(regimes: list[Regime]) -> tuple[Regime, str, str]:
                            f"reached it; {words}{': ' + capped if capped else ''})")
 
 
+def _operating_point(by_point: pd.Series, target: int | None) -> str:
+    """The point a configuration is judged at: the load's target level where it was measured, else the one with
+    the highest throughput."""
+    at = [p for p in by_point.index if point_level(p) == target] if target is not None else []
+    return at[0] if at else str(by_point.idxmax())
+
+
 def _cpu_headline(ps: PowerStudy) -> tuple[str, str, str, dict[str, str]] | None:
     """A server that computes on the CPU: its regime per level (what most verdicts that decided one reached, as on a
     GPU) for the first configuration (the engine's defaults where measured), as (title, claim, confidence of the
@@ -326,10 +334,12 @@ def _cpu_headline(ps: PowerStudy) -> tuple[str, str, str, dict[str, str]] | None
         return f"{p} {top[p]} ({n} of {len(per[p])}" + "".join(f", {v} {g}" for g, v in others.items()) + ")"
     claim = (f"The server computes on the CPU, so its cores are the device: per level ({cfg}; the regime most of "
              f"its decided verdicts reached, of its verdicts, one per repetition) {', '.join(tally(p) for p in levels)}")
-    # the title names the operating point (the highest level) only: a lower level's regime sits near a boundary
-    # (two cold runs here called c=4 under-loaded and compute-bound) and is in the claim
-    sure = agreed[levels[-1]][1] if top[levels[-1]] != "undecided" else "none"
-    return f"CPU server ({cfg}) at {levels[-1]}: {top[levels[-1]]}", claim, sure, top
+    # the title names the operating point (the target, else the highest level) only: a lower level's regime sits
+    # near a boundary (two cold runs here called c=4 under-loaded and compute-bound) and is in the claim
+    target = ps.study.ctx.load.target_level
+    at = next((p for p in levels if point_level(p) == target), levels[-1]) if target is not None else levels[-1]
+    sure = agreed[at][1] if top[at] != "undecided" else "none"
+    return f"CPU server ({cfg}) at {at}: {top[at]}", claim, sure, top
 
 
 def _headline(ps: PowerStudy) -> Finding:

@@ -8,8 +8,8 @@ together with the rest, is left out with that reason. The combined configuration
 engine's defaults, or the suite's baseline knobs: the deployment as it runs today) in alternating repetitions until
 the effect is resolved; each change's share comes from leaving it out (where the budget allows). The scheduler knobs
 this engine version can express are then searched on a coarse grid, one knob at a time around the combined
-configuration, at the load's highest level, one launch per setting within a budget; the best setting is verified
-against the combined configuration with repetitions of its own."""
+configuration, at the load's target level (else its highest), one launch per setting within a budget; the best
+setting is verified against the combined configuration with repetitions of its own."""
 
 from __future__ import annotations
 
@@ -502,7 +502,7 @@ def _expressible(ctx: RunContext, base: Knobs, combined: Knobs, found: list[Cand
 
 def candidates(ctx: RunContext, combined: Knobs, wanted: list[str]) -> list[tuple[str, Knobs]]:
     """The scheduler settings to try, one knob at a time around the combined configuration: (setting, knobs)."""
-    top = max(ctx.load.levels) if ctx.load.mode == "closed" and ctx.load.concurrency else 64
+    top = _search_level(ctx) or 64
     out = []
     # value by value across the knobs, so that a small budget still tries each knob once
     for i in range(max(len(SEARCH[k]) for k in wanted) if wanted else 0):
@@ -527,7 +527,7 @@ class _Trial:
 
 def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_words: str, wanted: list[str],
             budget_s: float, count: int, verify_lead: bool) -> Search:
-    """Coarse grid at the load's highest level, one launch per setting (and one of the combined configuration, the
+    """Coarse grid at the load's target level (else its highest), one launch per setting (and one of the combined configuration, the
     reference), within budget_s and at most count settings (0: no limit); then the best setting against the combined
     configuration at the suite's load, with repetitions until resolved (unless verify_lead is False)."""
     level = _search_level(ctx)
@@ -800,9 +800,11 @@ def _floor_of(ctx: RunContext, study: Study | None, level: int | None) -> tuple[
 
 
 def _search_level(ctx: RunContext) -> int | None:
-    """The level the search runs at: the load's highest (closed loop), else None."""
+    """The level the search runs at: the load's target, else its highest (closed loop); None in open loop."""
     ld = ctx.load
-    return max(ld.levels) if ld.mode == "closed" and ld.concurrency else None
+    if ld.mode != "closed" or not ld.concurrency:
+        return None
+    return ld.target_level or max(ld.levels)
 
 
 def _spread_at_level(study: Study, arm: str, level: int | None) -> tuple[float, int]:
