@@ -17,6 +17,6 @@ def graph_study(name: str, tmp: Path, modes: tuple[str, ...] = (), load: dict | 
     suite's deployment, over the modes given (default every mode), with the suite's load or fields over it."""
     s = load_suite(ROOT / "data" / "suites" / f"{name}.yaml")
     shutil.copytree(ROOT / "data" / "reference" / name / "store", tmp / "store")
-    ctx = nb.context(s.engine, s.model, {**s.load, **(load or {})}, repetitions=3, max_repetitions=4, store_dir=str(tmp / "store"),
-                     offline=True, telemetry=s.telemetry, deployment=s.deployment)
+    ctx = nb.context(s.engine, s.model, {**s.load, **(load or {})}, repetitions=3, max_repetitions=4,
+                     store_dir=str(tmp / "store"), offline=True, telemetry=s.telemetry, deployment=s.deployment)
     return t02.run(ctx, ceiling=False, only=modes)

@@ -527,9 +527,10 @@ class _Trial:
 
 def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_words: str, wanted: list[str],
             budget_s: float, count: int, verify_lead: bool) -> Search:
-    """Coarse grid at the load's target level (else its highest), one launch per setting (and one of the combined configuration, the
-    reference), within budget_s and at most count settings (0: no limit); then the best setting against the combined
-    configuration at the suite's load, with repetitions until resolved (unless verify_lead is False)."""
+    """Coarse grid at the load's target level (else its highest), one launch per setting (and one of the combined
+    configuration, the reference), within budget_s and at most count settings (0: no limit); then the best setting
+    against the combined configuration at the suite's load, with repetitions until resolved (unless verify_lead is
+    False)."""
     level = _search_level(ctx)
     base = tune_base(study, baseline_words)
     one = ctx.with_(load=ctx.load.model_copy(update={"concurrency": (level,)}) if level else ctx.load,
