@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from typing_extensions import override
 
 from ..errors import KnobError
 from ..models import config_dtype, short_dtype
@@ -62,10 +63,6 @@ METRICS = {
 
 class _Flags:
     """Emits flags only after checking the version defines them."""
-
-    def grouped_moe_advice(self) -> str:
-        """SGLang's MoE runner is a flag."""
-        return "Choose a grouped MoE runner with --moe-runner-backend (triton, deep_gemm, flashinfer_cutlass, ...)."
 
     def __init__(self, fs: FlagSet, version: str) -> None:
         self.fs = fs
@@ -138,11 +135,18 @@ class SglangAdapter(EngineAdapter):
     balancer = ("sglang-router (`python -m sglang_router.launch_router --worker-urls URL1 URL2 ... --policy "
                 "round_robin`, the sglang-router package)")
 
+    @override
+    def grouped_moe_advice(self) -> str:
+        """SGLang's MoE runner is a flag."""
+        return "Choose a grouped MoE runner with --moe-runner-backend (triton, deep_gemm, flashinfer_cutlass, ...)."
+
+    @override
     def output_check_request(self, model: str, text: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
         """SGLang's native /generate with return_logprob from the prompt's first token."""
         return "/generate", {"text": text, "return_logprob": True, "logprob_start_len": 0,
                              "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}}
 
+    @override
     def output_check_parse(self, obj: dict[str, Any]) -> tuple[list[float | None], list[int], list[float]]:
         """meta_info's input_token_logprobs and output_token_logprobs: [logprob, token id, text] each."""
         meta = (obj[0] if isinstance(obj, list) else obj).get("meta_info") or {}
@@ -150,6 +154,7 @@ class SglangAdapter(EngineAdapter):
         out = meta.get("output_token_logprobs") or []
         return prompt, [int(x[1]) for x in out], [float(x[0]) for x in out]
 
+    @override
     def replica_recipe(self, knobs: Knobs, install: EngineInstall, placements: list[str]) -> str:
         """Replicas on one GPU: the version's native same-GPU data parallelism where it declares it
         (`--same-gpu-replicas N`, one endpoint behind its own DP controller), else N servers behind sglang-router."""
@@ -163,10 +168,12 @@ class SglangAdapter(EngineAdapter):
         out = f"run one SGLang {install.version} server with `{flags}` (its own DP controller spreads requests)"
         return out + (mps_recipe(knobs.mps_active_thread_pct) if knobs.gpu_share == "mps" else "")
 
+    @override
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
         """SGLang needs a CUDA machine: servescope never installs it, point engine.python at yours."""
         return None
 
+    @override
     def probe(self, python: str, env: dict[str, str] | None = None) -> EngineInstall:
         """Version from the interpreter's package metadata, the package found there (SGLang is not imported)."""
         version, dist = installed_version(python, self.distributions, "SGLang", "sglang", env)
@@ -206,11 +213,13 @@ class SglangAdapter(EngineAdapter):
                                 "0.5.3.post2 (--enable-piecewise-cuda-graph)")
             # else: piecewise is this version's default (auto-disable rules may still turn it off: thread 1)
 
+    @override
     def default_graph_mode(self, install: EngineInstall) -> str | None:
         """Decode graphs always; prefill graphs (breakable) by default from 0.5.10 (knob catalogue, "Prefill graphs";
         0.5.17's defaults resolved decode=full prefill=breakable on the H200, data/reference/sglang-h200)."""
         return "piecewise" if version_tuple(install.version) >= (0, 5, 10) else "decode_only"
 
+    @override
     def knob_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
         """Translate intent into this SGLang version's flags; KnobError names the version and the alternative."""
         f = _Flags(self.flag_set(install), install.version)
@@ -292,6 +301,7 @@ class SglangAdapter(EngineAdapter):
         if knobs.mem_fraction is not None:
             f.add("--mem-fraction-static", knobs.mem_fraction)
 
+    @override
     def plan(self, *, install: EngineInstall, model_path: str, served_name: str, host: str, port: int,
              knobs: Knobs, extra_env: dict[str, str]) -> LaunchPlan:
         """`python -m sglang.launch_server --model-path M ...` with Prometheus metrics on."""
@@ -314,6 +324,7 @@ class SglangAdapter(EngineAdapter):
 
     # ---- running server ------------------------------------------------------------------------------------------
 
+    @override
     def resolved_config(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
         """`/server_info` (0.4.x: `/get_server_info`): resolved server args, version, internal states."""
         for path in ("/server_info", "/get_server_info"):
@@ -326,6 +337,7 @@ class SglangAdapter(EngineAdapter):
                 return None
         return None
 
+    @override
     def resolved_state(self, resolved: dict[str, Any] | None, log_text: str = "") -> ResolvedState:
         """From `/server_info` (its server args): per-phase backends on 0.5.2x, disable_cuda_graph and the piecewise
         switch before; backends 'auto' or unset are taken from the log lines that name them."""
@@ -393,6 +405,7 @@ class SglangAdapter(EngineAdapter):
                 if getattr(st, fld) is None and len(hit) and "backend" in hit:
                     setattr(st, fld, str(hit["backend"].dropna().iloc[0]) if hit["backend"].notna().any() else None)
 
+    @override
     def fact_rules(self, state: ResolvedState) -> list[FactRule]:
         """Attention backend, DeepEP mode, compile, PD disaggregation, two-batch overlap, pipeline parallelism."""
         f, out = state.facts, []
@@ -411,6 +424,7 @@ class SglangAdapter(EngineAdapter):
             out.append(FactRule("pipeline parallelism", r"pp_size > 1"))
         return out
 
+    @override
     def graph_counts(self, log_text: str) -> pd.DataFrame:
         """Logged batches per phase and whether each ran as a CUDA graph (the 'cuda graph: True|False' field of
         SGLang's 'Prefill batch' and 'Decode batch' lines; decode lines come every decode_log_interval batches, so
@@ -422,6 +436,7 @@ class SglangAdapter(EngineAdapter):
         df = pd.DataFrame(rows, columns=["mode"]).assign(batches=1)
         return df.groupby("mode", sort=True, as_index=False)["batches"].sum()
 
+    @override
     def startup_stages(self, log_text: str) -> pd.DataFrame:
         """Seconds each startup stage took, as the log says (weights, each CUDA-graph capture with its backend)."""
         rows, backend = [], {}
@@ -436,6 +451,7 @@ class SglangAdapter(EngineAdapter):
                              "seconds": float(m.group("capture_s"))})
         return pd.DataFrame(rows, columns=["stage", "seconds"])
 
+    @override
     def death_stage(self, log_text: str) -> str:
         """A capture begun and not ended: during it; every capture ended: at the warm-up after them, where the
         first prefill and decode batches replay the graphs; no capture: before any."""
@@ -449,6 +465,7 @@ class SglangAdapter(EngineAdapter):
                    "at the warm-up that first replays them"
         return "before any CUDA-graph capture" if "Load weight end" in log_text else ""
 
+    @override
     def graph_off_flags(self, command: list[str], install: EngineInstall) -> list[dict[str, str]]:
         """The flags of a launch command that turn CUDA graphs (or a phase) off, each with the phases it turns off
         and, where this version marks it deprecated, what it stands for now."""
@@ -482,19 +499,23 @@ class SglangAdapter(EngineAdapter):
                                   f"{install.version}, where that flag is a deprecated alias")
         return out
 
+    @override
     def graph_metrics(self) -> dict[str, str]:
         """Forward passes by mode (`mode` label: decode_cuda_graph, decode_none, ...), where the version exports it."""
         return {"sglang:cuda_graph_passes_total": "forward passes by mode (CUDA graph or not)",
                 "sglang:is_cuda_graph": "whether the last batch ran as a CUDA graph"}
 
+    @override
     def torch_profiler_launch(self, install: EngineInstall, out_dir: str) -> tuple[list[str], dict[str, str]]:
         """Nothing to add at launch: /start_profile takes output_dir; the env var sets the fallback folder."""
         return [], {"SGLANG_TORCH_PROFILER_DIR": str(Path(out_dir).resolve())}
 
+    @override
     def cuda_profiler_launch(self, install: EngineInstall) -> tuple[list[str], dict[str, str]] | None:
         """/start_profile with activities ['CUDA_PROFILER'] calls cudaProfilerStart in the first GPU's process."""
         return [], {}
 
+    @override
     def start_profile(self, base_url: str, out_dir: str | None = None, timeout_s: float = 60.0,
                       activities: tuple[str, ...] | None = None) -> None:
         """POST /start_profile {output_dir, activities}; CUDA_PROFILER alone when no output folder is given
@@ -505,14 +526,17 @@ class SglangAdapter(EngineAdapter):
             body["output_dir"] = str(Path(out_dir).resolve())
         post(base_url.rstrip("/") + "/start_profile", body, timeout_s)
 
+    @override
     def stop_profile(self, base_url: str, timeout_s: float = 600.0) -> None:
         """POST /stop_profile (SGLang writes the traces after answering, at times)."""
         post(base_url.rstrip("/") + "/stop_profile", None, timeout_s)
 
+    @override
     def log_patterns(self) -> list[LogPattern]:
         """SGLang's graph, MoE, startup lines plus the common error lines."""
         return patterns_for("sglang")
 
+    @override
     def metric_names(self) -> dict[str, str]:
         """SGLang Prometheus metrics (needs --enable-metrics, which plan() sets)."""
         return dict(METRICS)

