@@ -307,15 +307,19 @@ def test_03s_cpu_headline_takes_each_levels_regime_by_the_same_rule_as_a_gpus():
                 Regime(regime, "because", {"server_cores": 2}, confidence,
                        ("compute-bound", "under-loaded") if regime == "undecided" else ()))
 
-    def study(verdicts: list) -> SimpleNamespace:
+    def study(verdicts: list, target: int | None = None) -> SimpleNamespace:
         return SimpleNamespace(verdicts=verdicts, study=SimpleNamespace(
-            results=SimpleNamespace(engine_default_configs=lambda: ["engine defaults"])))
+            results=SimpleNamespace(engine_default_configs=lambda: ["engine defaults"]),
+            ctx=SimpleNamespace(load=SimpleNamespace(target_level=target))))
 
     title, claim, confidence, top = _cpu_headline(study(
         [v("c=1", "under-loaded")] * 3 + [v("c=16", "undecided", "none")] * 2 + [v("c=16", "compute-bound")]))
     assert title == "CPU server (engine defaults) at c=16: compute-bound" and confidence == "medium"
     assert top == {"c=1": "under-loaded", "c=16": "compute-bound"}
     assert claim.endswith("c=1 under-loaded (3 of 3), c=16 compute-bound (1 of 3, 2 undecided)")
+    # a target level names the operating point: the title and its sureness are that level's
+    aimed = _cpu_headline(study([v("c=1", "under-loaded")] * 3 + [v("c=16", "compute-bound")], target=1))
+    assert aimed[0] == "CPU server (engine defaults) at c=1: under-loaded" and aimed[2] == "high"
     # three that agree: high; decided verdicts that disagree: low
     assert _cpu_headline(study([v("c=16", "compute-bound")] * 3))[2] == "high"
     assert _cpu_headline(study([v("c=16", "compute-bound")] * 3 + [v("c=16", "under-loaded")]))[2] == "low"

@@ -84,3 +84,13 @@ def test_a_points_length_is_judged_by_its_own_configuration_first(tmp_path):
         atomic_write_json(m, data)
     assert store.longest_point_s({**base, "knobs": {"cuda_graph": "piecewise"}, "rep": 1}) == 130.0
     assert store.longest_point_s({**base, "knobs": {"cuda_graph": "full"}, "rep": 0}) == 422.0  # none like it yet
+
+
+def test_known_tells_a_missing_reading_from_a_value():
+    """NaN (a table's missing reading) and None are missing; zero, a string and numpy numbers are values."""
+    import numpy as np
+
+    from servescope.util import known
+
+    assert not known(float("nan")) and not known(None) and not known(np.float64("nan"))
+    assert known(0.0) and known(0) and known("ok") and known(np.float32(1.5)) and known(np.int64(3))

@@ -403,7 +403,7 @@ def ranked_table(ranked: pd.DataFrame) -> Markdown | HTML:
     ranked = each_change_once(ranked)
     # 'optimal' (what an Already-optimal setting beat) is the front page's wording of the same row
     # how sure, direction and size apart, in place of the one confidence word (readers took "high" for the size)
-    df = ranked.drop(columns=["optimal", "knob_keys", "confidence"], errors="ignore").rename(
+    df = ranked.drop(columns=["optimal", "knob_keys", "confidence", "order"], errors="ignore").rename(
         columns={"sureness": "how sure", "found_by": "found by"}).replace("", pd.NA).dropna(axis=1, how="all").fillna("")
     # a change or why in words quotes its flags in backticks: code there, as on the front page
     df = df.map(lambda v: str(change_html(str(v), words=True)))

@@ -438,9 +438,7 @@ def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_st
         rec["change_html"] = change_html(rec["change"])
     optimal = ranked[ranked["tier"] == "Already optimal"]
     # one entry per thread, its headline where that is among them: the headline already says what its comparisons found
-    heads = {t: fs[0].title for t, fs in by_thread.items() if fs}
-    is_head = [heads.get(t) == f for t, f in zip(optimal["thread"], optimal["finding"], strict=True)]
-    optimal = optimal.assign(_head=is_head).sort_values("_head", ascending=False, kind="stable") \
+    optimal = optimal.assign(_head=optimal["order"] == 0).sort_values("_head", ascending=False, kind="stable") \
         .drop_duplicates("thread").sort_index().drop(columns="_head").to_dict("records")
     checked = by_thread.get(verify.THREAD)
     verified = summary.front_line(checked) if checked else \

@@ -43,7 +43,7 @@ from .probes.run import failed as probe_failed
 from .probes.run import skipped as probe_skipped
 from .spec import EngineSpec, Knobs
 from .state import FIELDS, ResolvedState, differences, verify
-from .util import rep_label
+from .util import known, rep_label
 
 # a load client held up this long (event-loop lag p99) lost ten times the host's scheduling slack: its figures carry
 # the stall; where one side of a comparison ran so and the other did not, the difference is partly the client's
@@ -278,8 +278,8 @@ class Study:
                                           on=["config", "rep", "point"], how="left") if len(r.summary) else r.summary
         status = {}
         if len(r.telemetry_status) and "gpu" in r.telemetry_status:
-            status = {(row["config"], row["rep"]): ("" if row["gpu"] in ("ok", None) or str(row["gpu"]).startswith(
-                "replayed") else str(row["gpu"])) for _, row in r.telemetry_status.iterrows()}
+            status = {(row["config"], row["rep"]): "" if _gpu_read(row) else str(row["gpu"])
+                      for _, row in r.telemetry_status.iterrows()}
         # a server that computes on the CPU: its cores are the device its regime is read from
         cpu = {key: pt.cpu_count for key, pt in r.stored.items()
                if pt.install is not None and pt.install.platform == "cpu" and pt.cpu_count}
@@ -440,7 +440,7 @@ class Study:
             for a in self.arms:  # an arm that asked for exactly these knobs recorded their spelling at launch
                 pts = self._points(a.name)
                 if a.knobs == knobs and len(pts) and deployment.empty:
-                    return str(pts["flags"].iloc[0]).split(), ""
+                    return list(pts["flag_list"].iloc[0]), ""
             return [], f"could not spell {knobs.label()} for this engine here ({type(e).__name__}: {e})"
 
 
@@ -844,7 +844,7 @@ class Comparison:
             return ""
         width = head.ci_high_pct - head.ci_low_pct
         why = (", narrower than any one level's: each repetition's mean over the levels averages out scheduling "
-               "delay that lands on one level" if head.scope.startswith("mean over") and width < min(widths) else "")
+               "delay that lands on one level" if len(head.levels) > 1 and width < min(widths) else "")
         return (" Per level, the points oversubscribed and the width of that level's 90% interval on output tok/s: "
                 + "; ".join(parts) + f"; the headline's ({head.scope}) is {width:.0f} points wide{why}.")
 
@@ -952,8 +952,24 @@ def kept_probe(ctx: RunContext, kind: str, parts: dict[str, Any], install: Engin
     return ProbeRun.from_kept(got)
 
 
+def _gpu_read(status: pd.Series) -> bool:
+    """Whether a point's GPU telemetry read a GPU: its gpu_read record; points stored before that record existed
+    said it only in words (NVML 'ok', or a replayed sampler), read as they were written then."""
+    read = status.get("gpu_read")
+    if isinstance(read, (bool, np.bool_)):
+        return bool(read)
+    words = status.get("gpu")
+    return not known(words) or words == "ok" or str(words).startswith("replayed")
+
+
 # how an attempt stopped from outside is recorded: not a failure of its configuration
 INTERRUPTS = ("KeyboardInterrupt", "SystemExit", "Interrupted")
+
+
+def _error_type(man: dict[str, Any]) -> str:
+    """The exception's type a failed point's manifest records; manifests written before that field existed give it
+    only as their error's first word (the store writes 'Type: message')."""
+    return str(man.get("error_type") or str(man.get("error", "")).partition(":")[0])
 
 
 def stored_failures(ctx: RunContext) -> list[Failure]:
@@ -964,7 +980,7 @@ def stored_failures(ctx: RunContext) -> list[Failure]:
 
     out: dict[str, Failure] = {}
     for man in ctx.store.failed_manifests(ctx.engine_identity, ctx.model_key):
-        if man.get("error_type") in INTERRUPTS or str(man.get("error", "")).startswith(INTERRUPTS):
+        if _error_type(man) in INTERRUPTS:
             continue  # stopped from outside (a budget's SIGTERM, Ctrl-C): the configuration did not fail
         parts = man.get("parts") or {}
         cause = DeathCause.from_dict(man["cause"]) if man.get("cause") else None
@@ -1030,9 +1046,10 @@ def expressible(ctx: RunContext, arms: Sequence[Arm], install: EngineInstall | N
             adapter.knob_flags(ctx.deployed(a.knobs), install)  # what launches: refused there, refused here
             flags = adapter.knob_flags(a.knobs, install)
             rows.append({"arm": a.name, "expressible": True, "flags": shlex.join(flags) or "(none: the default)",
-                         "reason": "", "asked": True})
+                         "flag_list": list(flags), "reason": "", "asked": True})
         except (KnobError, SpecError) as ex:
-            rows.append({"arm": a.name, "expressible": False, "flags": "", "reason": str(ex), "asked": True})
+            rows.append({"arm": a.name, "expressible": False, "flags": "", "flag_list": [], "reason": str(ex),
+                         "asked": True})
     return pd.DataFrame(rows)
 
 
@@ -1044,6 +1061,7 @@ def stored_row(ctx: RunContext, a: Arm, why: str) -> dict[str, Any]:
     # a launch the store saw die before it was ready was expressible: its death is what the store holds of it
     have = store.has(key) or store.recorded_death(key) is not None
     return {"arm": a.name, "expressible": have, "flags": "(read from the store)" if have else "",
+            "flag_list": None,  # not spelled here: the engine was not asked
             "reason": "" if have else f"not in the store, and the engine is not here to ask ({why})",
             "asked": False}  # the engine was not asked: a setting missing here is not measured, not refused
 

@@ -49,8 +49,9 @@ def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer")
                          "why": _why(f, t, failed), "evidence": link.format(thread=thread), "order": i,
                          "alternative": bool(f.change is not None and f.change.alternative_to),
                          "knob_keys": ",".join(sorted(f.change.knob_settings)) if f.change is not None else ""})
+    # order: the finding's place in its thread (0: the thread's headline), as data for the pages that pick one
     cols = ["tier", "thread", "finding", "effect", "confidence", "sureness", "change", "why", "evidence", "optimal",
-            "knob_keys"]
+            "knob_keys", "order"]
     if not rows:
         return pd.DataFrame(columns=cols)
     df = pd.DataFrame(rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -78,3 +79,14 @@ def redact_mapping(obj: Any) -> Any:
 def rep_label(rep: Any) -> str:
     """'rep 1' for a point's first repetition: stores and keys count from 0, every page and log line from 1."""
     return f"rep {int(rep) + 1}"
+
+
+def known(x: Any) -> bool:
+    """Whether a reading holds a value: not None and not NaN (a table's missing reading), so that a missing value is
+    tested as what it is, not by a NaN's inequality with itself."""
+    if x is None:
+        return False
+    try:
+        return not math.isnan(x)
+    except TypeError:  # not a number: a value all the same
+        return True

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import pandas as pd
 
+from ..util import known
 from . import kernels as ak
 
 REGIMES = ("idle", "client-limited", "under-loaded", "host-bound", "launch-bound", "latency-bound",
@@ -330,20 +331,20 @@ def _cpu_server(ev: Evidence, th: RegimeThresholds, out: Any, host_hot: bool, ho
     cores = ev.server_cores
     busy = 100 * ev.server_cpu_pct / (100 * cores) if ev.has("server_cpu_pct") else NAN
     cores_words = (f"the CPU server's processes used {_fmt(ev.server_cpu_pct)} of one core over its {cores:.0f} "
-                   f"cores ({_fmt(busy)} of them)" if busy == busy else f"the CPU server has {cores:.0f} cores")
+                   f"cores ({_fmt(busy)} of them)" if known(busy) else f"the CPU server has {cores:.0f} cores")
     room = ev.has("headroom_x") and ev.headroom_x >= th.headroom_x
     if room:
         return out("under-loaded", f"{_headroom_words(ev)}: the server had room, and the load did not ask for it "
                    f"({cores_words}; on a CPU engine that share includes threads spinning while they wait)",
                    "medium")
-    if busy == busy and busy >= th.cpu_cores_full_pct:
+    if known(busy) and busy >= th.cpu_cores_full_pct:
         top = "no higher level of this sweep" if not ev.has("headroom_x") else \
             f"{ev.headroom_point} served only {ev.headroom_x:.2f}x as much"
         return out("compute-bound", f"{cores_words}, and {top}: its cores are the limit", "medium",
                    missing=[] if ev.has("headroom_x") else ["a higher load level, to show the cores were doing work"])
     if host_hot:
         return out("host-bound", f"{host_words} while the server's cores were not full ({cores_words})", "medium")
-    if busy == busy and ev.has("requests_completed") and ev.requests_completed > 0:
+    if known(busy) and ev.has("requests_completed") and ev.requests_completed > 0:
         return out("under-loaded", f"{cores_words} and no thread saturated one: the server waited for requests",
                    "medium")
     return out("undecided", f"{cores_words}; the server's processes were not read", "none",
@@ -436,7 +437,7 @@ def point_evidence(gpu: pd.Series | None = None, host: pd.Series | None = None, 
         ev.requests_completed = _num(load, "completed")
         ev.requests_sent = _num(load, "completed") + _num(load, "failed")
         cl = load.get("client_limited") if hasattr(load, "get") else None
-        ev.client_limited = bool(cl) if cl is not None and cl == cl else None
+        ev.client_limited = bool(cl) if cl is not None and known(cl) else None
         ev.client_warning = str(load.get("client_warning") or "") if hasattr(load, "get") else ""
     if gpu is not None:
         for f in ("gpu_util_pct", "mem_util_pct", "sm_active_pct", "dram_bw_util_pct", "tensor_active_pct"):
@@ -522,8 +523,8 @@ def _headroom(summary: pd.DataFrame, ids: list[str]) -> dict[tuple, tuple[float,
         key = key if isinstance(key, tuple) else (key,)
         lv = [(point_level(str(r.point)), str(r.point), float(r.output_tok_s)) for r in g.itertuples()]
         for lvl, pt, tok in lv:  # levels of one kind: concurrency against concurrency, rates against rates
-            higher = [(t, p) for lv2, p, t in lv if lv2 > lvl and t == t and _kind(p) == _kind(pt)]
-            if higher and tok == tok and tok > 0:
+            higher = [(t, p) for lv2, p, t in lv if lv2 > lvl and known(t) and _kind(p) == _kind(pt)]
+            if higher and known(tok) and tok > 0:
                 best = max(higher)
                 out[(*key, pt)] = (best[0] / tok, best[1])
     return out

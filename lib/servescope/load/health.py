@@ -71,7 +71,7 @@ def judge_health(h: dict[str, Any]) -> dict[str, Any]:
     rate, achieved = h.get("requested_rate", float("nan")), h.get("achieved_rate", float("nan"))
     late = h.get("send_lag_ms_p99", float("nan"))
     if not h.get("capped", True) and math.isfinite(rate) and rate > 0:
-        if late == late:  # the schedule decides: was each request sent when its arrival was drawn?
+        if not math.isnan(late):  # the schedule decides: was each request sent when its arrival was drawn?
             limit = max(SEND_LAG_LIMIT_MS, 0.5 * 1e3 / rate)
             if late >= limit:
                 limited.append(f"client sent requests up to {late:.0f} ms behind their schedule (p99, limit "

@@ -31,15 +31,19 @@ class Telemetry:
             gpu_sampler.phase = self.phase
             self.samplers["gpu"] = gpu_sampler
             self.status["gpu"] = f"replayed ({type(gpu_sampler).__name__})"
+            self.status["gpu_read"] = True  # as data: readers never parse the words above
         elif gpu:
             try:
                 Nvml(gpu_indices).close()  # fail here, with the reason, rather than silently on the thread
                 self.samplers["gpu"] = NvmlSampler(gpu_hz, gpu_indices, self.phase)
                 self.status["gpu"] = "ok"
+                self.status["gpu_read"] = True
             except NvmlUnavailable as e:
                 self.status["gpu"] = f"no NVIDIA GPU / NVML: {e}"
+                self.status["gpu_read"] = False
         else:
             self.status["gpu"] = "not asked for"
+            self.status["gpu_read"] = False
         self.samplers["host"] = HostSampler(host_hz, server_pid, self.phase)
         if metrics_url:
             self.samplers["server_metrics"] = MetricsScraper(metrics_url, metrics_hz, metric_prefixes or None,

@@ -15,6 +15,7 @@ import pandas as pd
 from ..findings import Finding
 from ..spec import Knobs
 from ..study import flag_groups
+from ..util import known
 from .verify import BASELINE, COMBINED, Candidate, Verification, _worse
 
 
@@ -59,7 +60,7 @@ def _deployed_sections(v: Verification, c: Candidate) -> list[str]:
         a, b = med.loc[(BASELINE, lvl)], med.loc[(COMBINED, lvl)]
         e = tok.loc[lvl] if lvl in tok.index else None
         said = f"{e['effect_pct']:+.1f}% ({e['ci_low_pct']:+.1f}..{e['ci_high_pct']:+.1f}%)" if e is not None \
-            and e["ci_low_pct"] == e["ci_low_pct"] else f"{e['effect_pct']:+.1f}% (no interval)" if e is not None else ""
+            and known(e["ci_low_pct"]) else f"{e['effect_pct']:+.1f}% (no interval)" if e is not None else ""
 
         def pair(m50: str, m99: str, x: pd.Series = a, y: pd.Series = b) -> str:
             return f"{x.get(m50, float('nan')):,.0f} / {x.get(m99, float('nan')):,.0f} -> " \
@@ -130,7 +131,7 @@ def _watch(v: Verification) -> list[str]:
 
 def _num(x: float) -> str:
     """A counter's median as shown: one decimal, or 'not read'."""
-    return f"{x:,.1f}" if x == x else "not read"
+    return f"{x:,.1f}" if known(x) else "not read"
 
 
 def _drop_sequence(argv: list[str], drop: list[str]) -> list[str]:

@@ -25,6 +25,7 @@ from ..plots import Figure
 from ..spec import Knobs, ProfileSpec
 from ..study import Arm, Study, flag_groups, read_or_run
 from ..telemetry.nvml import REASONS
+from ..util import known
 
 THREAD = "03_clocks_power"
 SHOWN_REASONS = ("sw_power_cap", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown",
@@ -127,7 +128,7 @@ def _gpu_panels(runs: pd.DataFrame, tele: dict[str, pd.DataFrame]) -> tuple[Figu
     for idx, g in runs.groupby("gpu"):
         g = _broken(g)
         ax1.plot(g["t"], 100 * g["power_w"] / g["power_limit_w"], lw=0.8, label=f"power % of limit (GPU {idx})")
-        if smax == smax:
+        if known(smax):
             ax1.plot(g["t"], 100 * g["sm_clock_mhz"] / smax, lw=0.8, label=f"SM clock % of max (GPU {idx})")
         for col, lab in (("gpu_util_pct", "utilization"), ("sm_active_pct", "SM active (GPM)"),
                          ("dram_bw_util_pct", "DRAM bandwidth % of peak (GPM)"),

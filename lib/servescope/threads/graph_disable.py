@@ -26,6 +26,7 @@ from ..spec import Knobs, ProfileSpec, parse
 from ..state import ResolvedState
 from ..study import Arm, Study, run_study, stored_failures, stored_points
 from ..study import audit_for as audit_for  # the notebook's t01.audit_for (it lives where comparisons use it too)
+from ..util import known
 
 THREAD = "01_cuda_graph_disable_reason"
 ARM = "requested"
@@ -207,7 +208,7 @@ def graph_twin(study: Study, apart: float = 1.3) -> Finding | None:
     for point, g in mine.groupby("point"):
         me = float(g["output_tok_s"].median())
         off, on = (float(sides[k].loc[sides[k]["point"] == point, "output_tok_s"].median()) for k in ("off", "on"))
-        if not (off == off and on == on and me > 0) or max(on, off) < apart * min(on, off):
+        if not (known(off) and known(on) and me > 0) or max(on, off) < apart * min(on, off):
             continue
         near = "off" if abs(math.log(me / off)) < abs(math.log(me / on)) else "on"
         rows.append({"point": point, "output_tok_s": me, "off_tok_s": off, "on_tok_s": on, "resembles": near})

@@ -74,7 +74,7 @@ def _coupled_fields(arm: Knobs, baseline: Knobs) -> tuple[str, ...]:
 def modes(ctx: RunContext, install: EngineInstall | None = None) -> pd.DataFrame:
     """Each graph mode: whether this engine version (install, else the run's) can express it on the deployment,
     with its flags or the reason it cannot (offline without the engine: whether the store holds it)."""
-    return expressible(ctx, arms(ctx), install).rename(columns={"arm": "mode"})
+    return expressible(ctx, arms(ctx), install).drop(columns="flag_list").rename(columns={"arm": "mode"})
 
 
 @dataclass

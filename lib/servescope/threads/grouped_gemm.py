@@ -31,6 +31,7 @@ from ..probes.run import ProbeRun
 from ..profile.window import window_load
 from ..spec import Knobs, LoadSpec, ModelSpec, ProfileSpec
 from ..study import Arm, Study, drop_empty, kept_probe, read_or_run
+from ..util import known
 
 THREAD = "06_grouped_gemm"
 DEFAULTS = "engine default"
@@ -113,9 +114,9 @@ def path_of(kernels: pd.DataFrame, shape: MoeShape | None, window_steps: float |
     layers = shape.layers if shape else 0
     moe_layers = shape.moe_layers if shape else 0
     steps, how = forward_steps(k, layers)
-    if steps != steps and window_steps:
+    if not known(steps) and window_steps:
         steps, how = float(window_steps), "requests x output tokens / concurrency of the profiled window"
-    per_step = (lambda n, per: n / (per * steps)) if steps == steps and steps > 0 else (lambda n, per: float("nan"))
+    per_step = (lambda n, per: n / (per * steps)) if known(steps) and steps > 0 else (lambda n, per: float("nan"))
     grouped = [p for p in paths["moe_path"] if p in GROUPED_PATHS] if len(paths) else []
     return {"total_ms": total_ms, "categories": cats, "paths": paths, "grouped_paths": grouped,
             "moe_ms": float(moe["dur_ns"].sum()) / 1e6, "moe_share": float(moe["dur_ns"].sum()) / 1e6 / total_ms
@@ -186,14 +187,14 @@ def verdict(info: dict[str, Any], shape: MoeShape | None, probe: pd.DataFrame | 
         return {"verdict": "already grouped", "paths": info["grouped_paths"]}
     per = info["dense_launches_per_layer_step"]
     threshold = DENSE_PER_LAYER + shape.top_k
-    if per == per and per > threshold:
+    if known(per) and per > threshold:
         # the products beyond a dense layer's are the experts': their time, and what a grouped product saves on it
         expert_share_of_dense = max(0.0, (per - DENSE_PER_LAYER) / per)
         expert_ms = info["dense_ms"] * expert_share_of_dense
         speedup = float("nan")
         if probe is not None and len(probe):
             speedup = float(probe.sort_values("tokens")["speedup"].iloc[-1])
-        saving = expert_ms * (1 - 1 / speedup) / info["total_ms"] if speedup == speedup and speedup > 0 else float(
+        saving = expert_ms * (1 - 1 / speedup) / info["total_ms"] if known(speedup) and speedup > 0 else float(
             "nan")
         return {"verdict": "per-expert", "dense_per_layer_step": per, "threshold": threshold,
                 "expert_ms": expert_ms, "expert_share": expert_ms / info["total_ms"] if info["total_ms"] else np.nan,
@@ -364,8 +365,8 @@ def findings(ms: MoeStudy) -> list[Finding]:
     launch = (f"{i['moe_launches_per_layer_step']:.1f} MoE launches per MoE layer per step"
               + (" (" + ", ".join(f"{x['kernel']} {x['per_layer_step']:.1f}" for x in kinds[:6])
                  + (f", {len(kinds) - 6} more" if len(kinds) > 6 else "") + ")" if kinds else "")
-              if i["moe_launches_per_layer_step"] == i["moe_launches_per_layer_step"] else "")
-    steps = f" ({i['steps']:.0f} forward steps in the window, from {i['steps_from']})" if i["steps"] == i["steps"] \
+              if known(i["moe_launches_per_layer_step"]) else "")
+    steps = f" ({i['steps']:.0f} forward steps in the window, from {i['steps_from']})" if known(i["steps"]) \
         else ""
     if v["verdict"] == "already grouped":
         p = i["paths"]
@@ -379,7 +380,7 @@ def findings(ms: MoeStudy) -> list[Finding]:
     if v["verdict"] == "per-expert":
         cost = (f" A grouped product would save about {v['saving_share']:.0%} of {where} (the experts' "
                 f"{v['expert_share']:.0%} share, sped up {v['probe_speedup']:.1f}x as the probe measured at the "
-                f"largest token count)" if v["saving_share"] == v["saving_share"] else
+                f"largest token count)" if known(v["saving_share"]) else
                 f" The experts' products take about {v['expert_share']:.0%} of {where}; the probe did not run, so "
                 "what a grouped product saves is not measured")
         headline = (f"The experts run one by one: {v['dense_per_layer_step']:.0f} dense matrix products per layer "

@@ -30,6 +30,7 @@ from ..spec import Knobs, ProfileSpec
 from ..store import boot_id
 from ..study import Arm, Comparison, Study, drop_empty, expressible, flag_groups, run_study
 from ..telemetry.base import UNMEASURED
+from ..util import known
 
 THREAD = "07_verified_changes"
 BASELINE, COMBINED = "baseline", "combined"
@@ -470,8 +471,8 @@ def _spelled(ctx: RunContext, knobs: Knobs) -> str:
         ex = expressible(ctx, [Arm(BASELINE, knobs)])
     except Exception:  # noqa: BLE001 - the engine is not here to spell it (offline elsewhere): the knobs say it
         return ""
-    flags = str(ex["flags"].iloc[0]) if len(ex) and bool(ex["expressible"].iloc[0]) else ""
-    return f" (`{flags}`)" if flags and not flags.startswith("(") else ""
+    spelled = ex["flag_list"].iloc[0] if len(ex) and bool(ex["expressible"].iloc[0]) else None
+    return f" (`{shlex.join(spelled)}`)" if spelled else ""  # None: not asked; []: the engine's default
 
 
 def _launched_as(ctx: RunContext, study: Study) -> str:
@@ -543,7 +544,8 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
     arms = [Arm(f"tune {s}", k, s) for s, k in cands]
     # asked at the search's own load: offline without the engine, the store is asked for the point the search
     # launched (one level), not one at the suite's load
-    ex = expressible(one, arms) if arms else pd.DataFrame(columns=["arm", "expressible", "flags", "reason", "asked"])
+    ex = expressible(one, arms) if arms else pd.DataFrame(columns=["arm", "expressible", "flags", "flag_list", "reason",
+                                                                      "asked"])
     ref, ref_tok, ref_note = _reference(one, study, combined, level)
     studies: list[Study] = [ref] if ref is not study else []
     reference = _reference_row(base, ref, ref_tok)
@@ -599,7 +601,7 @@ def _search_parts(ctx: RunContext, one: RunContext, combined: Knobs, wanted: lis
 def _reference_row(base: str, ref: Study, ref_tok: float) -> SearchRow:
     """The search's reference as a row: measured, or why not (the run's budget; not in the store, offline; failed)."""
     why = ref.results.why_unmeasured()
-    state: SearchState = "measured" if ref_tok == ref_tok else "run budget spent" if why == "budget" else \
+    state: SearchState = "measured" if known(ref_tok) else "run budget spent" if why == "budget" else \
         "not measured" if why == "store" else "failed"
     return SearchRow(f"({base})", state, "not in the store" if state == "not measured" else "", output_tok_s=ref_tok,
                      vs_combined_pct=0.0, reference=True)
@@ -705,7 +707,7 @@ class _Frame:
         """A launched setting's row: its lead over the reference where both ran in one machine start, else its
         throughput shown apart."""
         tok = _tok(st, arm)
-        if tok != tok:
+        if not known(tok):
             return SearchRow(setting, "failed", _first_error(st), flags=flags)
         starts = _starts(st, arm)
         if self.ref_starts and starts and not starts & self.ref_starts:
