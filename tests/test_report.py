@@ -659,7 +659,8 @@ def test_a_count_column_a_missing_row_made_float_shows_as_integers():
 def test_a_table_a_thread_returns_bare_shows_as_the_page_shows_tables():
     """02's gs.modes, 04's ps.table() and the rest are bare DataFrames: in the notebook they showed row numbers 0..4
     and all-empty columns. Through the formatter nb registers in IPython they show as table_or does; an index that
-    means something stays, as columns; an empty frame keeps its text form."""
+    means something stays, as columns; an empty frame is a line of words, never pandas' "Empty DataFrame" repr; a
+    column of numbers a missing value left as objects is rounded as numbers."""
     from IPython.core.interactiveshell import InteractiveShell
 
     from servescope import nb
@@ -673,7 +674,12 @@ def test_a_table_a_thread_returns_bare_shows_as_the_page_shows_tables():
     assert [c.strip() for c in re.findall(r"<td[^>]*>([^<]*)</td>", shown)] == ["off", "yes", "--x", "full", "no", ""]
     by = pd.DataFrame({"gpu": [0, 1], "power_w": [310.5, 120.25]}).set_index("gpu")
     assert ">gpu<" in shell.display_formatter.format(by)[0]["text/html"]
-    assert "text/html" not in shell.display_formatter.format(pd.DataFrame())[0]
+    empty = shell.display_formatter.format(pd.DataFrame())[0]["text/html"]
+    assert "No rows here" in empty and "Empty DataFrame" not in empty
+    stages = pd.DataFrame({"stage": ["weights", "launch to first token"], "seconds": pd.Series([0.908662, 129.258737],
+                                                                                               dtype=object)})
+    assert [c.strip() for c in re.findall(r"<td[^>]*>([^<]*)</td>", shell.display_formatter.format(stages)[0][
+        "text/html"])] == ["weights", "0.909", "launch to first token", "129.3"]
     clash = pd.DataFrame({"gpu": [0, 1]}, index=pd.Index([0, 1], name="gpu"))
     assert "<table" in shell.display_formatter.format(clash)[0]["text/html"]  # pandas' own table, not an error
 

@@ -279,3 +279,28 @@ def test_the_ranking_lists_each_change_once_with_every_thread_that_found_it():
     high = once[once["tier"] == "High"]
     assert len(high) == 1 and high["found_by"].iloc[0] == "02_piecewise_cuda_graphs, 07_verified_changes"
     assert len(once) == len(ranked) - 2
+
+
+
+def test_committed_pages_fit_a_1280_px_window_or_scroll_inside_their_cell(tmp_path):
+    """The pages that once cut tables off at 1280 px (issue 59: 02, 03) and the widest of today's, through the same
+    probe benchmarks/page_widths.py runs over every committed reference: nothing runs past the window's right edge
+    outside a box that scrolls sideways; a table 80 columns wide does."""
+    import importlib.util
+
+    assert CHROMIUM is not None, "Debian's chromium is not installed: `make browser` (part of make test) installs it"
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("page_widths", root / "benchmarks" / "page_widths.py")
+    pw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pw)
+    ref = root / "data" / "reference"
+    for page in (ref / "sglang-h200" / "report" / "02_piecewise_cuda_graphs.html",
+                 ref / "sglang-h200" / "report" / "03_clocks_power.html",
+                 ref / "vllm-h200" / "report" / "07_verified_changes.html",
+                 ref / "sglang-qwen3-30b-h100" / "report" / "index.html"):
+        assert pw.cut_elements(page, CHROMIUM)["cut"] == [], page
+    row = "".join(f"<td>column_{i}_value</td>" for i in range(80))
+    wide = tmp_path / "wide.html"
+    wide.write_text(f"<html><body><table><tr>{row}</tr></table>"
+                    f'<div style="overflow-x:auto"><table><tr>{row}</tr></table></div></body></html>')
+    assert [el["tag"] for el in pw.cut_elements(wide, CHROMIUM)["cut"]] == ["table"]

@@ -36,16 +36,16 @@ def context(*args: Any, **kwargs: Any) -> RunContext:
     return resolve(ctx, say=print if ctx.progress else lambda m: None)
 
 
-def frame_html(df: pd.DataFrame) -> str | None:
+def frame_html(df: pd.DataFrame) -> str:
     """A DataFrame as a page shows it (table_or): no row numbers (an index that means something becomes columns),
-    no all-empty columns, words from the left and numbers right; None for an empty one (its text form says so)."""
+    no all-empty columns, words from the left and numbers right; an empty one as a line of words."""
     shown = df if isinstance(df.index, pd.RangeIndex) and df.index.names == [None] else \
         df.reset_index(allow_duplicates=True)
     if not shown.columns.is_unique:  # a Styler refuses repeated names: pandas' own table then
         return df.to_html()
     table = table_or(shown, "")
-    if not isinstance(table, Styler):
-        return None
+    if not isinstance(table, Styler):  # no rows: said in words, never as pandas' "Empty DataFrame" repr
+        return '<p class="servescope-empty"><em>No rows here (the text above says when that happens).</em></p>'
     rows = pd.get_option("display.max_rows")  # a long kernel list stays as long as pandas would show it
     return table.to_html(max_rows=rows) if len(shown) > rows else table.to_html()
 
@@ -315,6 +315,10 @@ def table_or(df: pd.DataFrame, words: str) -> Styler | Markdown:
     if df is None or df.empty:
         return Markdown(words)
     out = df.replace("", pd.NA).dropna(axis=1, how="all")
+    # a column of numbers that a missing value left as objects is formatted as the numbers it holds
+    mixed = [c for c in out.columns if out[c].dtype == object and out[c].notna().any()
+             and out[c].dropna().map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)).all()]
+    out = out.astype({c: "float64" for c in mixed})
     # a count column that a missing row made float (tp 1.0, 2.0) shows as the integers it holds
     whole = [c for c in out.columns if pd.api.types.is_float_dtype(out[c]) and out[c].notna().any()
              and (out[c].dropna() % 1 == 0).all()]
