@@ -275,3 +275,24 @@ def test_the_moe_probe_takes_one_gpus_share_of_the_deployments_layer():
     assert (tp.experts, tp.top_k, tp.inter) == (128, 8, 96) and why.startswith("TP=8")
     ep, why = per_gpu(whole, Knobs(tp=8, ep=8))
     assert (ep.experts, ep.top_k, ep.inter) == (16, 1, 768) and "16 of 128 experts" in why
+
+
+def test_every_thread_declares_itself_and_the_report_imports_none_by_name():
+    """A thread is one module the registry lists: its notebook's id, its question, run and findings; every notebook
+    of the project is a thread's or the summary's; the report and the summary reach threads through the registry."""
+    from servescope import threads
+    from servescope.suite import project_root
+
+    reg = threads.registry()
+    assert len(reg) == len(threads.MODULES) and all(t.question.endswith("?") for t in reg.values())
+    for info in reg.values():
+        mod = __import__(info.module, fromlist=["run", "findings"])
+        assert callable(getattr(mod, "findings", None)), info.module
+        assert callable(getattr(mod, "run", None)) or info.role == "environment", info.module
+    notebooks = {p.stem for p in (project_root() / "notebooks").glob("*.ipynb")}
+    assert notebooks == set(reg) | {"99_summary"}
+    assert threads.by_role("verification").id == "07_verified_changes"
+    g = _graph()
+    for top in ("report", "summary", "nb", "suite", "cli"):
+        named = sorted(m for m in g[top] if m.startswith("threads."))
+        assert named == [], f"{top} imports thread modules by name: {named}"

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from servescope.findings import read_findings, read_outcome
-from servescope.report import QUESTIONS, NotebookRun, measured_host, notebook_status, run_suite, write_index
+from servescope.report import NotebookRun, measured_host, notebook_status, question, run_suite, write_index
 from servescope.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def main() -> None:
         found = read_findings(report / f"{KEPT}.findings.json")
         outcome = read_outcome(report / f"{KEPT}.findings.json")
         kept = NotebookRun(KEPT, notebook_status(False, outcome, found), 0.0, f"{KEPT}.html", findings=found,
-                           question=QUESTIONS.get(KEPT, ""), outcome=outcome)
+                           question=question(KEPT), outcome=outcome)
         write_index(done.out_dir, suite, a.suite, suite.name, t0, [kept, *done.runs], host=measured_host(store))
         for f in done.out_dir.iterdir():
             if f.suffix in KEEP_SUFFIXES:

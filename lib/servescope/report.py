@@ -31,9 +31,9 @@ from .launch import check_deployment_args, prepare
 from .paths import default_reports_dir, default_store_dir
 from .spec import DeploymentSpec, EngineSpec, Knobs, ModelSpec, TinyModelSpec, parse
 from .store import Store
-from .suite import QUESTIONS, Suite, load_suite, notebook_file
+from .suite import Suite, load_suite, notebook_file
 from .summary import change_html
-from .threads import environment, verify
+from .threads import by_role, registry
 from .util import atomic_write_text
 
 # Statuses that mean the notebook gave no answer: the run exits non-zero when any notebook ends in one.
@@ -96,6 +96,14 @@ class SuiteRun:
     def failing(self) -> list[NotebookRun]:
         """Notebooks that failed or gave no result."""
         return [r for r in self.runs if r.status in FAILING]
+
+
+def question(nb_id: str) -> str:
+    """What a notebook answers, in one line (its thread's QUESTION; '' for a notebook of the user's own)."""
+    if nb_id == summary.SELF:
+        return summary.QUESTION
+    info = registry().get(nb_id)
+    return info.question if info is not None else ""
 
 
 def plan_parameters(suite: Suite, path: Path, nb_id: str, overrides: dict[str, Any], out_dir: Path,
@@ -322,7 +330,7 @@ def _run_notebook(nb_id: str, file: Path, params: dict[str, Any], out_dir: Path,
     """Execute one notebook into out_dir, render its HTML, read its findings and outcome; a failure is kept in the
     run, never raised."""
     t0 = time.monotonic()
-    run = NotebookRun(id=nb_id, question=QUESTIONS.get(nb_id, ""))
+    run = NotebookRun(id=nb_id, question=question(nb_id))
     executed = out_dir / f"{nb_id}.ipynb"
     raised = False
     try:
@@ -440,16 +448,17 @@ def write_index(out_dir: Path, suite: Suite, suite_path: Path, run_id: str, t_st
     # one entry per thread, its headline where that is among them: the headline already says what its comparisons found
     optimal = optimal.assign(_head=optimal["order"] == 0).sort_values("_head", ascending=False, kind="stable") \
         .drop_duplicates("thread").sort_index().drop(columns="_head").to_dict("records")
-    checked = by_thread.get(verify.THREAD)
+    verify, environment = by_role("verification").id, by_role("environment").id
+    checked = by_thread.get(verify)
     verified = summary.front_line(checked) if checked else \
-        f"Not verified: this run did not measure the recommended changes together ({verify.THREAD} did not run)"
+        f"Not verified: this run did not measure the recommended changes together ({verify} did not run)"
     # the release that ran, as 00 read it back (a suite of servescope's own environment names none)
-    ran = next((f.evidence["engine"] for f in by_thread.get(environment.THREAD, [])
+    ran = next((f.evidence["engine"] for f in by_thread.get(environment, [])
                 if isinstance(f.evidence.get("engine"), dict)), None)
     docs = sorted(p.name for p in (out_dir / "changes").glob("*.md")) if (out_dir / "changes").is_dir() else []
     page = env.get_template("index.html.j2").render(
         recs=recs, optimal=optimal, change_html=change_html, verified=verified, documents=docs,
-        verified_href=f"{verify.THREAD}.html#Answer" if html_of.get(verify.THREAD) else "",
+        verified_href=f"{verify}.html#Answer" if html_of.get(verify) else "",
         regime=summary.regime(by_thread) if by_thread else "",
         summary_html=html_of.get(summary.SELF, ""), tiers=ranked["tier"].value_counts().to_dict(),
         suite=suite, suite_path=str(suite_path), run_id=run_id, rows=runs, interrupted=interrupted, skipped=skipped,

@@ -15,19 +15,6 @@ from .models import check_model_path
 from .paths import project_root
 from .spec import DeploymentSpec, EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
 
-# What each notebook answers, for the index and the README.
-QUESTIONS = {
-    "00_environment": "What hardware, driver, engine version and capabilities are we measuring on?",
-    "01_cuda_graph_disable_reason": "Why are CUDA graphs off: a flag, an auto-disable rule, or a crash at capture?",
-    "02_piecewise_cuda_graphs": "Do piecewise/breakable CUDA graphs (attention graphed, MoE eager) help?",
-    "03_clocks_power": "Are the GPUs throttled, or stalled (high utilization, low power)?",
-    "04_data_parallelism": "Which layout serves best: one server, replicas behind a balancer, engine DP, or TP?",
-    "05_torch_compile": "Does torch.compile help, and does it exclude piecewise graphs here?",
-    "06_grouped_gemm": "Is the MoE path a grouped GEMM, which kernel runs, and what share of GPU time does it take?",
-    "07_verified_changes": "Do the recommended changes, made together, deliver, and which scheduler setting adds to them?",
-    "99_summary": "Which changes, ranked by measured effect, should we make?",
-}
-
 
 class NotebookEntry(BaseModel):
     """One notebook of a suite and its parameter overrides."""

@@ -27,6 +27,8 @@ from .findings import (  # noqa: F401
     tier,
 )
 
+QUESTION = "Which changes, ranked by measured effect, should we make?"
+
 
 def rank(findings: dict[str, list[Finding]], link: str = "{thread}.html#Answer") -> pd.DataFrame:
     """One row per finding, ranked: tier, thread, finding, measured effect, confidence, what to change, why, and a

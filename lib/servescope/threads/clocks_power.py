@@ -28,6 +28,7 @@ from ..telemetry.nvml import REASONS
 from ..util import known
 
 THREAD = "03_clocks_power"
+QUESTION = "Are the GPUs throttled, or stalled (high utilization, low power)?"
 SHOWN_REASONS = ("sw_power_cap", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown",
                  "hw_power_brake_slowdown")
 

@@ -20,6 +20,8 @@ from ..findings import Finding, sentences
 from ..launch import find_install
 
 THREAD = "00_environment"
+QUESTION = "What hardware, driver, engine version and capabilities are we measuring on?"
+ROLE = "environment"  # what the report reads this thread for (threads.by_role)
 
 
 def host() -> pd.DataFrame:

@@ -29,6 +29,7 @@ from ..study import audit_for as audit_for  # the notebook's t01.audit_for (it l
 from ..util import known
 
 THREAD = "01_cuda_graph_disable_reason"
+QUESTION = "Why are CUDA graphs off: a flag, an auto-disable rule, or a crash at capture?"
 ARM = "requested"
 
 

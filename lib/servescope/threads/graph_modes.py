@@ -30,6 +30,7 @@ from ..study import Arm, Comparison, Study, audit_for, expressible, kept_probe, 
 from .graph_disable import server_log
 
 THREAD = "02_piecewise_cuda_graphs"
+QUESTION = "Do piecewise/breakable CUDA graphs (attention graphed, MoE eager) help?"
 MODES = ("off", "decode_only", "full", "piecewise", "compiled_piecewise")
 BASELINE = "off"
 DEFAULTS = "engine default"

@@ -34,6 +34,7 @@ from ..study import Arm, Study, drop_empty, kept_probe, read_or_run
 from ..util import known
 
 THREAD = "06_grouped_gemm"
+QUESTION = "Is the MoE path a grouped GEMM, which kernel runs, and what share of GPU time does it take?"
 DEFAULTS = "engine default"
 # MoE paths that run the experts as one grouped or fused product (analysis/kernel_categories.csv names them)
 GROUPED_PATHS = {"triton_fused_moe", "flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl", "deep_gemm",

@@ -38,6 +38,7 @@ from ..telemetry.base import UNMEASURED
 from .grouped_gemm import profiled_once
 
 THREAD = "04_data_parallelism"
+QUESTION = "Which layout serves best: one server, replicas behind a balancer, engine DP, or TP?"
 ONE = "1 server"
 SHARED_KINDS = ("shared GPU", "shared GPU + MPS")  # replicas on one GPU, time-sliced or through MPS
 # the control fields: every layout runs the same compile and graph configuration as the one server

@@ -19,6 +19,7 @@ from ..spec import Knobs, ProfileSpec
 from ..study import Arm, Comparison, Study, run_study, stored_row
 
 THREAD = "05_torch_compile"
+QUESTION = "Does torch.compile help, and does it exclude piecewise graphs here?"
 BASELINE, TREATMENT = "eager", "compiled"
 # 'eager' belongs to the studied change: where an engine has an eager switch (vLLM --enforce-eager), that switch is
 # how it spells compile off

@@ -33,6 +33,8 @@ from ..telemetry.base import UNMEASURED
 from ..util import known
 
 THREAD = "07_verified_changes"
+QUESTION = "Do the recommended changes, made together, deliver, and which scheduler setting adds to them?"
+ROLE = "verification"  # what the report reads this thread for (threads.by_role)
 BASELINE, COMBINED = "baseline", "combined"
 TIERS = ("High", "Medium")  # the recommended changes: a measured effect of high or medium confidence
 # the scheduler knobs searched, as multiples of the load's highest concurrency (running requests) or absolute values
