@@ -60,6 +60,9 @@ class RunContext:
     deployment: DeploymentSpec = field(default_factory=DeploymentSpec)
     # the load's 'kv' level as it was read (kvlevel.resolve): the engine's KV capacity, where from, the level
     kv_level: dict[str, Any] | None = None
+    # how the deployment runs today, as knobs (the suite's baseline; {}: the engine's defaults): what 02 and 05 say
+    # their changes against and 07 verifies against, set once for the run
+    baseline: dict[str, Any] = field(default_factory=dict)
     # a point that must be measured in one machine start (the search's reference, beside the settings it judges):
     # the start's boot id joins its key, so another start launches its own instead of reading this one's
     pinned_start: str = ""
@@ -136,7 +139,8 @@ def context(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSp
             force: bool = False, progress: bool = True, telemetry: dict[str, Any] | TelemetrySpec | None = None,
             profile: dict[str, Any] | ProfileSpec | None = None,
             equivalence_pct: float = EQUIVALENCE_PCT,
-            deployment: dict[str, Any] | DeploymentSpec | None = None) -> RunContext:
+            deployment: dict[str, Any] | DeploymentSpec | None = None,
+            baseline: dict[str, Any] | None = None) -> RunContext:
     """Validate every parameter (before anything launches) and resolve the engine to its adapter, once (a load's
     'kv' level stays a word: nb.context, or kvlevel.resolve, reads it from the engine)."""
     e = parse(EngineSpec, engine, "engine")
@@ -144,9 +148,11 @@ def context(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSp
         plan = RepetitionPlan(repetitions, max(repetitions, max_repetitions or repetitions), float(budget_s))
     except ServescopeError as ex:
         raise SpecError(str(ex)) from None
+    parse(Knobs, baseline or {}, "baseline")  # a knob that does not exist is refused before anything launches
     st = store if isinstance(store, Store) else Store(store or store_dir or None)
     return RunContext(engine=e, adapter=get_engine(e.name), model=parse(ModelSpec, model, "model"),
                       load=parse(LoadSpec, load or {}, "load"), store=st, offline=offline, force=force,
                       progress=progress, telemetry=parse(TelemetrySpec, telemetry or {}, "telemetry"),
                       profile=parse(ProfileSpec, profile or {}, "profile"), plan=plan,
-                      equivalence_pct=equivalence_pct, deployment=parse(DeploymentSpec, deployment or {}, "deployment"))
+                      equivalence_pct=equivalence_pct, deployment=parse(DeploymentSpec, deployment or {}, "deployment"),
+                      baseline=dict(baseline or {}))

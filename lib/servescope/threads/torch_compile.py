@@ -171,7 +171,7 @@ def findings(study: Study, exclusion: Exclusion | None = None, baseline: dict[st
                  f" Compile adds no startup time here ({cost:+.1f} s, median launch to first token).")
     f = cmp.finding("torch.compile", "torch.compile", better=Knobs(torch_compile=True),
                     worse=Knobs(torch_compile=False), extra=extra,
-                    deployed=Knobs(**baseline) if baseline else None)
+                    deployed=_deployed(study, baseline))
     if f.applies and TREATMENT in st and BASELINE in st:
         f.evidence["startup_cost_s"] = round(float(st[TREATMENT] - st[BASELINE]), 1)
     if exclusion is None:
@@ -194,3 +194,9 @@ def findings(study: Study, exclusion: Exclusion | None = None, baseline: dict[st
     if conflicts and f.change is not None and f.change.knob_settings.get("torch_compile") is True:
         f.change.excludes = conflicts  # the recommended compile says what it excludes too
     return [f, x]
+
+
+def _deployed(study: Study, baseline: dict[str, Any] | None) -> Knobs | None:
+    """How the deployment runs today (the run's baseline, or one given), None where it runs the engine's defaults."""
+    base = study.ctx.baseline if baseline is None else baseline
+    return Knobs(**base) if base else None
