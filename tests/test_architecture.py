@@ -278,8 +278,11 @@ def test_the_moe_probe_takes_one_gpus_share_of_the_deployments_layer():
 
 
 def test_every_thread_declares_itself_and_the_report_imports_none_by_name():
-    """A thread is one module the registry lists: its notebook's id, its question, run and findings; every notebook
-    of the project is a thread's or the summary's; the report and the summary reach threads through the registry."""
+    """A thread is one module the registry lists: its notebook's id, its question, run(ctx, ...) returning its
+    result and findings(result) taking that alone; every notebook of the project is a thread's or the summary's; the
+    report and the summary reach threads through the registry."""
+    import inspect
+
     from servescope import threads
     from servescope.suite import project_root
 
@@ -288,7 +291,11 @@ def test_every_thread_declares_itself_and_the_report_imports_none_by_name():
     for info in reg.values():
         mod = __import__(info.module, fromlist=["run", "findings"])
         assert callable(getattr(mod, "findings", None)), info.module
-        assert callable(getattr(mod, "run", None)) or info.role == "environment", info.module
+        assert callable(getattr(mod, "run", None)), info.module
+        run, found = inspect.signature(mod.run), inspect.signature(mod.findings)
+        assert next(iter(run.parameters)) == "ctx", info.module
+        required = [p for p in found.parameters.values() if p.default is inspect.Parameter.empty]
+        assert len(required) == 1, (info.module, list(found.parameters))
     notebooks = {p.stem for p in (project_root() / "notebooks").glob("*.ipynb")}
     assert notebooks == set(reg) | {"99_summary"}
     assert threads.by_role("verification").id == "07_verified_changes"

@@ -75,11 +75,12 @@ def test_thread05_finds_known_effect(tmp_path, stub_engine):
     """The stub streams 4x slower per token when torch_compile=False and reports what it ran as: the thread must
     say compile helps, with both sides verified, and recommend compile in the engine's spelling."""
     load = {"concurrency": [1, 4], "num_requests": 8, "output_len": 16, "warmup_requests": 0}
-    study = t05.run(context(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path)))
-    eff = t05.comparison(study).effects()
+    cs = t05.run(context(stub_engine, {"path": "stub"}, load, repetitions=3, store_dir=str(tmp_path)), exclusion=False)
+    study = cs.study
+    eff = cs.comparison.effects()
     tok = eff[eff["metric"] == "output_tok_s"]
     assert (tok["effect_pct"] > 50).all() and (tok["n_pairs"] == 3).all()
-    (f,) = t05.findings(study)
+    (f,) = t05.findings(cs)
     assert f.confidence == "high" and f.effect.value_pct > 50 and f.effect.n == 3
     assert f.claim.startswith("torch.compile helps") and "so the effect is torch.compile's" in f.claim
     assert "compiled ran as compile on, CUDA graphs off" in f.claim
@@ -100,7 +101,8 @@ def test_thread05_unverified_or_different_states_lower_or_void_the_finding(tmp_p
     also changed graphs is named; a side that did not resolve compile as asked voids the comparison."""
     engine = {**stub_engine, "env": {"STUB_STATE": mode}}
     load = {"concurrency": [2], "num_requests": 6, "output_len": 8, "warmup_requests": 0}
-    (f,) = t05.findings(t05.run(context(engine, {"path": "stub"}, load, repetitions=2, store_dir=str(tmp_path))))
+    (f,) = t05.findings(t05.run(context(engine, {"path": "stub"}, load, repetitions=2, store_dir=str(tmp_path)),
+                                exclusion=False))
     assert f.title == title and f.confidence == conf and says in f.claim, f.claim
     assert f.applies == (mode != "compile_off")
 
@@ -114,9 +116,9 @@ def test_thread05_bad_input_fails_before_launch(tmp_path):
 
 
 def test_thread05_nothing_measured_says_so(tmp_path, stub_engine):
-    study = t05.run(context(stub_engine, {"path": "stub"}, {"concurrency": [1]}, repetitions=1,
-                            store_dir=str(tmp_path), offline=True))
-    (f,) = t05.findings(study)
+    cs = t05.run(context(stub_engine, {"path": "stub"}, {"concurrency": [1]}, repetitions=1,
+                         store_dir=str(tmp_path), offline=True), exclusion=False)
+    (f,) = t05.findings(cs)
     assert not f.applies and f.confidence == "none" and f.effect is None
     assert "NotMeasuredError" in f.reason
 
@@ -286,8 +288,10 @@ def test_an_armed_profiler_the_engine_leaves_idle_is_the_same_launch_for_the_loa
 
 def test_thread05_resolves_a_large_effect_in_three_repetitions(tmp_path, stub_engine):
     load = {"concurrency": [1, 4], "num_requests": 8, "output_len": 16, "warmup_requests": 0}
-    study = t05.run(context(stub_engine, {"path": "stub"}, load, repetitions=3, max_repetitions=6, store_dir=str(tmp_path)))
-    (f,) = t05.findings(study)
+    cs = t05.run(context(stub_engine, {"path": "stub"}, load, repetitions=3, max_repetitions=6,
+                         store_dir=str(tmp_path)), exclusion=False)
+    study = cs.study
+    (f,) = t05.findings(cs)
     assert study.results.stopped == "resolved after 3 repetitions" and f.effect.n == 3
     assert f.effect.status == "better" and len(f.effect.per_rep_pct) == 3 and f.effect.stopped == study.results.stopped
     assert "Per repetition (mean over c=1, 4)" in f.claim

@@ -446,16 +446,18 @@ def test_thread01_infers_graphs_off_from_the_stored_pair_when_the_log_is_silent(
         f.write_text("\n".join(ln for ln in f.read_text().splitlines() if "ContinuousBatchingLogger" not in ln))
     s = yaml.safe_load((ROOT / "data" / "suites" / "transformers-gpu.yaml").read_text())
     ctx = context(s["engine"], s["model"], s["load"], store_dir=str(store), offline=True, progress=False)
-    study = t01.run(ctx)
+    bare = {"log": pd.DataFrame(columns=["kind", "name"]), "log_reason": "", "audit": pd.DataFrame(),
+            "why": pd.DataFrame(columns=["source"])}  # no log line and no rule: what is left is the speed
+    study = t01.run(ctx).study
     assert t01.state_of(study).graphs is None
-    (f,) = t01.findings(study, pd.DataFrame(columns=["source"]), pd.DataFrame(columns=["kind", "name"]))
+    (f,) = t01.findings(t01.DisableStudy(study, **bare))
     assert (f.title, f.confidence, f.applies) == ("CUDA graphs probably off (inferred from speed)", "medium", False)
     assert "c=1: 42 tok/s against off 55, on 111" in f.claim and "inferred from speed, not read" in f.claim
     assert [r["resembles"] for r in f.evidence["pair"]] == ["off"] * 3
     for p in store.glob("*/manifest.json"):  # without the explicit pair nothing is inferred
         if '"cuda_graph": "full"' in p.read_text():
             shutil.rmtree(p.parent)
-    (f,) = t01.findings(t01.run(ctx), pd.DataFrame(columns=["source"]), pd.DataFrame(columns=["kind", "name"]))
+    (f,) = t01.findings(t01.DisableStudy(t01.run(ctx).study, **bare))
     assert f.title == "Resolved graph mode unknown" and "no stored pair" in f.claim
 
 

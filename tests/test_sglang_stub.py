@@ -124,8 +124,9 @@ def test_thread05_on_sglang_compares_under_decode_graphs_and_finds_the_piecewise
     engine = {"name": "sglang", "python": sglang_059.install.python, "startup_timeout_s": 60}
     model = {"path": "org/moe", "served_name": "moe"}
     load = {"concurrency": [1, 2], "num_requests": 4, "input_len": 8, "output_len": 4, "endpoint": "generate"}
-    study = t05.run(context(engine, model, load, repetitions=2, store_dir=str(tmp_path), progress=False,
-                            telemetry={"enabled": False}))
+    cs = t05.run(context(engine, model, load, repetitions=2, store_dir=str(tmp_path), progress=False,
+                         telemetry={"enabled": False}), exclusion=False)
+    study = cs.study
     flags = dict(zip(study.results.points["config"], study.results.points["flags"], strict=False))
     assert flags == {"compiled": "--enable-torch-compile", "eager": ""}  # decode graphs are 0.5.9's default
     v = study.verification()
@@ -135,7 +136,7 @@ def test_thread05_on_sglang_compares_under_decode_graphs_and_finds_the_piecewise
     study.__dict__["install"] = wheel_install("sglang-0.5.9")  # the fake package holds server_args.py alone
     audit = t05._with_audit(study, [])
     assert audit["where"].str.contains("can_run_piecewise_cuda_graph").any()  # the real source's rule, listed
-    f, x = t05.findings(study, excl)
+    f, x = t05.findings(t05.CompileStudy(study, excl))
     assert x.title == "torch.compile excludes piecewise CUDA graphs here" and x.applies and x.confidence == "high"
     assert "eager ran as compile off, CUDA graphs decode_only" in f.claim
 

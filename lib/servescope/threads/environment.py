@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -137,8 +138,31 @@ def capabilities(ctx: RunContext) -> pd.DataFrame:
     return ctx.adapter.knob_capabilities(inst)
 
 
-def findings(info: pd.DataFrame, gpu: pd.DataFrame, gpu_reason: str, caps: pd.DataFrame) -> list[Finding]:
+@dataclass
+class Environment:
+    """Thread 0's result: the host, its GPUs (or why none is read), the engine, the model's facts, the static flag
+    scan against the engine's own --help (None: not asked) and the knobs this version can express."""
+
+    host: pd.DataFrame
+    gpu: pd.DataFrame
+    gpu_reason: str
+    info: pd.DataFrame
+    model: pd.DataFrame
+    check: pd.DataFrame | None
+    caps: pd.DataFrame
+
+
+def run(ctx: RunContext, check_help: bool = True) -> Environment:
+    """Read the machine, the engine and the model this report describes (launching nothing but the engine's
+    --help, where check_help)."""
+    gpu, gpu_reason = gpus()
+    return Environment(host(), gpu, gpu_reason, engine_info(ctx), model_facts(ctx),
+                       flags_check(ctx) if check_help else None, capabilities(ctx))
+
+
+def findings(env: Environment) -> list[Finding]:
     """The environment as one finding (no effect: it qualifies every other finding)."""
+    info, gpu, gpu_reason, caps = env.info, env.gpu, env.gpu_reason, env.caps
     facts = dict(zip(info["fact"], info["value"], strict=True))
     if "not available" in facts:
         return [Finding(thread=THREAD, kind="environment", title="Engine not available here", applies=False,

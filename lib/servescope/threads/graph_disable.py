@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -24,8 +24,7 @@ from ..errors import KnobError, ServescopeError, SpecError
 from ..findings import Change, Failure, Finding, sentences
 from ..spec import Knobs, ProfileSpec, parse
 from ..state import ResolvedState
-from ..study import Arm, Study, run_study, stored_failures, stored_points
-from ..study import audit_for as audit_for  # the notebook's t01.audit_for (it lives where comparisons use it too)
+from ..study import Arm, Study, audit_for, run_study, stored_failures, stored_points
 from ..util import known
 
 THREAD = "01_cuda_graph_disable_reason"
@@ -38,10 +37,26 @@ def arms(knobs: dict[str, Any] | Knobs | None = None) -> list[Arm]:
     return [Arm(ARM, parse(Knobs, knobs or {}, "knobs"), "as requested")]
 
 
-def run(ctx: RunContext, knobs: dict[str, Any] | Knobs | None = None) -> Study:
-    """Launch once with the requested knobs, serve the load, keep what the server resolved and logged."""
+@dataclass
+class DisableStudy:
+    """Thread 1's result: the one launch, its analysed server log (or why there is none), the graph audit of the
+    engine that ran, and the evidence that explains the resolved graph mode."""
+
+    study: Study
+    log: pd.DataFrame
+    log_reason: str
+    audit: pd.DataFrame
+    why: pd.DataFrame
+
+
+def run(ctx: RunContext, knobs: dict[str, Any] | Knobs | None = None) -> DisableStudy:
+    """Launch once with the requested knobs, serve the load, keep what the server resolved and logged; read the
+    log and the engine's rules that explain the graph mode it resolved to."""
     arm = arms(knobs)  # a bad knob is refused before anything launches
-    return run_study(THREAD, ctx.with_(plan=RepetitionPlan(1, 1), profile=ProfileSpec()), arm)
+    study = run_study(THREAD, ctx.with_(plan=RepetitionPlan(1, 1), profile=ProfileSpec()), arm)
+    log, log_reason = server_log(study)
+    audit = audit_for(ctx, study.install)
+    return DisableStudy(study, log, log_reason, audit, explain(study, audit, log))
 
 
 def state_of(study: Study) -> ResolvedState:
@@ -267,8 +282,9 @@ def _not_started(study: Study, knobs: Knobs, first: pd.Series) -> Finding:
                    evidence={"error": err[-2000:], "signal": first["signal"]})
 
 
-def findings(study: Study, why: pd.DataFrame, log: pd.DataFrame) -> list[Finding]:
+def findings(ds: DisableStudy) -> list[Finding]:
     """What thread 1 concludes: graphs as resolved, and why (rule, flag or crash), with the evidence."""
+    study, why, log = ds.study, ds.why, ds.log
     state, knobs, errors = state_of(study), study.arm(ARM).knobs, study.results.errors
     crashed = log[log["name"].isin(["capture_failed"])] if len(log) else log
     rules = why[why["source"] == "audit"] if len(why) else why

@@ -34,10 +34,24 @@ def arms(ctx: RunContext) -> list[Arm]:
             Arm(BASELINE, Knobs(torch_compile=False, cuda_graph=graphs), f"torch.compile off, CUDA graphs {graphs}")]
 
 
-def run(ctx: RunContext) -> Study:
+@dataclass
+class CompileStudy:
+    """Thread 5's result: compiled against eager, and whether compile excludes piecewise graphs (None: not asked)."""
+
+    study: Study
+    exclusion: Exclusion | None = None
+
+    @property
+    def comparison(self) -> Comparison:
+        """Compiled against eager (comparison())."""
+        return comparison(self.study)
+
+
+def run(ctx: RunContext, exclusion: bool = True) -> CompileStudy:
     """Measure both arms in alternating repetitions: at least the plan's minimum, more within it while compile's
-    effect is not resolved."""
-    return run_study(THREAD, ctx, arms(ctx), headlines=[(BASELINE, TREATMENT)])
+    effect is not resolved; then, where exclusion, ask compile for each piecewise form (piecewise_exclusion)."""
+    study = run_study(THREAD, ctx, arms(ctx), headlines=[(BASELINE, TREATMENT)])
+    return CompileStudy(study, piecewise_exclusion(study) if exclusion else None)
 
 
 def comparison(study: Study) -> Comparison:
@@ -157,10 +171,11 @@ def _with_audit(study: Study, rows: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["source", "where", "text"])
 
 
-def findings(study: Study, exclusion: Exclusion | None = None, baseline: dict[str, Any] | None = None) -> list[Finding]:
+def findings(cs: CompileStudy) -> list[Finding]:
     """The thread's conclusion: compile's measured effect on throughput, what each side resolved to, the startup
-    cost, and what to set, in the engine's spelling (against the deployment's baseline where the suite gives one);
-    then whether compile excludes piecewise graphs here."""
+    cost, and what to set, in the engine's spelling (against the run's baseline where the suite gives one); then
+    whether compile excludes piecewise graphs here (where it was asked)."""
+    study, exclusion = cs.study, cs.exclusion
     cmp = comparison(study)
     start = study.startup()
     st = dict(zip(start["config"], start["first_token_s"], strict=True)) if len(start) else {}
@@ -171,7 +186,7 @@ def findings(study: Study, exclusion: Exclusion | None = None, baseline: dict[st
                  f" Compile adds no startup time here ({cost:+.1f} s, median launch to first token).")
     f = cmp.finding("torch.compile", "torch.compile", better=Knobs(torch_compile=True),
                     worse=Knobs(torch_compile=False), extra=extra,
-                    deployed=_deployed(study, baseline))
+                    deployed=_deployed(study))
     if f.applies and TREATMENT in st and BASELINE in st:
         f.evidence["startup_cost_s"] = round(float(st[TREATMENT] - st[BASELINE]), 1)
     if exclusion is None:
@@ -196,7 +211,6 @@ def findings(study: Study, exclusion: Exclusion | None = None, baseline: dict[st
     return [f, x]
 
 
-def _deployed(study: Study, baseline: dict[str, Any] | None) -> Knobs | None:
-    """How the deployment runs today (the run's baseline, or one given), None where it runs the engine's defaults."""
-    base = study.ctx.baseline if baseline is None else baseline
-    return Knobs(**base) if base else None
+def _deployed(study: Study) -> Knobs | None:
+    """How the deployment runs today (the run's baseline), None where it runs the engine's defaults."""
+    return Knobs(**study.ctx.baseline) if study.ctx.baseline else None
