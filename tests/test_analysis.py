@@ -179,7 +179,8 @@ def _starved_words(head_width: float, level_widths: dict[int, float], scope: str
     effects = pd.DataFrame([{"metric": "output_tok_s", "concurrency": c, "n_pairs": 3, "ci_low_pct": 10.0,
                              "ci_high_pct": 10.0 + w} for c, w in level_widths.items()])
     study = SimpleNamespace(results=SimpleNamespace(client_health=lambda: health))
-    head = SimpleNamespace(ci_low_pct=20.0, ci_high_pct=20.0 + head_width, scope=scope)
+    levels = (1.0, 4.0) if scope.startswith("mean over") else (1.0,)  # the levels the scope's words name
+    head = SimpleNamespace(ci_low_pct=20.0, ci_high_pct=20.0 + head_width, scope=scope, levels=levels)
 
     class Fixed(Comparison):
         def headline(self, metric: str = "output_tok_s"):  # noqa: ANN201 - the stand-in's shape
