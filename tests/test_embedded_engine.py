@@ -375,7 +375,7 @@ def test_real_server_stopped_mid_load_is_declared_hung_and_torn_down(tmp_path):
             for p in _our_vllm():
                 p.send_signal(signal.SIGSTOP)
 
-    load = LoadSpec(concurrency=(1, 4), num_requests=8, input_len=16, output_len=64, warmup_requests=1, hang_s=15)
+    load = LoadSpec(concurrency=(1, 4), num_requests=8, input_len=16, output_len=64, warmup_requests=1, hang_s=8)
     t0 = time.monotonic()
     res = measure(EngineSpec(name="vllm"), ModelSpec(tiny={}), [Config("eager", Knobs(torch_compile=False))], load, repetitions=1,
                   store=Store(tmp_path / "store"), say=stop_vllm)

@@ -14,7 +14,6 @@ from itertools import combinations
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from ..architectures import model_key
 from ..spec import Knobs, LoadSpec, ModelSpec
@@ -105,6 +104,8 @@ def side_by_side(stores: Store | Sequence[Store], model: ModelSpec | None = None
                 if sa is None or sb is None:
                     continue
                 la, lb = np.log(sa[1]), np.log(sb[1])
+                from scipy import stats  # here, not at import (see analysis.ab._t)
+
                 ci = stats.ttest_ind(lb, la, equal_var=False).confidence_interval(LEVEL)
                 ratio = float(np.median(sb[1]) / np.median(sa[1]))
                 lo, hi = 100 * (np.exp(ci.low) - 1), 100 * (np.exp(ci.high) - 1)
