@@ -326,16 +326,22 @@ class Store:
 
     def longest_point_s(self, parts: dict[str, Any]) -> float | None:
         """The longest a complete point like this one took here, launch to teardown: another repetition of the same
-        configuration and load where there is one (a graphed launch is not judged by an eager one's length), else of
-        the same engine identity and model with as many replicas and a profile armed or not, else any of that engine
-        and model; None when the store holds none (nothing to judge a launch's length by)."""
+        configuration and load where there is one (a graphed launch is not judged by an eager one's length), else a
+        launch of the same knobs, then of the same graphs and compile, whose load asked for more levels (less the
+        levels this one does not ask for), else of the same engine identity and model with as many replicas and a
+        profile armed or not, else any of that engine and model; None when the store holds none (nothing to judge a
+        launch's length by)."""
         def shape(p: dict[str, Any]) -> tuple[int, bool]:
             return int((p.get("knobs") or {}).get("replicas", 1)), "profile" in p
 
         def config(p: dict[str, Any]) -> tuple[Any, ...]:
             return shape(p), json.dumps(p.get("knobs"), sort_keys=True), json.dumps(p.get("load"), sort_keys=True)
 
-        same, alike, any_ = [], [], []
+        def launch(p: dict[str, Any]) -> tuple[Any, ...]:  # what sets a launch's length: its graphs and compile
+            k = p.get("knobs") or {}
+            return shape(p), k.get("cuda_graph"), k.get("torch_compile")
+
+        same, fewer, kin, alike, any_ = [], [], [], [], []
         for pt in self.points(parts.get("engine"), parts.get("model")):
             m = pt.manifest
             took = float(m.get("ended_unix") or 0) - float(m.get("started_unix") or 0)
@@ -345,7 +351,10 @@ class Store:
                     alike.append(took)
                 if config(pt.parts) == config(parts):
                     same.append(took)
-        return max(same or alike or any_) if any_ else None
+                elif launch(pt.parts) == launch(parts) and (cut := _with_fewer_levels(pt, parts, took)):
+                    # 07's search: another scheduler setting of the same graphs, at the top level alone
+                    (fewer if config(pt.parts)[:2] == config(parts)[:2] else kin).append(cut)
+        return max(same or fewer or kin or alike or any_) if any_ else None
 
     def slowest_ready_s(self, engine: str | None, model: dict[str, Any] | None) -> float | None:
         """The longest a launch of this engine identity and model took to serve its first token here (its replicas'
@@ -461,3 +470,18 @@ def export_points(src: Store, dest: Path, keep_logs: bool = False) -> list[str]:
     if (src.root / "_notes").is_dir():  # before-launch checks and probe answers: offline renders read them
         shutil.copytree(src.root / "_notes", dest / "_notes", dirs_exist_ok=True)
     return copied
+
+
+def _with_fewer_levels(pt: Point, parts: dict[str, Any], took: float) -> float | None:
+    """How long a stored launch of the same configuration would have taken under parts' load, where that load differs
+    from its own only in asking for some of its levels (07's search: the top level alone): its length less the levels
+    not asked for (each level's own length, as its summary says); None otherwise."""
+    mine, want = dict(pt.parts.get("load") or {}), dict(parts.get("load") or {})
+    have, asked = mine.pop("concurrency", None), want.pop("concurrency", None)
+    if mine != want or not have or not asked or not set(asked) < set(have):
+        return None
+    s = pt.table("summary")
+    if s.empty or "level_s" not in s or "concurrency" not in s or not set(have) <= set(s["concurrency"]):
+        return None
+    dropped = float(s.loc[~s["concurrency"].isin(asked), "level_s"].sum())
+    return took - dropped if 0 < dropped < took else None
