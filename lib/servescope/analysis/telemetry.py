@@ -5,7 +5,6 @@ own metrics. The regime of each point is decided from these in analysis.regime."
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import numpy as np
@@ -13,6 +12,7 @@ import pandas as pd
 
 from ..telemetry.base import measured
 from ..telemetry.nvml import GPM_METRICS, REASONS
+from ..util import known
 
 GPM_COLUMNS = tuple(GPM_METRICS)
 # the DCGM exporter's profiling fields (ratios 0..1) and device fields, as the GPM / NVML columns they stand for
@@ -310,25 +310,21 @@ def disagreements(r: dict[str, Any]) -> str:
     """What a level's engine counters and NVML's and the client's readings disagree on, in words ('' for nothing)."""
     said = []
     c, run, q = r.get("concurrency"), r.get("running"), r.get("queued")
-    if _num(c) and _num(run) and run < QUEUED_SHARE * c and _num(q) and q >= 1:
+    if known(c) and known(run) and run < QUEUED_SHARE * c and known(q) and q >= 1:
         said.append(f"the engine ran {run:.0f} of the {c:.0f} requests in flight and queued {q:.0f}: a cap (its KV "
                     "cache or running limit) held the batch below the load")
-    if _num(r.get("kv_used_pct")) and r["kv_used_pct"] >= KV_FULL_PCT:
+    if known(r.get("kv_used_pct")) and r["kv_used_pct"] >= KV_FULL_PCT:
         said.append(f"KV cache {r['kv_used_pct']:.0f}% full")
     u, sm = r.get("gpu_util_pct_p50"), r.get("sm_active_pct_p50")
-    if _num(u) and _num(sm) and u >= BUSY_UTIL_PCT and sm < IDLE_SM_PCT:
+    if known(u) and known(sm) and u >= BUSY_UTIL_PCT and sm < IDLE_SM_PCT:
         said.append(f"NVML reads the GPU {u:.0f}% utilized while its SMs were active {sm:.0f}% of the time (GPM): "
                     "a kernel was running, not the whole GPU")
     occ = r.get("fwd_occupancy_pct")
-    if _num(occ) and _num(u) and abs(u - occ) > OCCUPANCY_GAP_PCT:
+    if known(occ) and known(u) and abs(u - occ) > OCCUPANCY_GAP_PCT:
         said.append(f"the engine's own timer has its forward passes on the GPU {occ:.0f}% of the time, NVML reads "
                     f"it {u:.0f}% utilized" + (": the rest is time between passes (scheduling, sampling, the host)"
                                                if occ < u else ""))
     e, cl = r.get("engine_gen_tok_s"), r.get("client_output_tok_s")
-    if _num(e) and _num(cl) and cl > 0 and abs(e - cl) / cl > COUNT_GAP:
+    if known(e) and known(cl) and cl > 0 and abs(e - cl) / cl > COUNT_GAP:
         said.append(f"the engine counts {e:,.0f} generated tok/s, the client {cl:,.0f}")
     return "; ".join(said)
-
-
-def _num(v: Any) -> bool:
-    return v is not None and not (isinstance(v, float) and math.isnan(v))

@@ -9,6 +9,7 @@ token. Without a GPU it says so and shows the host and server side; nothing is m
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -302,11 +303,15 @@ def _agreed(regimes: list[Regime]) -> tuple[Regime, str, str]:
                            f"reached it; {words}{': ' + capped if capped else ''})")
 
 
+def _at_target(points: Iterable[str], target: int | None) -> str | None:
+    """The point of the load's target level among points (None: no target, or not measured)."""
+    return next((p for p in points if point_level(p) == target), None) if target is not None else None
+
+
 def _operating_point(by_point: pd.Series, target: int | None) -> str:
     """The point a configuration is judged at: the load's target level where it was measured, else the one with
     the highest throughput."""
-    at = [p for p in by_point.index if point_level(p) == target] if target is not None else []
-    return at[0] if at else str(by_point.idxmax())
+    return _at_target(by_point.index, target) or str(by_point.idxmax())
 
 
 def _cpu_headline(ps: PowerStudy) -> tuple[str, str, str, dict[str, str]] | None:
@@ -339,7 +344,7 @@ def _cpu_headline(ps: PowerStudy) -> tuple[str, str, str, dict[str, str]] | None
     # the title names the operating point (the target, else the highest level) only: a lower level's regime sits
     # near a boundary (two cold runs here called c=4 under-loaded and compute-bound) and is in the claim
     target = ps.study.ctx.load.target_level
-    at = next((p for p in levels if point_level(p) == target), levels[-1]) if target is not None else levels[-1]
+    at = _at_target(levels, target) or levels[-1]
     sure = agreed[at][1] if top[at] != "undecided" else "none"
     return f"CPU server ({cfg}) at {at}: {top[at]}", claim, sure, top
 
