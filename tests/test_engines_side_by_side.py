@@ -78,7 +78,7 @@ def test_the_summary_says_when_the_stores_hold_one_engine(tmp_path):
     raw = yaml.safe_load((ROOT / "data" / "suites" / "vllm-h200.yaml").read_text())
     raw.pop("compare_with", None)  # the store alone: one engine
     (tmp_path / "alone.yaml").write_text(yaml.safe_dump(raw))
-    alone = run_suite(tmp_path / "alone.yaml", only=["99"], offline=True,
+    alone = run_suite(tmp_path / "alone.yaml", only=["99"], offline=True, inputs=False,
                       reports_dir=tmp_path / "r2", store_dir=ROOT / "data" / "reference" / "vllm-h200" / "store",
                       run_id="t", progress=False)
     assert "hold no two engines serving this model" in (alone.out_dir / "99_summary.html").read_text()
@@ -98,7 +98,7 @@ def test_a_suite_compares_against_another_engines_store_it_names(tmp_path):
     before = sorted(p.name for p in other.iterdir())
     store = tmp_path / "store"
     shutil.copytree(ROOT / "data" / "reference" / "vllm-h200" / "store", store)
-    done = run_suite(suite, only=["99"], offline=True, reports_dir=tmp_path / "r", store_dir=store, run_id="t",
+    done = run_suite(suite, only=["99"], offline=True, inputs=False, reports_dir=tmp_path / "r", store_dir=store, run_id="t",
                      progress=False)
     page = (done.out_dir / "99_summary.html").read_text()
     assert "Engines side by side" in page and "sglang 0.5.17 serves it better" in page

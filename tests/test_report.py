@@ -202,6 +202,35 @@ def test_hide_code(tmp_path):
     assert "t05.run(" not in html and "data:image/png;base64" in html
 
 
+def test_only_a_reader_renders_the_notebooks_before_it_from_the_store(tmp_path, monkeypatch):
+    """--only 07 on the GPU once searched the scheduler around the deployment itself (07 read no finding, so it
+    combined nothing): a picked notebook that reads the run's findings gets the suite's notebooks before it, rendered
+    offline from the store, while it runs as asked; a notebook that reads none runs alone."""
+    import servescope.report as report
+
+    seen: dict[str, bool] = {}
+
+    def fake_run(nb_id, file, params, out_dir, *a, **k):
+        seen[nb_id] = params.get("offline")  # 00 launches nothing: it declares no offline
+        return report.NotebookRun(id=nb_id, question="", status="ok")
+
+    monkeypatch.setattr(report, "_run_notebook", fake_run)
+    monkeypatch.setattr(report, "check_baseline", lambda suite: None)
+    monkeypatch.setattr(report, "write_index", lambda *a, **k: None)
+    suite = _suite(tmp_path, DEFAULT_SUITE["notebooks"])
+    run_suite(suite, only=("07",), reports_dir=tmp_path / "r1", store_dir=tmp_path / "s", progress=False)
+    assert seen == {"00_environment": None, "01_cuda_graph_disable_reason": True, "02_piecewise_cuda_graphs": True,
+                    "04_data_parallelism": True, "05_torch_compile": True, "06_grouped_gemm": True,
+                    "07_verified_changes": False}
+    seen.clear()
+    run_suite(suite, only=("02", "05"), reports_dir=tmp_path / "r2", store_dir=tmp_path / "s", progress=False)
+    assert seen == {"02_piecewise_cuda_graphs": False, "05_torch_compile": False}
+    seen.clear()
+    run_suite(suite, only=("07",), reports_dir=tmp_path / "r3", store_dir=tmp_path / "s", progress=False,
+              inputs=False)
+    assert seen == {"07_verified_changes": False}
+
+
 def test_progress_bars_collapse_to_their_final_state():
     import nbformat
 
@@ -469,7 +498,7 @@ def test_a_second_cold_h200_recording_ranks_the_same_first_change(tmp_path):
     recorded."""
     store = tmp_path / "store"
     shutil.copytree(H200 / "run2" / "store", store)
-    done = run_suite(ROOT / "data" / "suites" / "transformers-gpu.yaml", only=("02", "05", "99"), offline=True,
+    done = run_suite(ROOT / "data" / "suites" / "transformers-gpu.yaml", only=("02", "05", "99"), offline=True, inputs=False,
                      reports_dir=tmp_path / "r", store_dir=store, run_id="h2", progress=False)
     check_answers(done.out_dir, "h200-run2")
     assert [r.status for r in done.runs] == ["ok", "ok", "ok"]

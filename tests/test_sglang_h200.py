@@ -65,7 +65,7 @@ def offline_run(tmp_path_factory):
     """Threads 01, 02, 04, 05, 06, 07 and 99 of the suite rendered offline from a copy of the H200 store."""
     tmp = tmp_path_factory.mktemp("sglang-h200")
     shutil.copytree(REF / "store", tmp / "store")
-    done = run_suite(SUITE, only=["01", "02", "04", "05", "06", "07", "99"], offline=True, reports_dir=tmp / "r",
+    done = run_suite(SUITE, only=["01", "02", "04", "05", "06", "07", "99"], offline=True, inputs=False, reports_dir=tmp / "r",
                      store_dir=tmp / "store", run_id="t", progress=False)
     return done.out_dir
 

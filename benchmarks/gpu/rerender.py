@@ -63,7 +63,8 @@ def main() -> None:
         t0 = time.time()
         done = run_suite(a.suite, only=[n.id for n in suite.notebooks if n.id != KEPT], offline=True,
                          reports_dir=Path(tmp) / "r", store_dir=store, run_id=suite.name, progress=False,
-                         hide_code=True)  # as `servescope run` renders a report: the code stays in the notebooks
+                         hide_code=True,  # as `servescope run` renders a report: the code stays in the notebooks
+                         inputs=False)  # 00 is the GPU's own page, copied in below
         for f in report.glob(f"{KEPT}.*"):
             shutil.copy(f, done.out_dir / f.name)
         found = read_findings(report / f"{KEPT}.findings.json")

@@ -281,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
 
     r = sub.add_parser("run", help="run a suite of notebooks and render the report")
     r.add_argument("suite", help="suite YAML, e.g. data/suites/default.yaml")
-    r.add_argument("--only", action="append", help="run only notebooks whose id starts with this (repeatable)")
+    r.add_argument("--only", action="append", help="run only notebooks whose id starts with this (repeatable); the "
+                   "notebooks before one that reads the run's findings (07, 99) render offline from the store first")
     r.add_argument("--offline", action="store_true", help="render from the result store only; launch nothing")
     r.add_argument("--show-code", action="store_true",
                    help="keep code cells in the HTML (default: the shared view, answers and evidence without code)")

@@ -31,7 +31,7 @@ from .launch import check_deployment_args, prepare
 from .paths import default_reports_dir, default_store_dir
 from .spec import DeploymentSpec, EngineSpec, Knobs, ModelSpec, TinyModelSpec, parse
 from .store import Store
-from .suite import Suite, load_suite, notebook_file
+from .suite import NotebookEntry, Suite, load_suite, notebook_file
 from .summary import change_html
 from .threads import by_role, registry
 from .util import atomic_write_text
@@ -241,27 +241,28 @@ def run_suite(
     suite_path: str | Path, only: Sequence[str] = (), offline: bool = False, hide_code: bool = False,
     reports_dir: str | Path | None = None, store_dir: str | Path | None = None, run_id: str | None = None,
     kernel_name: str | None = None, progress: bool = True, echo: TextIO | None = None, budget_s: float = 0.0,
+    inputs: bool = True,
 ) -> SuiteRun:
     """Execute the suite's notebooks into reports/<run-id>/, render HTML, write index.html, point reports/latest at it.
     Every notebook runs even when one fails; the returned SuiteRun says which did not give an answer. echo: where the
     lines the notebooks print (their progress) go as they run; their tables stay in the notebooks and the HTML.
     budget_s (0: none): no point is launched that would not finish within it, going by the longest a point like it
-    took in the store; the notebooks still run and say what they did not measure."""
+    took in the store; the notebooks still run and say what they did not measure. inputs: where only picks a
+    notebook that reads the run's findings (07, 99), the suite's notebooks before it that only leaves out are
+    rendered offline from the store first (launching nothing), so that it reads what the suite would give it."""
     # the budget counts from here: check_baseline's first preparation (a random model: 102 s on the H100) is part of it
     t_start = time.time()
     if budget_s < 0:
         raise SpecError(f"budget_s: seconds the run may take, 0 for no limit (got {budget_s})")
     suite = load_suite(suite_path)
-    entries = [n for n in suite.notebooks if not only or any(n.id.startswith(o) for o in only)]
-    if not entries:
-        raise SpecError(f"--only {list(only)} matches no notebook of the suite ({[n.id for n in suite.notebooks]})")
+    files = {e.id: notebook_file(suite_path, e) for e in suite.notebooks}
+    entries, from_store, readers = select_notebooks(suite, files, only, inputs)
     reports = Path(reports_dir) if reports_dir else default_reports_dir()
     store = Path(store_dir) if store_dir else default_store_dir()
     run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{suite.name}"
     out_dir = (reports / run_id).resolve()
-    files = {e.id: notebook_file(suite_path, e) for e in entries}
-    plans = {e.id: plan_parameters(suite, files[e.id], e.id, e.parameters, out_dir, store.resolve(), offline,
-                                    suite.compare_stores(suite_path))
+    plans = {e.id: plan_parameters(suite, files[e.id], e.id, e.parameters, out_dir, store.resolve(),
+                                    offline or e.id in from_store, suite.compare_stores(suite_path))
              for e in entries}
     if not offline:
         check_baseline(suite)
@@ -273,7 +274,9 @@ def run_suite(
         for i, entry in enumerate(entries, 1):
             if stop.signal:
                 break
-            print(f"[{i}/{len(entries)}] {entry.id}: running", flush=True)
+            print(f"[{i}/{len(entries)}] {entry.id}: running" + (
+                f" offline, from the store (its findings are {' and '.join(readers)}'s inputs)"
+                if entry.id in from_store else ""), flush=True)
             run = _run_notebook(entry.id, files[entry.id], plans[entry.id], out_dir, stop, kernel_name, progress,
                                 hide_code, echo)
             measured = run.outcome.summary() if run.outcome is not None else ""
@@ -293,6 +296,28 @@ def run_suite(
     _point_latest(reports, out_dir)
     print(f"report: {out_dir / 'index.html'}", flush=True)
     return SuiteRun(out_dir, runs, stop.signal, skipped)
+
+
+def select_notebooks(suite: Suite, files: dict[str, Path], only: Sequence[str] = (),
+                     inputs: bool = True) -> tuple[list[NotebookEntry], set[str], list[str]]:
+    """The notebooks a run executes (suite order), those of them rendered offline as a picked reader's inputs, and
+    the picked notebooks that read the run's findings."""
+    picked = [n for n in suite.notebooks if not only or any(n.id.startswith(o) for o in only)]
+    if not picked:
+        raise SpecError(f"--only {list(only)} matches no notebook of the suite ({[n.id for n in suite.notebooks]})")
+    readers = [e.id for e in picked if _reads_findings(files[e.id])] if only and inputs else []
+    # a reader's inputs are the suite's notebooks before it; left out, it would recommend nothing and measure (or
+    # search around) the deployment itself instead of the changes
+    ids = [e.id for e in suite.notebooks]
+    upto = max((ids.index(r) for r in readers), default=-1)
+    chosen = {e.id for e in picked}
+    entries = [e for i, e in enumerate(suite.notebooks) if e.id in chosen or i < upto]
+    return entries, {e.id for e in entries if e.id not in chosen}, readers
+
+
+def _reads_findings(path: Path) -> bool:
+    """Whether a notebook reads the findings of the notebooks before it (it declares report_dir)."""
+    return "report_dir" in pm.inspect_notebook(str(path))
 
 
 @contextlib.contextmanager
