@@ -83,6 +83,32 @@ def test_graphs_off_is_host_bound_at_the_top_level():
     assert "the deployment at c=128: host-bound" in fs
 
 
+def test_03s_timeline_is_one_panel_per_configuration_from_its_first_launch(tmp_path):
+    """Issue 59: forty runs laid end to end with overlapping labels were not read at a glance. One panel per
+    configuration, its first launch only, from the load's start: 13 points of 7 configurations give 7 panels, each
+    under a minute and a half of load except the deployment's three levels (its first launch: 02's sweep, not the
+    search's one level under the same name), each level named once."""
+    import shutil
+
+    from servescope import nb
+    from servescope.suite import load_suite
+    from servescope.threads import clocks_power as t03
+
+    shutil.copytree(REF / "store", tmp_path / "store")
+    suite = load_suite(ROOT / "data" / "suites" / "sglang-qwen3-30b-h100.yaml")
+    ctx = nb.context(suite.engine, suite.model, suite.load, store_dir=str(tmp_path / "store"), offline=True,
+                     deployment=suite.deployment, telemetry=suite.telemetry)
+    fig = t03.run(ctx).plot_timeline()
+    axes = fig.axes
+    assert [ax.get_title(loc="left") for ax in axes[:2]] == ["the deployment (the first of 4 launches)",
+                                                            "cuda_graph=piecewise (the first of 4 launches)"]
+    assert len(axes) == 7 and len({ax.get_title(loc="left") for ax in axes}) == 7
+    labels = [[t.get_text() for t in ax.texts] for ax in axes]
+    assert labels[0] == ["c=1", "c=16", "c=128"] and all(lab == ["c=128"] for lab in labels[2:])
+    ends = [max(line.get_xdata().max() for line in ax.lines) for ax in axes]
+    assert 200 < ends[0] < 300 and all(e < 100 for e in ends[1:])
+
+
 def test_99_sets_sglang_beside_vllm_on_the_same_card():
     """compare_with names vLLM's H100 store: each engine's graphed configuration, three launches a side. SGLang ahead
     at c=1 (-3.6% for vLLM) and c=128 (-11.1%), no resolved difference at c=16; the page says the two engines'

@@ -30,8 +30,6 @@ from ..util import known
 
 THREAD = "03_clocks_power"
 QUESTION = "Are the GPUs throttled, or stalled (high utilization, low power)?"
-SHOWN_REASONS = ("sw_power_cap", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown",
-                 "hw_power_brake_slowdown")
 
 
 @dataclass
@@ -96,100 +94,96 @@ class PowerStudy:
         return fig
 
     def plot_timeline(self) -> Figure | None:
-        """The telemetry over the sweep, runs laid end to end, measured load phases shaded: with a GPU, power (% of
-        limit), SM clock (% of max), utilization, SM activity, DRAM bandwidth and throttle reasons; without one,
-        the server's CPU and its busiest thread."""
+        """One panel per configuration (its first launch; at most TIMELINE_PANELS), seconds from its load's start, its
+        measured load levels shaded and named: with a GPU, power (% of limit), SM clock (% of max), utilization, SM
+        activity, DRAM bandwidth and throttle reasons as ticks on top; without one, the server's CPU and its busiest
+        thread."""
         tele = self.study.results.telemetry
         gpu = tele.get("gpu", pd.DataFrame())
         frame = gpu if len(gpu) else tele.get("server_procs", pd.DataFrame())
         if frame.empty:
             return None
-        runs = _lay_end_to_end(frame)
-        fig, axes = _gpu_panels(runs, tele) if len(gpu) else _host_panels(runs, tele)
-        for (_, phase), g in runs[~runs["phase"].str.startswith(("warmup", "idle", "profile"))].groupby(
-                ["run", "phase"], sort=False):
-            for ax in axes:
-                ax.axvspan(g["t"].min(), g["t"].max(), color="tab:green", alpha=0.08)
-            axes[0].annotate(phase, (g["t"].min(), 1.0), xycoords=("data", "axes fraction"), fontsize=7,
-                             va="top")
-        for run, g in runs.groupby("run"):
-            axes[0].annotate(str(run), (g["t"].min(), 0.02), xycoords=("data", "axes fraction"), fontsize=7,
-                             rotation=90, va="bottom", color="gray")
-        for ax in axes[:2]:
+        pts = self.study.results.points
+        runs = _first_runs(frame, pts)
+        configs = list(dict.fromkeys(runs.sort_values("time_unix")["config"]))
+        shown = configs[:TIMELINE_PANELS]
+        fig = Figure(figsize=(11, 1.2 + 2.1 * len(shown)), layout="constrained")
+        axes = np.atleast_1d(fig.subplots(len(shown), 1, sharex=True, squeeze=False)[:, 0])
+        threads = tele.get("server_threads", pd.DataFrame())
+        for ax, config in zip(axes, shown, strict=True):
+            g = runs[runs["config"] == config]
+            if len(gpu):
+                _gpu_panel(ax, g, tele)
+            else:
+                _host_panel(ax, g, threads)
+            for phase, ph in g[~g["phase"].astype(str).str.startswith(("warmup", "idle", "profile", "ramp"))
+                               ].groupby("phase", sort=False):
+                ax.axvspan(ph["t"].min(), ph["t"].max(), color="tab:green", alpha=0.12)
+                ax.annotate(str(phase), (ph["t"].min(), 1.0), xycoords=("data", "axes fraction"), fontsize=7,
+                            va="bottom")
+            n = int((pts["config"] == config).sum())
+            ax.set_title(f"{config}" + (f" (the first of {n} launches)" if n > 1 else ""), fontsize=8, loc="left",
+                         pad=10)
+            ax.set_ylabel("% of one core" if not len(gpu) else "%", fontsize=8)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="upper right", ncol=2)
+        handles = {lab: h for ax in axes for h, lab in zip(*ax.get_legend_handles_labels(), strict=True)}
+        fig.legend(handles.values(), handles.keys(), fontsize=7, loc="outside upper center", ncol=5)
+        more = f"; {len(configs) - len(shown)} more configurations not drawn" if len(configs) > len(shown) else ""
+        axes[-1].set_xlabel(f"seconds from the load's start (shaded: the measured load levels){more}")
         return fig
 
 
-def _gpu_panels(runs: pd.DataFrame, tele: dict[str, pd.DataFrame]) -> tuple[Figure, tuple[Any, ...]]:
-    """Power and SM clock (% of limit and max), activity (utilization, GPM), and the throttle reasons over time."""
+TIMELINE_PANELS = 8  # past this a page of panels is no longer read at a glance; the regime table holds every point
+SHOWN_MARKS = {"sw_power_cap": "v", "sw_thermal_slowdown": "x", "hw_thermal_slowdown": "X", "hw_slowdown": "s",
+               "hw_power_brake_slowdown": "D"}
+
+
+def _first_runs(frame: pd.DataFrame, points: pd.DataFrame) -> pd.DataFrame:
+    """Each configuration's first launch (its readings between the point's start and end: one configuration and
+    repetition can name points of several loads, e.g. a search's one level beside a sweep), seconds from its first
+    reading."""
+    parts = []
+    for config, pt in points.sort_values("started_unix").groupby("config", sort=False):
+        first = pt.iloc[0]
+        g = frame[(frame["config"] == config) & frame["time_unix"].between(first["started_unix"], first["ended_unix"])]
+        # from the first reading: readings start with the load, a launch's seconds before it are its own to show
+        parts.append(g.assign(t=g["time_unix"] - g["time_unix"].min()))
+    return pd.concat(parts).sort_values("time_unix") if parts else frame.iloc[:0].assign(t=[])
+
+
+def _gpu_panel(ax: Any, g: pd.DataFrame, tele: dict[str, pd.DataFrame]) -> None:
+    """Power and SM clock (% of limit and max), activity (utilization, GPM), throttle reasons as ticks at 105%."""
     static = tele.get("gpu_static", pd.DataFrame())
     smax = float(static["sm_clock_max_mhz"].max()) if len(static) else float("nan")
-    fig = Figure(figsize=(11, 7), layout="constrained")
-    ax1, ax2, ax3 = fig.subplots(3, 1, sharex=True, height_ratios=[3, 3, 1.3])
-    for idx, g in runs.groupby("gpu"):
-        g = _broken(g)
-        ax1.plot(g["t"], 100 * g["power_w"] / g["power_limit_w"], lw=0.8, label=f"power % of limit (GPU {idx})")
+    several = g["gpu"].nunique() > 1
+    for idx, one in g.groupby("gpu"):
+        on = f" (GPU {idx})" if several else ""
+        ax.plot(one["t"], 100 * one["power_w"] / one["power_limit_w"], lw=0.9, label=f"power % of limit{on}")
         if known(smax):
-            ax1.plot(g["t"], 100 * g["sm_clock_mhz"] / smax, lw=0.8, label=f"SM clock % of max (GPU {idx})")
+            ax.plot(one["t"], 100 * one["sm_clock_mhz"] / smax, lw=0.9, label=f"SM clock % of max{on}")
         for col, lab in (("gpu_util_pct", "utilization"), ("sm_active_pct", "SM active (GPM)"),
-                         ("dram_bw_util_pct", "DRAM bandwidth % of peak (GPM)"),
-                         ("tensor_active_pct", "tensor pipes (GPM)"), ("mem_util_pct", "NVML memory util")):
-            if col in g and g[col].notna().any():
-                ax2.plot(g["t"], g[col], lw=0.8, label=f"{lab} (GPU {idx})")
-        masks = g["clock_event_mask"].fillna(0).astype(int) if "clock_event_mask" in g else g["t"] * 0
-        for i, name in enumerate(SHOWN_REASONS):
+                         ("dram_bw_util_pct", "DRAM bandwidth % of peak"), ("tensor_active_pct", "tensor pipes"),
+                         ("mem_util_pct", "NVML memory util")):
+            if col in one and one[col].notna().any():
+                ax.plot(one["t"], one[col], lw=0.7, label=f"{lab}{on}")
+        masks = one["clock_event_mask"].fillna(0).astype(int) if "clock_event_mask" in one else one["t"] * 0
+        for name, marker in SHOWN_MARKS.items():
             bit = next(b for b, n in REASONS.items() if n == name)
-            on = g["t"][(masks & bit) > 0]
-            ax3.plot(on, np.full(len(on), i), "|", ms=8)
-    ax3.set_yticks(range(len(SHOWN_REASONS)), SHOWN_REASONS, fontsize=7)
-    ax3.set_ylim(-0.5, len(SHOWN_REASONS) - 0.5)
-    ax1.set_ylabel("%")
-    ax2.set_ylabel("%")
-    ax3.set_xlabel("seconds (runs laid end to end; shaded: measured load levels)")
-    axes = (ax1, ax2, ax3)
-    return fig, axes
+            hit = one["t"][(masks & bit) > 0]
+            if len(hit):
+                ax.plot(hit, np.full(len(hit), 105.0), marker, ms=3, ls="", color="tab:red", label=name + on)
+    ax.set_ylim(0, 110)
 
 
-def _host_panels(runs: pd.DataFrame, tele: dict[str, pd.DataFrame]) -> tuple[Figure, tuple[Any, ...]]:
-    """Without a GPU: the server's process tree CPU and its busiest thread over time."""
-    fig = Figure(figsize=(11, 4.5), layout="constrained")
-    ax1 = fig.subplots()
-    tree = _broken(runs.groupby(["run", "time_unix", "t", "phase"], as_index=False)["cpu_pct"].sum())
-    ax1.plot(tree["t"], tree["cpu_pct"], lw=0.8, label="server process tree CPU % (of one core)")
-    th = tele.get("server_threads", pd.DataFrame())
-    if len(th):
-        th = th.merge(runs[["config", "rep", "time_unix", "t"]].drop_duplicates(), on=["config", "rep",
-                                                                                      "time_unix"])
-        top = _broken(th.assign(run=th["config"].astype(str) + " rep " + th["rep"].astype(str)).groupby(
-            ["run", "t"], as_index=False)["cpu_pct"].max())
-        ax1.plot(top["t"], top["cpu_pct"], lw=0.8, label="busiest server thread CPU %")
-    ax1.set_ylabel("% of one core")
-    ax1.set_xlabel("seconds (runs laid end to end; shaded: measured load levels)")
-    axes = (ax1,)
-    return fig, axes
-
-
-def _broken(df: pd.DataFrame, by: str = "run") -> pd.DataFrame:
-    """The rows sorted by time with an empty row after each run, so a line plot does not join one run to the next."""
-    parts = []
-    for _, g in df.sort_values("t").groupby(by, sort=False):
-        gap = {c: np.nan for c in g.columns if c != by} | {by: g[by].iloc[0], "t": g["t"].iloc[-1] + 1e-3}
-        parts += [g, pd.DataFrame([gap])]
-    return pd.concat(parts, ignore_index=True).sort_values("t", kind="stable") if parts else df
-
-
-def _lay_end_to_end(frame: pd.DataFrame) -> pd.DataFrame:
-    """Each run's readings on one time axis: runs in start order, each starting where the previous ended."""
-    f = frame.sort_values("time_unix").copy()
-    f["run"] = f["config"].astype(str) + " rep " + f["rep"].astype(str)
-    starts = f.groupby("run")["time_unix"].agg(["min", "max"]).sort_values("min")
-    offset, base = {}, 0.0
-    for run, r in starts.iterrows():
-        offset[run] = base - r["min"]
-        base += r["max"] - r["min"] + 2.0
-    f["t"] = f["time_unix"] + f["run"].map(offset)
-    return f
+def _host_panel(ax: Any, g: pd.DataFrame, threads: pd.DataFrame) -> None:
+    """Without a GPU: the server's process tree CPU and its busiest thread."""
+    tree = g.groupby(["time_unix", "t"], as_index=False)["cpu_pct"].sum()
+    ax.plot(tree["t"], tree["cpu_pct"], lw=0.9, label="server process tree CPU % (of one core)")
+    if len(threads):
+        th = threads.merge(g[["config", "rep", "time_unix", "t"]].drop_duplicates(), on=["config", "rep", "time_unix"])
+        if len(th):
+            top = th.groupby("t", as_index=False)["cpu_pct"].max()
+            ax.plot(top["t"], top["cpu_pct"], lw=0.9, label="busiest server thread CPU %")
 
 
 def _reuse(res: Results) -> tuple[Results, list[Arm]] | None:
