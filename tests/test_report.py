@@ -687,6 +687,24 @@ def test_a_count_column_a_missing_row_made_float_shows_as_integers():
     assert rule and set(re.findall(r"_(col\d+)", rule.group(1))) == {"col1", "col2", "col3"}
 
 
+def test_a_long_kernel_name_shows_its_function_with_the_whole_name_on_hover():
+    """Issue 59: kernel names of 300 characters widened 06's tables, and a template argument (<unnamed>, <int>) went
+    into the page as a tag the browser hid. Text is escaped; a kernel name past 60 characters shows its function, the
+    whole signature in the cell's title."""
+    import html as h
+
+    from servescope import nb
+
+    long = ("void flashinfer::norm::FusedAddRMSNormKernel<(unsigned int)8, __nv_bfloat16>(T2 *, T2 *, T2 *, "
+            "unsigned int, unsigned int, unsigned int, float, float)")
+    df = pd.DataFrame([{"name": long, "kernel_ms": 1.5, "category": "norm"},
+                       {"name": "at::<unnamed>::gemm<int>", "kernel_ms": 2.0, "category": "a<b"}])
+    page = nb.table_or(df, "").to_html()
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", page)
+    assert cells[0] == f'<span title="{h.escape(long)}">flashinfer::norm::FusedAddRMSNormKernel…</span>'
+    assert cells[3] == "at::&lt;unnamed&gt;::gemm&lt;int&gt;" and cells[5] == "a&lt;b"
+
+
 def test_a_table_a_thread_returns_bare_shows_as_the_page_shows_tables():
     """02's gs.modes, 04's ps.table() and the rest are bare DataFrames: in the notebook they showed row numbers 0..4
     and all-empty columns. Through the formatter nb registers in IPython they show as table_or does; an index that

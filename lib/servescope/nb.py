@@ -332,8 +332,28 @@ def table_or(df: pd.DataFrame, words: str) -> Styler | Markdown:
     # the page reads words from the left (report.PAGE_CSS); numbers stay right-aligned, so their digits line up
     numbers = [c for c in out.columns if pd.api.types.is_numeric_dtype(out[c])]
     floats = [c for c in out.columns if pd.api.types.is_float_dtype(out[c])]
-    return out.style.hide(axis="index").format(na_rep="").format(_number, subset=floats, na_rep="") \
+    names = [c for c in out.columns if str(c) in KERNEL_NAME_COLUMNS and c not in numbers]
+    # text is escaped (a kernel's template arguments, <unnamed>, are not tags); a long kernel name shows its function
+    # and keeps the whole signature on hover
+    return out.style.hide(axis="index").format(na_rep="", escape="html") \
+        .format(_number, subset=floats, na_rep="").format(_kernel_cell, subset=names, na_rep="") \
         .set_properties(subset=numbers, **{"text-align": "right"})
+
+
+KERNEL_NAME_COLUMNS = ("name", "kernel", "example_kernel", "op")
+LONG_NAME = 60  # characters: past this a kernel's signature is shortened to its function, the rest on hover
+
+
+def _kernel_cell(v: object) -> str:
+    """A kernel name as a cell: escaped; past LONG_NAME characters its bare function (no template arguments or
+    signature) with the whole name on hover."""
+    full = str(v)
+    if len(full) <= LONG_NAME:
+        return html.escape(full)
+    bare = full.removeprefix("void ").replace("<unnamed>::", "").strip()
+    short = (bare.split("<", 1)[0].split("(", 1)[0].strip() or bare)[:LONG_NAME]
+    return f'<span title="{html.escape(full, quote=True)}">{html.escape(short)}…</span>'
+
 
 
 def _number(v: float) -> str:
