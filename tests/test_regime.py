@@ -238,7 +238,7 @@ def test_thread_03_renders_the_h200_store_offline(tmp_path):
     assert by["cuda_graph=off (+nsys profile)"]["recommended_flags"] == ["--cb-use-cuda-graph"]
     assert by["cuda_graph=full (+nsys profile)"]["recommended_flags"] == []  # it already ran with them
     html = (done.out_dir / "03_clocks_power.html").read_text()
-    assert "joules_per_output_token" in html and "Timeline over the sweep" in html
+    assert "joules_per_output_token" in html and "Timeline per configuration" in html
 
 
 def test_a_level_over_in_a_few_gpu_readings_gets_no_verdict():

@@ -78,7 +78,9 @@ def test_the_h200_store_renders_the_recorded_answers(offline_run):
 def test_thread01_names_the_launchs_own_flag_and_recommends_a_mode_that_served(offline_run):
     (f,) = read_findings(offline_run / "01_cuda_graph_disable_reason.findings.json")
     assert f.title == "CUDA graphs are off because of the launch's own flag" and f.confidence == "high"
-    assert "`--cuda-graph-backend-decode disabled` turns off decode graphs" in f.claim
+    # the pair said once, with what the seed's one flag stands for (it was said once per flag)
+    assert ("`--cuda-graph-backend-decode disabled` and `--cuda-graph-backend-prefill disabled` turn off decode and "
+            "prefill graphs (together, what `--disable-cuda-graph` stands for") in f.claim
     assert "what `--disable-cuda-graph` stands for on sglang 0.5.17, where that flag is a deprecated alias" in \
         json.dumps(f.evidence["launch_flags"])
     # the mode to turn on served here; full died here and is named as not recommended, with the engine's words

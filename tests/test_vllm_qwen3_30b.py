@@ -142,6 +142,40 @@ def test_the_change_document_deploys():
     assert re.search(r"\| 128 \| 1,139 -> 2,404 \| \+111\.0% \(\+50\.0\.\.\+162\.1%\) \|", text)
 
 
+def test_an_slo_reads_the_same_store_and_the_change_document_gives_goodput(tmp_path):
+    """An SLO is how the deployment is judged, not what was measured: set on the recorded suite, it names no new
+    point (07 renders offline from the same store) and each level's goodput is judged again from the stored requests.
+    Known answer at TTFT <= 2 s and TPOT <= 50 ms: eager decodes at 50 ms or more per token at every level, so its
+    goodput is 0 where the graphed launch's is not."""
+    import re
+    import shutil
+
+    from servescope import nb
+    from servescope.findings import collect
+    from servescope.spec import LoadSpec
+    from servescope.suite import load_suite
+    from servescope.threads import change_docs
+    from servescope.threads import verify as t07
+
+    suite = load_suite(ROOT / "data" / "suites" / "vllm-qwen3-30b.yaml")
+    slo = {"ttft_ms": 2000, "tpot_ms": 50}
+    load = {**suite.load, "slo_ms": slo}
+    assert LoadSpec.model_validate(load).key_dump() == LoadSpec.model_validate(suite.load).key_dump()
+    shutil.copytree(REF / "store", tmp_path / "store")
+    ctx = nb.context(suite.engine, suite.model, load, repetitions=3, max_repetitions=3, offline=True,
+                     store_dir=str(tmp_path / "store"), deployment=suite.deployment, baseline=suite.baseline_knobs,
+                     telemetry=suite.telemetry)
+    v = t07.run(ctx, collect(REF / "report"))
+    fs = t07.findings(v)
+    assert fs[0].title.startswith("Verified: the recommended changes together")
+    s = v.study.results.summary
+    good = s.groupby("config")["goodput_req_s"].median()
+    assert good["baseline"] == 0 and good["combined"] > 0 and set(s["slo"]) == {"ttft_ms<=2000, tpot_ms<=50"}
+    (text,) = change_docs.documents(v, fs).values()
+    assert "| goodput req/s (ttft_ms<=2000, tpot_ms<=50) |" in text
+    assert re.search(r"\| 1 \| .*\| 0\.00 -> \d+\.\d\d \|\n", text)
+
+
 def test_a_host_bound_launch_without_graphs_is_pointed_at_graphs_first():
     """03 at c=128: the eager deployment is host-bound; its advice reads the launch's resolved state (no CUDA
     graphs) and sends the reader to graphs first, with the flags that turn them on; the graphed launch, bound by DRAM

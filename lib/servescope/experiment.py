@@ -38,7 +38,7 @@ from .findings import Finding, Outcome
 from .launch import Prepared, check_deployment_args, flag_dests, launch_plan, prepare, serve
 from .load import load_tokenizer, run_sweep
 from .load.health import level_failure
-from .load.metrics import rejudge
+from .load.metrics import GOODPUT_COLUMNS, rejudge, summarize
 from .load.runner import LoadResult
 from .models import model_config, model_info
 from .profile import window as profiling
@@ -214,9 +214,11 @@ class Results:
 
 
 class _Tables:
-    """The tables of stored points, gathered point by point and turned into Results."""
+    """The tables of stored points, gathered point by point and turned into Results; slo_ms (the suite's SLO, none
+    kept with a point) judges each point's goodput from its stored requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, slo_ms: dict[str, float] | None = None) -> None:
+        self.slo_ms = dict(slo_ms or {})
         self.summaries: list[pd.DataFrame] = []
         self.requests: list[pd.DataFrame] = []
         self.startups: list[dict[str, Any]] = []
@@ -232,7 +234,7 @@ class _Tables:
 
     def add(self, pt: Point, key: str, ids: dict[str, Any]) -> None:
         """Every table of one stored point, tagged with ids (config, rep)."""
-        self.summaries.append(rejudge(pt.table("summary")).assign(**ids))
+        self.summaries.append(with_goodput(rejudge(pt.table("summary")), pt, self.slo_ms).assign(**ids))
         # every request's per-token gaps (a list per request, the bulk of the table at real size) are read by no
         # thread: the load's figures were computed from them when the level was written
         self.requests.append(pt.table("requests", exclude=("itl_ms",)).assign(**ids))
@@ -287,12 +289,24 @@ def point_label(parts: dict[str, Any], deployment: DeploymentSpec | None = None)
     return f"{label} (+{prof} profile)" if prof else label
 
 
+def with_goodput(summary: pd.DataFrame, pt: Point, slo_ms: dict[str, float]) -> pd.DataFrame:
+    """A stored point's summary with its goodput under slo_ms, judged again from its stored requests: an SLO is the
+    reader's, not the measurement's (it names no point), so a new one reads the same store."""
+    kept = summary.drop(columns=[c for c in GOODPUT_COLUMNS if c in summary])
+    if not slo_ms or kept.empty or "point_index" not in kept:
+        return kept
+    again = summarize(pt.table("requests", exclude=("itl_ms",)), pt.table("health"), slo_ms)
+    if again.empty or "point_index" not in again:
+        return kept
+    return kept.merge(again[["point_index", *GOODPUT_COLUMNS]], on="point_index", how="left")
+
+
 def read_store(store: Store, engine: str | None = None, model: dict[str, Any] | None = None,
-               deployment: DeploymentSpec | None = None) -> Results:
+               deployment: DeploymentSpec | None = None, slo_ms: dict[str, float] | None = None) -> Results:
     """Every complete point in a store (optionally only one engine identity and model) as Results, each named by
     its knobs (those it changed of the deployment, where one is given): what other threads measured, read without
     launching anything."""
-    acc = _Tables()
+    acc = _Tables(slo_ms)
     for pt in store.points(engine, model):
         acc.add(pt, pt.key, {"config": point_label(pt.parts, deployment), "rep": int(pt.parts.get("rep", 0))})
     return acc.results(planned=len(acc.points))
@@ -355,6 +369,9 @@ class _Loop:
     say: Callable[[str], None]
     acc: _Tables = field(default_factory=_Tables)
     planned: int = 0
+
+    def __post_init__(self) -> None:
+        self.acc.slo_ms = dict(self.ctx.load.slo_ms)
     prep: Prepared | None = None
     launched: bool = False  # a launch was attempted in the current repetition (it times the next one)
 

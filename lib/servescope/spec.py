@@ -267,6 +267,9 @@ class ProfileSpec(_Spec):
 SLO_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 # LoadSpec fields added after stores and notes were recorded (LoadSpec.full_dump)
 KV_LEVEL = "kv"  # a load's top level read from the engine: the concurrency its KV cache holds
+# how the measurement is read, not what was measured: out of every point's and note's key, so a new target or SLO
+# reads the same store (goodput is judged again from each point's stored requests)
+READER_FIELDS = {"target", "slo_ms"}
 ADDED_LATER = ("requests_per_slot", "lengths", "length_sigma", "steady_state", "client_processes")
 
 
@@ -358,12 +361,12 @@ class LoadSpec(_Spec):
         """Every field, as notes kept before the steady-load fields existed name the load: those fields are left out
         while at their defaults, so those notes keep their keys (the target never: it names no launch)."""
         later = {f for f in ADDED_LATER if getattr(self, f) == type(self).model_fields[f].default}
-        return self.model_dump(mode="json", exclude=later | {"target"})
+        return self.model_dump(mode="json", exclude=later | READER_FIELDS)
 
     def key_dump(self) -> dict[str, Any]:
         """The load as a point's key names it: the fields set away from their defaults, the target left out (where
         the headline is judged does not change what was measured)."""
-        return self.model_dump(mode="json", exclude_defaults=True, exclude={"target"})
+        return self.model_dump(mode="json", exclude_defaults=True, exclude=READER_FIELDS)
 
     @property
     def target_level(self) -> int | None:

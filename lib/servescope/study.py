@@ -1003,7 +1003,7 @@ def stored_failures(ctx: RunContext) -> list[Failure]:
 def stored_points(ctx: RunContext) -> Results:
     """Every complete point the store holds for this engine and model (what other threads measured), read without
     launching anything."""
-    return read_store(ctx.store, ctx.engine_identity, ctx.model_key, ctx.deployment)
+    return read_store(ctx.store, ctx.engine_identity, ctx.model_key, ctx.deployment, ctx.load.slo_ms)
 
 
 def read_or_run(thread: str, ctx: RunContext, arms: Sequence[Arm],

@@ -495,7 +495,7 @@ class SglangAdapter(EngineAdapter):
         if both and fs is not None and fs.has("--disable-cuda-graph") and fs.is_deprecated("--disable-cuda-graph"):
             for x in out:  # the pair is what the seed's one flag stands for on this version
                 if x["flag"].startswith("--cuda-graph-backend-"):
-                    x["alias"] = (f"with its twin, what `--disable-cuda-graph` stands for on {self.name} "
+                    x["alias"] = (f"together, what `--disable-cuda-graph` stands for on {self.name} "
                                   f"{install.version}, where that flag is a deprecated alias")
         return out
 

@@ -122,6 +122,9 @@ def _window_figures(g: pd.DataFrame, w0: float, w1: float) -> dict[str, Any]:
             "steady_to_s": w1 - t0, "level_s": float(g_end.max() - t0), "_started": started}
 
 
+GOODPUT_COLUMNS = ("good_requests", "goodput_req_s", "slo")  # what an SLO adds to a level's row
+
+
 def summarize(requests: pd.DataFrame, health: pd.DataFrame | None = None,
               slo_ms: dict[str, float] | None = None, by: list[str] | None = None) -> pd.DataFrame:
     """One row per load point: counts, throughputs, latency statistics, goodput, and the client's health."""
@@ -149,7 +152,9 @@ def summarize(requests: pd.DataFrame, health: pd.DataFrame | None = None,
             c = asked or row.get("concurrency")
             fill = row["achieved_concurrency"] / c if c else float("nan")
             row |= {"asked_concurrency": c, "fill_pct": 100 * fill, "filled": bool(fill >= FILLED)}
-        itl = np.concatenate([np.asarray(x, dtype=float) for x in ok["itl_ms"]]) if len(ok) else np.array([])
+        # a reader judging goodput again reads the requests without their per-token gaps (the bulk of the table)
+        itl = np.concatenate([np.asarray(x, dtype=float) for x in ok["itl_ms"]]) if len(ok) and "itl_ms" in ok \
+            else np.array([])
         per_s = partial(_rate, duration_s=row["duration_s"])
         row |= {
             "mean_input_tokens": float(ok["input_tokens"].mean()) if len(ok) else float("nan"),

@@ -51,9 +51,14 @@ def _deployed_sections(v: Verification, c: Candidate) -> list[str]:
     eff = v.compare().effects()
     tok = eff[eff["metric"] == "output_tok_s"].set_index("concurrency") if len(eff) else pd.DataFrame()
     med = s.groupby(["config", "concurrency"])[[m for m in ("output_tok_s", "ttft_ms_p50", "ttft_ms_p99",
-                                                             "tpot_ms_p50", "tpot_ms_p99") if m in s]].median()
+                                                             "tpot_ms_p50", "tpot_ms_p99", "goodput_req_s")
+                                                  if m in s]].median()
     reps = s.groupby("config")["rep"].nunique()
-    rows = ["| c | output tok/s | effect (90% CI) | TTFT p50 / p99 ms | TPOT p50 / p99 ms |", "|---|---|---|---|---|"]
+    # goodput where the suite sets an SLO: the requests per second that met it (judged from the stored requests)
+    slo = str(s["slo"].dropna().iloc[0]) if "slo" in s and "goodput_req_s" in med and s["slo"].notna().any() else ""
+    good = f" goodput req/s ({slo}) |" if slo else ""
+    rows = [f"| c | output tok/s | effect (90% CI) | TTFT p50 / p99 ms | TPOT p50 / p99 ms |{good}",
+            "|---|---|---|---|---|" + ("---|" if slo else "")]
     for lvl in sorted(set(s["concurrency"])):
         if (BASELINE, lvl) not in med.index or (COMBINED, lvl) not in med.index:
             continue
@@ -67,7 +72,8 @@ def _deployed_sections(v: Verification, c: Candidate) -> list[str]:
                    f"{y.get(m50, float('nan')):,.0f} / {y.get(m99, float('nan')):,.0f}"
 
         rows.append(f"| {int(lvl)} | {a['output_tok_s']:,.0f} -> {b['output_tok_s']:,.0f} | {said} | "
-                    f"{pair('ttft_ms_p50', 'ttft_ms_p99')} | {pair('tpot_ms_p50', 'tpot_ms_p99')} |")
+                    f"{pair('ttft_ms_p50', 'ttft_ms_p99')} | {pair('tpot_ms_p50', 'tpot_ms_p99')} |"
+                    + (f" {a['goodput_req_s']:.2f} -> {b['goodput_req_s']:.2f} |" if slo else ""))
     levels = sorted(int(x) for x in set(s["concurrency"]))
     out = ["## Measured", "", f"{whose[:1].upper()}{whose[1:]} against the baseline, medians over "
            f"{int(reps.get(COMBINED, 0))} and {int(reps.get(BASELINE, 0))} repetitions, at c={levels[0]} to "

@@ -282,6 +282,21 @@ def _not_started(study: Study, knobs: Knobs, first: pd.Series) -> Finding:
                    evidence={"error": err[-2000:], "signal": first["signal"]})
 
 
+def _flags_said(own: list[dict[str, str]]) -> str:
+    """The launch's own graph flags in words, flags that one explanation covers said together (the pair SGLang's
+    --disable-cuda-graph stands for was said twice, once per flag)."""
+    groups: dict[str, list[dict[str, str]]] = {}
+    for x in own:
+        groups.setdefault(x["alias"], []).append(x)
+    parts = []
+    for alias, xs in groups.items():
+        flags = " and ".join(f"`{x['flag']}`" for x in xs)
+        phases = " and ".join(dict.fromkeys(p for x in xs for p in x["phases"].split(" and ")))
+        parts.append(f"{flags} turn{'s' if len(xs) == 1 else ''} off {phases} graphs"
+                     + (f" ({alias})" if alias else ""))
+    return "; ".join(parts)
+
+
 def findings(ds: DisableStudy) -> list[Finding]:
     """What thread 1 concludes: graphs as resolved, and why (rule, flag or crash), with the evidence."""
     study, why, log = ds.study, ds.why, ds.log
@@ -306,8 +321,7 @@ def findings(ds: DisableStudy) -> list[Finding]:
     if len(crashed):
         headline = f"CUDA-graph capture failed: {crashed['line'].iloc[0]}"
     elif own:
-        said = "; ".join(f"`{x['flag']}` turns off {x['phases']} graphs" + (f" ({x['alias']})" if x["alias"] else "")
-                         for x in own)
+        said = _flags_said(own)
         headline = f"CUDA graphs are {state.graphs or 'partly off'} ({mode}) because the launch asked for it: {said}"
         detail = (f" Rules of the engine that would also turn them off here: "
                   f"{'; '.join(dict.fromkeys(rules['fact']))}." if len(rules) else "")

@@ -465,10 +465,15 @@ def _ceiling_finding(gs: GraphStudy, measured: Finding | None) -> Finding | None
         head = f"No form resolved above eager here ({', '.join(dict.fromkeys(gains['form']))})"
     cpu = info.get("device") == "cpu"
     of = gs.ceiling_of
+    lo, hi = int(gains["batch"].min()), int(gains["batch"].max())
+    ends = "; ".join(f"{form} {sub.iloc[0].gain_pct:+.0f}%" + (f" and {sub.iloc[-1].gain_pct:+.0f}%" if lo != hi else "")
+                     for form, sub in gains.sort_values("batch").groupby("form", sort=False))
+    # the headline keeps the ends of the batch range; every batch with its range is in the detail
     said = (f"Engine-free probe on the model's layer shapes{of} ({info.get('device')}, {info.get('dtype')}, MoE: "
-            f"{info.get('moe_method')}): each form's gain in ms per decode step over eager, with its range over "
-            f"{runs} paired runs: {per_batch}")
-    more = " CUDA graphs need CUDA: on a CPU only eager and compile are timed." if cpu else ""
+            f"{info.get('moe_method')}): gain per decode step over eager at batch {lo}"
+            + (f" and {hi}" if lo != hi else "") + f": {ends}")
+    more = f" Per batch, with its range over {runs} paired runs: {per_batch}."
+    more += " CUDA graphs need CUDA: on a CPU only eager and compile are timed." if cpu else ""
     if measured is not None and measured.effect is not None:
         more += f" Measured with the engine: {measured.effect.treatment} {measured.effect.text()}. "
         best = float(up["gain_pct"].max()) if len(up) else float("-inf")

@@ -35,6 +35,7 @@ from ..probes.run import skipped as probe_skipped
 from ..spec import DeploymentSpec, Knobs, LoadSpec, ProfileSpec
 from ..study import Arm, Study, drop_empty, read_or_run, run_study
 from ..telemetry.base import UNMEASURED
+from ..util import known
 from .grouped_gemm import profiled_once
 
 THREAD = "04_data_parallelism"
@@ -503,6 +504,18 @@ def _run_probe(ps: ParallelStudy, prep: Prepared, load: LoadSpec) -> None:
     ps.allreduce = ProbeRun(table, info)
 
 
+def _against_words(base: str, measured: list[Finding]) -> str:
+    """Each layout's effect against one server in a few words; the interval and levels of each are in its own
+    finding below (said in full here, four layouts ran to 80 words)."""
+    def one(f: Finding) -> str:
+        e = f.effect
+        if e is None or not known(e.value_pct):
+            return f.title
+        said = f"{f.direction}, {f.confidence} confidence" if f.direction in ("better", "worse") else "not resolved"
+        return f"{e.treatment} {e.value_pct:+.1f}% ({said})"
+    return f"Against {base}, output tok/s: " + "; ".join(one(f) for f in measured) + " (each layout's interval below)"
+
+
 def findings(ps: ParallelStudy) -> list[Finding]:
     """The layout to use (the measured layout with the best verified throughput over one server, with its latency
     against it and, for replicas sharing a GPU, whether MPS mattered), each layout's effect against one server, MPS
@@ -534,7 +547,7 @@ def findings(ps: ParallelStudy) -> list[Finding]:
         else:
             title, conf = f"No layout shown to beat {base}", "low"
         head = Finding(thread=THREAD, kind="effect", title=title, confidence=conf, optimal=kept,  # type: ignore[arg-type]
-                       headline=f"Against {base}: " + "; ".join(f.headline for f in per if f.applies),
+                       headline=_against_words(base, [f for f in per if f.applies]),
                        detail=("".join(_mps_words(ps, mps, f.effect.treatment) for f in mps if f.effect)
                                + (f" Not launched: {notes}." if notes else "")).strip(), evidence=evidence)
     else:

@@ -994,8 +994,9 @@ def _tuning_finding(v: Verification) -> Finding:
     if s.tuned is None:
         return Finding(thread=THREAD, kind="search", title=f"Scheduler tuning: no setting beat {against}",
                        applies=True, confidence="low",
-                       headline=f"One launch per setting ({s.note}); output tok/s against {against}: {tried}",
-                       detail=f"None led by more than {_floor(s)}, so none was verified. {sk}".strip(), evidence=ev,
+                       headline=f"One launch per setting{_at(s)}; output tok/s against {against}: {tried}",
+                       detail=f"None led by more than {_floor(s)}, so none was verified. How: {s.note}. {sk}".strip(),
+                       evidence=ev,
                        verdict=Verdict(verified=False, words=_none_verified(s, len(measured) - 1, against)))
     base, setting = v.tune_base, s.tuned_setting
     cmp = s.tuned.compare(base, setting, (), _fields(s.tuned, base, setting))
@@ -1049,8 +1050,8 @@ def _screened(v: Verification, s: Search, n: int, tried: str, sk: str, against: 
     words = (f"this suite's search only screens ({n} setting{'s' if n != 1 else ''}{_at(s)}, one launch each, "
              "verify_lead: false)")
     return Finding(thread=THREAD, kind="search", title="Scheduler tuning: screened, not verified", applies=True,
-                   confidence="low", headline=f"One launch per setting ({s.note}); output tok/s against {against}: "
-                   f"{tried}", detail=f"{lead} {sk}".strip(), verdict=Verdict(verified=False, words=words),
+                   confidence="low", headline=f"One launch per setting{_at(s)}; output tok/s against {against}: "
+                   f"{tried}", detail=f"{lead} How: {s.note}. {sk}".strip(), verdict=Verdict(verified=False, words=words),
                    evidence=ev | {"lead": list(s.lead) if s.lead is not None else None})
 
 
