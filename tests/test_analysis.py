@@ -230,3 +230,27 @@ def test_a_target_level_carries_the_headline_alone():
     assert 50 < h.effect_pct < 60
     # a target the comparison did not measure leaves the rule over the levels
     assert headline_effect(s, "output_tok_s", "a", "b", target=32).scope == "at c=64"
+
+
+def test_an_slo_judges_on_goodput_where_both_sides_met_it_and_names_the_levels_left_out():
+    """Goodput is a ratio only where both sides met the SLO: a repetition with no request within it on one side
+    (0 req/s) would be a log ratio of minus infinity, dropped, biasing the headline toward the side that met it. Such
+    a level is left out and named; with none left, or the target among them, the verdict stays on output tok/s."""
+    from servescope.analysis.ab import judged_headline
+
+    tok = _summary({("a", 1): [100, 101, 99], ("b", 1): [200, 199, 202], ("a", 8): [400, 390, 410],
+                    ("b", 8): [600, 610, 590]})
+    good = _summary({("a", 1): [1.0, 1.1, 0.9], ("b", 1): [2.0, 2.1, 1.9], ("a", 8): [0.0, 2.0, 1.0],
+                     ("b", 8): [3.0, 3.1, 2.9]}, "goodput_req_s")
+    s = tok.merge(good, on=["config", "concurrency", "rep"])
+    plain = judged_headline(s, "a", "b", slo=False)
+    assert plain.metric == "output_tok_s" and plain.headline is not None and plain.headline.levels == (1.0, 8.0)
+    j = judged_headline(s, "a", "b", slo=True)
+    assert j.metric == "goodput_req_s" and j.left_out == (8.0,) and j.headline.levels == (1.0,)
+    assert j.headline.scope == "at c=1; c=8 left out: a side met the SLO for no request there"
+    assert j.headline.effect_pct == pytest.approx(100.0, abs=3)
+    at8 = judged_headline(s, "a", "b", slo=True, target=8)
+    assert at8.metric == "output_tok_s" and "at c=8, the target" in at8.why_not_goodput
+    none = s.assign(goodput_req_s=0.0)
+    j = judged_headline(none, "a", "b", slo=True)
+    assert j.metric == "output_tok_s" and j.why_not_goodput.startswith("at every level a side met the SLO for no")

@@ -142,38 +142,68 @@ def test_the_change_document_deploys():
     assert re.search(r"\| 128 \| 1,139 -> 2,404 \| \+111\.0% \(\+50\.0\.\.\+162\.1%\) \|", text)
 
 
-def test_an_slo_reads_the_same_store_and_the_change_document_gives_goodput(tmp_path):
-    """An SLO is how the deployment is judged, not what was measured: set on the recorded suite, it names no new
-    point (07 renders offline from the same store) and each level's goodput is judged again from the stored requests.
-    Known answer at TTFT <= 2 s and TPOT <= 50 ms: eager decodes at 50 ms or more per token at every level, so its
-    goodput is 0 where the graphed launch's is not."""
-    import re
+def _verified_under(slo: dict, tmp_path: Path):
+    """07 rendered offline from the recorded store, the suite's load given an SLO."""
     import shutil
 
     from servescope import nb
     from servescope.findings import collect
-    from servescope.spec import LoadSpec
     from servescope.suite import load_suite
-    from servescope.threads import change_docs
     from servescope.threads import verify as t07
 
     suite = load_suite(ROOT / "data" / "suites" / "vllm-qwen3-30b.yaml")
-    slo = {"ttft_ms": 2000, "tpot_ms": 50}
-    load = {**suite.load, "slo_ms": slo}
-    assert LoadSpec.model_validate(load).key_dump() == LoadSpec.model_validate(suite.load).key_dump()
-    shutil.copytree(REF / "store", tmp_path / "store")
-    ctx = nb.context(suite.engine, suite.model, load, repetitions=3, max_repetitions=3, offline=True,
-                     store_dir=str(tmp_path / "store"), deployment=suite.deployment, baseline=suite.baseline_knobs,
-                     telemetry=suite.telemetry)
+    if not (tmp_path / "store").exists():
+        shutil.copytree(REF / "store", tmp_path / "store")
+    ctx = nb.context(suite.engine, suite.model, {**suite.load, "slo_ms": slo}, repetitions=3, max_repetitions=3,
+                     offline=True, store_dir=str(tmp_path / "store"), deployment=suite.deployment,
+                     baseline=suite.baseline_knobs, telemetry=suite.telemetry)
     v = t07.run(ctx, collect(REF / "report"))
-    fs = t07.findings(v)
-    assert fs[0].title.startswith("Verified: the recommended changes together")
+    return v, t07.findings(v)
+
+
+def test_an_slo_reads_the_same_store_and_the_change_document_gives_goodput(tmp_path):
+    """An SLO is how the deployment is judged, not what was measured: set on the recorded suite, it names no new
+    point (07 renders offline from the same store) and each level's goodput is judged again from the stored requests.
+    Known answer at TTFT <= 2 s and TPOT <= 50 ms: eager decodes at 50 ms or more per token, so no request of the
+    deployment met it at any level; goodput has no ratio and the verdict stays on output tok/s, saying why."""
+    import re
+
+    from servescope.spec import LoadSpec
+    from servescope.suite import load_suite
+    from servescope.threads import change_docs
+
+    suite = load_suite(ROOT / "data" / "suites" / "vllm-qwen3-30b.yaml")
+    slo = {"ttft_ms": 2000, "tpot_ms": 50}
+    assert LoadSpec.model_validate({**suite.load, "slo_ms": slo}).key_dump() == \
+        LoadSpec.model_validate(suite.load).key_dump()
+    v, fs = _verified_under(slo, tmp_path)
+    head = fs[0]
+    assert head.title.startswith("Verified: the recommended changes together") and head.effect.metric == "output_tok_s"
+    assert "Judged on output tok/s, not goodput under the SLO (ttft_ms<=2000, tpot_ms<=50): at every level a side " \
+           "met the SLO for no request" in head.claim
     s = v.study.results.summary
     good = s.groupby("config")["goodput_req_s"].median()
     assert good["baseline"] == 0 and good["combined"] > 0 and set(s["slo"]) == {"ttft_ms<=2000, tpot_ms<=50"}
     (text,) = change_docs.documents(v, fs).values()
     assert "| goodput req/s (ttft_ms<=2000, tpot_ms<=50) |" in text
     assert re.search(r"\| 1 \| .*\| 0\.00 -> \d+\.\d\d \|\n", text)
+
+
+def test_with_an_slo_both_sides_meet_the_verdict_is_on_goodput(tmp_path):
+    """TPOT <= 100 ms: both sides met it at every level, so the verification is judged on goodput (requests per
+    second within the SLO) over every level; at TTFT <= 5 s and TPOT <= 150 ms the deployment met it for no request
+    at c=128 in a repetition: that level is left out of the goodput headline and named."""
+    v, fs = _verified_under({"tpot_ms": 100}, tmp_path)
+    head = fs[0]
+    assert head.effect.metric == "goodput_req_s" and head.confidence == "high"
+    assert head.title.startswith("Verified: the recommended changes together, +") and head.title.endswith("% goodput")
+    assert head.effect.at == "mean over c=1, 16, 128" and head.effect.ci_low_pct > 0
+    assert "Goodput: the requests per second that met the SLO (tpot_ms<=100)" in head.claim
+    v, fs = _verified_under({"ttft_ms": 5000, "tpot_ms": 150}, tmp_path)
+    head = fs[0]
+    assert head.effect.metric == "goodput_req_s" and "c=128 left out: a side met the SLO for no request there" in \
+        head.effect.at
+    assert "c=128:" not in head.claim.split("Per level, ratio of medians")[1].split(".")[0]
 
 
 def test_a_host_bound_launch_without_graphs_is_pointed_at_graphs_first():

@@ -63,6 +63,14 @@ class Effect(BaseModel):
         at = f", {self.at}" if self.at.startswith(("mean", "at ")) else f", at {self.at}" if self.at else ""
         return f"{self.value_pct:+.1f}% {self.metric} ({ci}n={self.n}{at})"
 
+    @property
+    def metric_words(self) -> str:
+        """The metric in a title's words ('output tok/s', 'goodput' under an SLO)."""
+        return METRIC_WORDS.get(self.metric, self.metric)
+
+
+METRIC_WORDS = {"output_tok_s": "output tok/s", "goodput_req_s": "goodput"}
+
 
 DIRECTION_WORDS = {"high": "certain", "medium": "likely", "low": "not resolved", "none": "not measured"}
 

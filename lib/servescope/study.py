@@ -23,7 +23,17 @@ import pandas as pd
 from . import outputs, plots
 from .analysis import kernels as ak
 from .analysis import telemetry as at
-from .analysis.ab import MIN_PAIRS, Headline, headline_effect, higher_is_better, paired_effects, verdict
+from .analysis.ab import (
+    GOODPUT,
+    MIN_PAIRS,
+    Headline,
+    Judged,
+    headline_effect,
+    higher_is_better,
+    judged_headline,
+    paired_effects,
+    verdict,
+)
 from .analysis.regime import Regime, point_regimes, regime_table
 from .context import RepetitionPlan, RunContext
 from .engines.audit import explain_state, graph_disable_audit
@@ -84,8 +94,8 @@ def run_study(thread: str, ctx: RunContext, arms: Sequence[Arm],
     def until(res: Results) -> set[str]:
         need: set[str] = set()
         for b, t in pairs:
-            h = headline_effect(res.summary, "output_tok_s", b, t, ctx.equivalence_pct,
-                                target=ctx.load.target_level) if len(res.summary) else None
+            h = judged_headline(res.summary, b, t, bool(ctx.load.slo_ms), ctx.equivalence_pct,
+                                ctx.load.target_level).headline if len(res.summary) else None
             if h is not None and needs_repetition(h):
                 need |= {b, t}
         return need
@@ -455,14 +465,27 @@ class Comparison:
     controls: tuple[str, ...] = ()
     metrics: tuple[str, ...] = METRICS
     _effects: pd.DataFrame | None = field(default=None, init=False, repr=False)
+    _judged: Judged | None = field(default=None, init=False, repr=False)
 
     def effects(self) -> pd.DataFrame:
-        """Per metric and concurrency: medians, ratio of medians, its 90% CI and p-value over paired repetitions."""
+        """Per metric and concurrency: medians, ratio of medians, its 90% CI and p-value over paired repetitions
+        (goodput too where the suite sets an SLO)."""
         if self._effects is None:
             s = self.study.results.summary
+            metrics = (*self.metrics, GOODPUT) if self.study.ctx.load.slo_ms and GOODPUT in s else self.metrics
             self._effects = pd.DataFrame() if s.empty else pd.concat(
-                [paired_effects(s, m, self.baseline, self.treatment) for m in self.metrics], ignore_index=True)
+                [paired_effects(s, m, self.baseline, self.treatment) for m in metrics], ignore_index=True)
         return self._effects
+
+    def judged(self) -> Judged:
+        """The headline the verdict rests on and its metric: goodput under the suite's SLO where a ratio exists, else
+        output tok/s (analysis.ab.judged_headline)."""
+        if self._judged is None:
+            s = self.study.results.summary
+            self._judged = Judged(None, "output_tok_s") if s.empty else judged_headline(
+                s, self.baseline, self.treatment, bool(self.study.ctx.load.slo_ms), self.study.equivalence_pct,
+                self.study.ctx.load.target_level)
+        return self._judged
 
     def plot_effects(self, title: str = "") -> Figure | None:
         """treatment / baseline per metric and concurrency, with 90% confidence intervals."""
@@ -567,12 +590,15 @@ class Comparison:
         e = e[(e["metric"] == metric) & (e["n_pairs"] > 0)]
         return None if e.empty else e.loc[e["concurrency"].idxmax()]
 
-    def headline(self, metric: str = "output_tok_s") -> Headline | None:
-        """The comparison's headline effect (analysis.ab.headline_effect): one value per repetition, its interval,
-        and whether it is resolved (None when no repetition measured both sides)."""
+    def headline(self, metric: str = "") -> Headline | None:
+        """The comparison's headline effect (analysis.ab.headline_effect) on metric, by default the one its verdict
+        is judged by (judged): one value per repetition, its interval, and whether it is resolved (None when no
+        repetition measured both sides)."""
         s = self.study.results.summary
         if s.empty:
             return None
+        if not metric:
+            return self.judged().headline
         return headline_effect(s, metric, self.baseline, self.treatment, self.study.equivalence_pct,
                                target=self.study.ctx.load.target_level)
 
@@ -596,7 +622,10 @@ class Comparison:
             return self._not_measured(subject, states, errs).model_copy(update={"failures": fails})
         says, cap, varied = self.caveats()
         e = self.effects()
-        tok = e[(e["metric"] == "output_tok_s") & (e["n_pairs"] > 0)]
+        judged = self.judged()
+        tok = e[(e["metric"] == judged.metric) & (e["n_pairs"] > 0)]
+        if judged.metric == GOODPUT and judged.left_out:
+            tok = tok[~tok["concurrency"].astype(float).isin(judged.left_out)]
         h = self.headline()
         assert h is not None  # a peak level with pairs means the headline has pairs too
         direction, words = _headline_words(h, *verdict(tok))
@@ -713,7 +742,7 @@ class Comparison:
 
     def _effect(self, h: Headline) -> Effect:
         """The headline as a finding's Effect (numbers only)."""
-        return Effect(metric="output_tok_s", value_pct=_r(h.effect_pct), ci_low_pct=_r(h.ci_low_pct),
+        return Effect(metric=self.judged().metric, value_pct=_r(h.effect_pct), ci_low_pct=_r(h.ci_low_pct),
                       ci_high_pct=_r(h.ci_high_pct), range_low_pct=_r(min(h.per_rep_pct)),
                       range_high_pct=_r(max(h.per_rep_pct)), p_value=_r(h.p_value, 4), n=h.n, at=h.scope,
                       baseline=self.baseline, treatment=self.treatment,
@@ -730,7 +759,7 @@ class Comparison:
                            for r in tok.itertuples())
         per_rep = ", ".join(f"{v:+.0f}%" for v in h.per_rep_pct)
         stopped = self.study.results.stopped
-        detail = (f"Per repetition ({h.scope}): {per_rep}; {stopped or f'{h.n} repetitions'}. "
+        detail = (self._slo_words() + f"Per repetition ({h.scope}): {per_rep}; {stopped or f'{h.n} repetitions'}. "
                   f"Per level, ratio of medians (90% CI, confidence): {levels}. {sides}.")
         if says:
             return f"{subject} {words}", detail + " Not verified or also different: " + "; ".join(says) + "."
@@ -738,6 +767,17 @@ class Comparison:
             ([f"equal in {', '.join(self.controls)}"] if self.controls else [])
         return f"{subject} {words}", detail + (f" Both sides {' and '.join(said)}, so the effect is {named}'s."
                                                 if said else "")
+
+    def _slo_words(self) -> str:
+        """What the headline is judged on where the suite sets an SLO ('' where it sets none)."""
+        slo = self.study.ctx.load.slo_ms
+        if not slo:
+            return ""
+        said = ", ".join(f"{k}<={v:g}" for k, v in slo.items())
+        j = self.judged()
+        if j.metric == GOODPUT:
+            return f"Goodput: the requests per second that met the SLO ({said}), each request judged. "
+        return f"Judged on output tok/s, not goodput under the SLO ({said}): {j.why_not_goodput}. "
 
     def _cautions(self) -> tuple[str, dict[str, Any]]:
         """Sentences on what may have bent the figures (short answers, tracing, the load client, an oversubscribed
@@ -828,7 +868,7 @@ class Comparison:
         h = self.study.results.client_health()
         h = h[h["config"].isin([self.baseline, self.treatment])]
         e = self.effects()
-        e = e[(e["metric"] == "output_tok_s") & (e["n_pairs"] > 1)]
+        e = e[(e["metric"] == self.judged().metric) & (e["n_pairs"] > 1)]
         head = self.headline()
         if h.empty or e.empty or head is None or not np.isfinite(head.ci_low_pct):
             return ""
@@ -845,7 +885,7 @@ class Comparison:
         width = head.ci_high_pct - head.ci_low_pct
         why = (", narrower than any one level's: each repetition's mean over the levels averages out scheduling "
                "delay that lands on one level" if len(head.levels) > 1 and width < min(widths) else "")
-        return (" Per level, the points oversubscribed and the width of that level's 90% interval on output tok/s: "
+        return (f" Per level, the points oversubscribed and the width of that level's 90% interval on {self.judged().metric}: "
                 + "; ".join(parts) + f"; the headline's ({head.scope}) is {width:.0f} points wide{why}.")
 
     def _recommend(self, knobs: Knobs | None, direction: Direction,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,7 +12,8 @@ from scipy.special import stdtr, stdtrit
 from ..findings import Confidence
 
 # Direction of "better" for each serving metric family.
-HIGHER_IS_BETTER = {"output_tok_s": True, "total_tok_s": True, "request_s": True}
+HIGHER_IS_BETTER = {"output_tok_s": True, "total_tok_s": True, "request_s": True, "goodput_req_s": True}
+GOODPUT = "goodput_req_s"  # requests per second that met the suite's SLO (load.metrics.good_requests)
 
 
 def higher_is_better(metric: str) -> bool:
@@ -180,6 +182,45 @@ def headline_effect(summary: pd.DataFrame, metric: str, baseline: str, treatment
         scope = f"at c={int(top)}"
         used = (float(top),)
     return _finish(logr, per_rep, scope, used, metric, baseline, treatment, equivalence_pct, level)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A comparison's headline on the metric it is judged by: goodput where the suite sets an SLO and a ratio exists
+    (both sides met it in every paired repetition of the levels used), else output tok/s with why not."""
+
+    headline: Headline | None
+    metric: str
+    why_not_goodput: str = ""  # '' where goodput carries it, or no SLO was set
+    left_out: tuple[float, ...] = ()  # levels goodput could not be compared at (a side met the SLO for no request)
+
+
+def judged_headline(summary: pd.DataFrame, baseline: str, treatment: str, slo: bool,
+                    equivalence_pct: float = EQUIVALENCE_PCT, target: int | None = None) -> Judged:
+    """The headline a suite's verdicts rest on: with an SLO, goodput at the levels where both sides met it in every
+    repetition (a side with no request within the SLO has no ratio: the level is left out and named); output tok/s
+    where there is no SLO, no such level, or the target level is among those left out."""
+    tok = lambda: headline_effect(summary, "output_tok_s", baseline, treatment, equivalence_pct,  # noqa: E731
+                                  target=target)
+    if not slo:
+        return Judged(tok(), "output_tok_s")
+    if GOODPUT not in summary:
+        return Judged(tok(), "output_tok_s", "no goodput was judged for these points")
+    s = summary[summary["config"].isin([baseline, treatment])]
+    met = s.groupby("concurrency")[GOODPUT].agg(lambda x: bool(x.notna().all() and (x > 0).all()))
+    out = tuple(float(c) for c, ok in met.items() if not ok)
+    if target is not None and float(target) in out:
+        return Judged(tok(), "output_tok_s", f"at c={target}, the target, a side met the SLO for no request in a "
+                      "repetition (no ratio)", out)
+    h = headline_effect(s[~s["concurrency"].isin(out)], GOODPUT, baseline, treatment, equivalence_pct,
+                        target=target)
+    if h is None:
+        return Judged(tok(), "output_tok_s", "at every level a side met the SLO for no request in a repetition "
+                      "(no ratio)" if out else "no level paired both sides", out)
+    if out:
+        left = ", ".join(str(int(c)) for c in out)
+        h = dataclasses.replace(h, scope=f"{h.scope}; c={left} left out: a side met the SLO for no request there")
+    return Judged(h, GOODPUT, "", out)
 
 
 def _finish(logr: pd.Series, per_rep: pd.Series, scope: str, used: tuple[float, ...], metric: str, baseline: str,

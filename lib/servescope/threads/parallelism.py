@@ -513,7 +513,8 @@ def _against_words(base: str, measured: list[Finding]) -> str:
             return f.title
         said = f"{f.direction}, {f.confidence} confidence" if f.direction in ("better", "worse") else "not resolved"
         return f"{e.treatment} {e.value_pct:+.1f}% ({said})"
-    return f"Against {base}, output tok/s: " + "; ".join(one(f) for f in measured) + " (each layout's interval below)"
+    metric = next((f.effect.metric_words for f in measured if f.effect is not None), "output tok/s")
+    return f"Against {base}, {metric}: " + "; ".join(one(f) for f in measured) + " (each layout's interval below)"
 
 
 def findings(ps: ParallelStudy) -> list[Finding]:

@@ -926,7 +926,7 @@ def _combined_finding(v: Verification) -> Finding:
     eff = f.effect
     if f.applies and eff is not None and f.direction == "better" and f.confidence in ("high", "medium"):
         verdict = Verdict(verified=True, words=f"{eff.text()} {how}, against {v.baseline_words}")
-        title = f"Verified: the recommended changes together, {eff.value_pct:+.1f}% output tok/s"
+        title = f"Verified: the recommended changes together, {eff.value_pct:+.1f}% {eff.metric_words}"
     elif eff is not None and f.applies:
         verdict = Verdict(verified=False, words=f"the recommended changes together measured {eff.text()} against "
                                                 f"{v.baseline_words}")
