@@ -172,7 +172,7 @@ def _starved_words(head_width: float, level_widths: dict[int, float], scope: str
 
     import pandas as pd
 
-    from servescope.study import Comparison
+    from servescope.comparison import Comparison
 
     health = pd.DataFrame([{"config": cfg, "point": f"c={c}", "client_starved": True}
                            for c in level_widths for cfg in ("eager", "compiled") for _ in range(3)])
@@ -186,8 +186,11 @@ def _starved_words(head_width: float, level_widths: dict[int, float], scope: str
         def headline(self, metric: str = "output_tok_s"):  # noqa: ANN201 - the stand-in's shape
             return head
 
+    from servescope.analysis.ab import Judged
+
     cmp = Fixed(study, "eager", "compiled", ("compile",))  # type: ignore[arg-type]
     cmp._effects = effects
+    cmp._judged = Judged(head, "output_tok_s")  # type: ignore[arg-type]
     return cmp._starved_intervals()
 
 

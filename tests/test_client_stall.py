@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from servescope.comparison import Comparison
 from servescope.findings import read_findings
 from servescope.report import run_suite
-from servescope.study import Comparison
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "data" / "suites" / "default.yaml"

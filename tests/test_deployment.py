@@ -251,7 +251,8 @@ def test_vllms_own_counters_on_the_h200_recording_show_the_toys_empty_kv_cache()
     from pathlib import Path
 
     from servescope import nb
-    from servescope.study import Study, stored_points
+    from servescope.queries import stored_points
+    from servescope.study import Study
     from servescope.suite import load_suite
 
     root = Path(__file__).resolve().parents[1]

@@ -136,7 +136,7 @@ def test_replicas_that_win_are_a_deployment_to_make_never_the_engines_defaults()
     are one server. The rule for a flagless better side, as an engine that spells no flag for either side sees it."""
     from types import SimpleNamespace
 
-    from servescope.study import Comparison
+    from servescope.comparison import Comparison
 
     flagless = SimpleNamespace(study=SimpleNamespace(spell=lambda knobs: ([], "")), baseline="1 server",
                                treatment="2 replicas, round-robin")

@@ -687,6 +687,21 @@ def test_a_count_column_a_missing_row_made_float_shows_as_integers():
     assert rule and set(re.findall(r"_(col\d+)", rule.group(1))) == {"col1", "col2", "col3"}
 
 
+def test_a_finding_shows_its_headline_and_folds_its_detail(tmp_path):
+    """Issue 59: findings of 150 words and more. The page shows the headline (the answer in a few words) and folds
+    the rest under Details, on one HTML line (a Markdown block inside <details> ends at its first blank line and
+    leaves the text outside the fold), its `code` as code and its text escaped."""
+    from servescope import nb
+    from servescope.findings import Finding
+
+    f = Finding(thread="07_verified_changes", kind="effect", title="t", headline="The combination helps: +10%",
+                detail="Per level: c=1 <fast>. Drop `--enforce-eager` and\n\nadd `--x '{\"a\": 1}'`.", confidence="high")
+    md = nb.show_findings([f], tmp_path / "f.json").data
+    assert "**The combination helps: +10%.**" in md
+    assert ("<details><summary>Details</summary><p>Per level: c=1 &lt;fast&gt;. Drop <code>--enforce-eager</code> and "
+            "add <code>--x &#x27;{&quot;a&quot;: 1}&#x27;</code>.</p></details>") in md
+
+
 def test_a_long_kernel_name_shows_its_function_with_the_whole_name_on_hover():
     """Issue 59: kernel names of 300 characters widened 06's tables, and a template argument (<unnamed>, <int>) went
     into the page as a tag the browser hid. Text is escaped; a kernel name past 60 characters shows its function, the

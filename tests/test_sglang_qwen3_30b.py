@@ -92,7 +92,8 @@ def test_the_top_level_regime_is_decided_for_both_sides():
 
 def test_the_engines_counters_stand_beside_nvml_and_their_disagreements_are_said():
     from servescope import nb
-    from servescope.study import Study, stored_points
+    from servescope.queries import stored_points
+    from servescope.study import Study
     from servescope.suite import load_suite
 
     s = load_suite(ROOT / "data" / "suites" / "sglang-qwen3-30b.yaml")

@@ -174,8 +174,11 @@ def test_an_slo_reads_the_same_store_and_the_change_document_gives_goodput(tmp_p
 
     suite = load_suite(ROOT / "data" / "suites" / "vllm-qwen3-30b.yaml")
     slo = {"ttft_ms": 2000, "tpot_ms": 50}
-    assert LoadSpec.model_validate({**suite.load, "slo_ms": slo}).key_dump() == \
-        LoadSpec.model_validate(suite.load).key_dump()
+    with_slo, without = LoadSpec.model_validate({**suite.load, "slo_ms": slo}), LoadSpec.model_validate(suite.load)
+    assert with_slo.key_dump() == without.key_dump()
+    # notes (a search's kept settings, probes) are keyed by the whole load, the SLO at its default as they were
+    # written: an SLO, or none, reads the same notes
+    assert with_slo.full_dump() == without.full_dump() and without.full_dump()["slo_ms"] == {}
     v, fs = _verified_under(slo, tmp_path)
     head = fs[0]
     assert head.title.startswith("Verified: the recommended changes together") and head.effect.metric == "output_tok_s"

@@ -83,7 +83,10 @@ def show_findings(findings: list[Finding], path: str | Path, res: Results | None
         lines.append(f"*Model: {said}.*\n")
     for f in shown[:len(shown) - len(rest)]:
         lines.append(f"### {f.title}\n")
-        lines.append(f"**{f.claim}**\n")
+        # the answer in a few words; how it was measured, per level and what was checked, folded below it
+        lines.append(f"**{f.headline}.**\n")
+        if f.detail:
+            lines.append(f"<details><summary>Details</summary><p>{_inline_html(f.detail)}</p></details>\n")
         if not f.applies and f.reason not in f.claim:  # the claim often says why already, word for word
             lines.append(f"Does not apply here: {f.reason}\n")
         if f.effect is not None:
@@ -116,6 +119,13 @@ def model_said(res: Results) -> str:
     except ServescopeError:  # the checkout no longer ships it: the name alone
         return "; ".join(f"random weights of the {a} architecture (speed is representative, outputs are not)"
                          for a in archs)
+
+
+def _inline_html(words: str) -> str:
+    """Words with `code` spans as HTML, on one line: a Markdown block inside <details> would end the HTML block at its
+    first blank line and leave the text outside the fold."""
+    parts = " ".join(words.split()).split("`")
+    return "".join(f"<code>{html.escape(x)}</code>" if i % 2 else html.escape(x) for i, x in enumerate(parts))
 
 
 def _cell(words: str) -> str:

@@ -361,7 +361,8 @@ class LoadSpec(_Spec):
         """Every field, as notes kept before the steady-load fields existed name the load: those fields are left out
         while at their defaults, so those notes keep their keys (the target never: it names no launch)."""
         later = {f for f in ADDED_LATER if getattr(self, f) == type(self).model_fields[f].default}
-        return self.model_dump(mode="json", exclude=later | READER_FIELDS)
+        # notes written before the SLO was a reader's field hold it at its default ({}): it stays there, whatever is set
+        return self.model_dump(mode="json", exclude=later | READER_FIELDS) | {"slo_ms": {}}
 
     def key_dump(self) -> dict[str, Any]:
         """The load as a point's key names it: the fields set away from their defaults, the target left out (where

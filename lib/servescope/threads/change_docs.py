@@ -13,8 +13,8 @@ from typing import Any
 import pandas as pd
 
 from ..findings import Finding
+from ..queries import flag_groups
 from ..spec import Knobs
-from ..study import flag_groups
 from ..util import known
 from .verify import BASELINE, COMBINED, Candidate, Verification, _worse
 

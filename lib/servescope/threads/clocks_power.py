@@ -23,8 +23,9 @@ from ..errors import ServescopeError
 from ..experiment import Results
 from ..findings import CONFIDENCE_ORDER, Change, Finding, sentences
 from ..plots import Figure
+from ..queries import flag_groups
 from ..spec import Knobs, ProfileSpec
-from ..study import Arm, Study, flag_groups, read_or_run
+from ..study import Arm, Study, read_or_run
 from ..telemetry.nvml import REASONS
 from ..util import known
 

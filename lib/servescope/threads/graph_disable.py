@@ -22,9 +22,10 @@ from ..engines.logs import analyze_log
 from ..engines.matrix import source_tree as published_source
 from ..errors import KnobError, ServescopeError, SpecError
 from ..findings import Change, Failure, Finding, sentences
+from ..queries import audit_for, stored_failures, stored_points
 from ..spec import Knobs, ProfileSpec, parse
 from ..state import ResolvedState
-from ..study import Arm, Study, audit_for, run_study, stored_failures, stored_points
+from ..study import Arm, Study, run_study
 from ..util import known
 
 THREAD = "01_cuda_graph_disable_reason"

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from .. import plots, probes
+from ..comparison import Comparison
 from ..context import RepetitionPlan, RunContext
 from ..engines.audit import explain_state
 from ..engines.base import EngineInstall
@@ -24,9 +25,10 @@ from ..models import model_config
 from ..plots import Figure
 from ..probes.run import ProbeRun
 from ..probes.run import skipped as probe_skipped
+from ..queries import audit_for, expressible, kept_probe
 from ..spec import Knobs, ModelSpec
 from ..state import expected_state
-from ..study import Arm, Comparison, Study, audit_for, expressible, kept_probe, run_study
+from ..study import Arm, Study, run_study
 from .graph_disable import server_log
 
 THREAD = "02_piecewise_cuda_graphs"

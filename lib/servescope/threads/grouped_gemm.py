@@ -29,8 +29,9 @@ from ..launch import find_install
 from ..models import EXPERT_KEYS, TOP_K_KEYS, model_config
 from ..probes.run import ProbeRun
 from ..profile.window import window_load
+from ..queries import kept_probe
 from ..spec import Knobs, LoadSpec, ModelSpec, ProfileSpec
-from ..study import Arm, Study, drop_empty, kept_probe, read_or_run
+from ..study import Arm, Study, drop_empty, read_or_run
 from ..util import known
 
 THREAD = "06_grouped_gemm"

@@ -11,12 +11,14 @@ from typing import Any
 
 import pandas as pd
 
+from ..comparison import Comparison
 from ..context import RepetitionPlan, RunContext
 from ..engines.audit import find_rules
 from ..errors import KnobError, ServescopeError
 from ..findings import Change, Conflict, Failure, Finding, sentences
+from ..queries import stored_row
 from ..spec import Knobs, ProfileSpec
-from ..study import Arm, Comparison, Study, run_study, stored_row
+from ..study import Arm, Study, run_study
 
 THREAD = "05_torch_compile"
 QUESTION = "Does torch.compile help, and does it exclude piecewise graphs here?"

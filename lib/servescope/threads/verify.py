@@ -21,14 +21,16 @@ from typing import Any, Literal
 
 import pandas as pd
 
+from ..comparison import Comparison
 from ..context import RepetitionPlan, RunContext
 from ..errors import SpecError
 from ..experiment import is_stored
 from ..findings import Change as FindingChange
 from ..findings import Finding, Outcome, Verdict, failures_of, tier
+from ..queries import expressible, flag_groups
 from ..spec import Knobs, ProfileSpec
 from ..store import boot_id
-from ..study import Arm, Comparison, Study, drop_empty, expressible, flag_groups, run_study
+from ..study import Arm, Study, drop_empty, run_study
 from ..telemetry.base import UNMEASURED
 from ..util import known
 
