@@ -25,7 +25,7 @@ from .analysis.ab import (
 )
 from .engines.audit import explain_state
 from .engines.logs import analyze_log
-from .findings import Change, Confidence, Direction, Effect, Failure, Finding, capped, sentences
+from .findings import METRIC_WORDS, Change, Confidence, Direction, Effect, Failure, Finding, capped, sentences
 from .load.health import LOOP_LAG_LIMIT_MS
 from .load.metrics import BUFFERED_MS
 from .plots import Figure
@@ -485,7 +485,8 @@ class Comparison:
         width = head.ci_high_pct - head.ci_low_pct
         why = (", narrower than any one level's: each repetition's mean over the levels averages out scheduling "
                "delay that lands on one level" if len(head.levels) > 1 and width < min(widths) else "")
-        return (f" Per level, the points oversubscribed and the width of that level's 90% interval on {self.judged().metric}: "
+        return (f" Per level, the points oversubscribed and the width of that level's 90% interval on "
+                f"{METRIC_WORDS.get(self.judged().metric, self.judged().metric)}: "
                 + "; ".join(parts) + f"; the headline's ({head.scope}) is {width:.0f} points wide{why}.")
 
     def _recommend(self, knobs: Knobs | None, direction: Direction,
