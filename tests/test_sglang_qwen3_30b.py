@@ -42,8 +42,9 @@ def test_every_point_is_the_real_size_deployment_under_a_steady_load():
 
 
 def test_graphs_against_the_seeds_launch_help_at_every_level_and_answer_the_same(tmp_path):
-    gs = graph_study("sglang-qwen3-30b", tmp_path, modes=("piecewise",))
-    fs = t02.findings(gs, {"cuda_graph": "off", "mem_fraction": 0.88})
+    gs = graph_study("sglang-qwen3-30b", tmp_path, modes=("piecewise",),
+                     baseline={"cuda_graph": "off", "mem_fraction": 0.88})
+    fs = t02.findings(gs)
     head = fs[0]
     assert head.title == "Use CUDA graphs: piecewise" and head.confidence == "high"
     assert head.change.flags == PIECEWISE and head.change.drop_flags == OFF
@@ -60,8 +61,9 @@ def test_graphs_against_the_seeds_launch_help_at_every_level_and_answer_the_same
 def test_a_target_level_judges_the_same_points_there(tmp_path):
     """An engineer who serves at c=128 names it: the same stored launches give the gain at that level (about +63%,
     where the mean over the levels is +286%), said as the target's, and the repetitions still resolve it."""
-    gs = graph_study("sglang-qwen3-30b", tmp_path, modes=("piecewise",), load={"target": 128})
-    head = t02.findings(gs, {"cuda_graph": "off", "mem_fraction": 0.88})[0]
+    gs = graph_study("sglang-qwen3-30b", tmp_path, modes=("piecewise",), load={"target": 128},
+                     baseline={"cuda_graph": "off", "mem_fraction": 0.88})
+    head = t02.findings(gs)[0]
     assert head.title == "Use CUDA graphs: piecewise" and head.confidence == "high"
     assert head.effect.n == 3 and 40 < head.effect.value_pct < 100 and head.effect.ci_low_pct > 30
     assert head.effect.at == "at c=128, the target"

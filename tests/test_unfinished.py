@@ -44,8 +44,8 @@ def _verify(tmp: Path, **kw) -> tuple[t07.Verification, list]:
     shutil.copytree(FIX / "call2", d, ignore=shutil.ignore_patterns("07_*"))  # 07 as it starts: its own not there
     s = load_suite(ROOT / "data" / "suites" / "vllm-h100-second.yaml")
     ctx = nb.context(s.engine, s.model, s.load, repetitions=3, store_dir=str(tmp / "store"), offline=True,
-                     telemetry=s.telemetry, progress=False)
-    v = t07.run(ctx, collect(d), baseline={"torch_compile": False}, **kw)
+                     telemetry=s.telemetry, progress=False, baseline={"torch_compile": False})
+    v = t07.run(ctx, collect(d), **kw)
     return v, t07.findings(v)
 
 

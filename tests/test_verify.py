@@ -80,9 +80,9 @@ def test_the_changes_together_are_verified_with_each_ones_share(tmp_path, stub_e
                     _finding("02_piecewise_cuda_graphs", "Eager", {"torch_compile": False}, "medium", 5)]))
     eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2"}}
     ctx = context(eng, {"path": "stub"}, LOAD, repetitions=3, max_repetitions=3, store_dir=str(tmp_path / "s"),
-                  progress=False)
+                  progress=False, baseline={"torch_compile": False})
     # a thread that did not finish is named (its change may be missing); 07's own earlier outcome is not
-    v = t07.run(ctx, collect(d), baseline={"torch_compile": False},
+    v = t07.run(ctx, collect(d),
                 unfinished={"06_moe_grouped_gemm": "partial: 2 of 3 points measured, 1 failed",
                             "07_verified_changes": "no result: no finding states an answer"})
     assert v.combined == Knobs(torch_compile=True, max_running_requests=8)
@@ -107,7 +107,7 @@ def test_the_changes_together_are_verified_with_each_ones_share(tmp_path, stub_e
         assert part in text, part
     assert "Measured alternative, not taken: --torch_compile=False" in text
     offline = t07.run(context(eng, {"path": "stub"}, LOAD, repetitions=3, store_dir=str(tmp_path / "s"),
-                              offline=True, progress=False), collect(d), baseline={"torch_compile": False})
+                              offline=True, progress=False, baseline={"torch_compile": False}), collect(d))
     assert t07.findings(offline)[0].title == head.title  # rendered again from the store alone
 
 
@@ -301,9 +301,8 @@ def test_a_search_lead_that_does_not_hold_up_is_said_so(tmp_path, stub_engine):
     eng = {**stub_engine, "env": {"STUB_FAST_ONCE": str(once)}}
     load = {**LOAD, "output_len": 32}
     ctx = context(eng, {"path": "stub"}, load, repetitions=3, max_repetitions=3, store_dir=str(tmp_path / "s"),
-                  progress=False)
-    v = t07.run(ctx, collect(_report(tmp_path)), baseline={"torch_compile": False}, search=["chunked_prefill_size"],
-                search_budget_s=60)
+                  progress=False, baseline={"torch_compile": False})
+    v = t07.run(ctx, collect(_report(tmp_path)), search=["chunked_prefill_size"], search_budget_s=60)
     assert v.search.set_index("setting").loc["chunked_prefill_size=512", "vs_combined_pct"] > 50
     fs = t07.findings(v)
     assert fs[1].title.startswith("Scheduler tuning: the search's lead chunked_prefill_size=512 did not hold up (")

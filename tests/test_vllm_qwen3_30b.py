@@ -31,8 +31,9 @@ def test_the_piecewise_arm_ran_with_compile_over_the_eager_deployment():
 
 
 def test_three_repetitions_resolve_the_gain_of_graphs_with_compile_and_its_outputs_are_the_same(tmp_path):
-    gs = graph_study("vllm-qwen3-30b", tmp_path, modes=("piecewise",))
-    fs = t02.findings(gs, {"torch_compile": False, "mem_fraction": 0.88})
+    gs = graph_study("vllm-qwen3-30b", tmp_path, modes=("piecewise",),
+                     baseline={"torch_compile": False, "mem_fraction": 0.88})
+    fs = t02.findings(gs)
     head = fs[0]
     assert head.title == "Use CUDA graphs: piecewise" and head.confidence == "high"
     per = next(f for f in fs if f.title.startswith("CUDA graphs piecewise"))
@@ -110,13 +111,13 @@ def test_sides_measured_on_different_cards_are_not_a_verified_effect(tmp_path):
     different GPU models and does not call the effect resolved beyond low."""
     import pandas as pd
 
-    gs = graph_study("vllm-qwen3-30b", tmp_path, modes=("piecewise",))
+    gs = graph_study("vllm-qwen3-30b", tmp_path, modes=("piecewise",),
+                     baseline={"torch_compile": False, "mem_fraction": 0.88})
     pt = Store(tmp_path / "store").get("294bc7968c1bd8fc")
     f = pt.path / "telemetry_gpu_static.parquet"
     pd.read_parquet(f).assign(name="NVIDIA H200").to_parquet(f)
     gs = t02.run(gs.study.ctx, ceiling=False, only=("piecewise",))  # read again, over the relabelled point
-    per = next(f for f in t02.findings(gs, {"torch_compile": False, "mem_fraction": 0.88})
-               if f.title.startswith("CUDA graphs piecewise"))
+    per = next(f for f in t02.findings(gs) if f.title.startswith("CUDA graphs piecewise"))
     assert per.confidence == "low" and "ran on different GPU models" in per.detail + per.headline
 
 

@@ -301,11 +301,11 @@ def _per_mode(gs: GraphStudy, deployed: Knobs | None) -> list[Finding]:
     return per_mode
 
 
-def findings(gs: GraphStudy, baseline: dict | None = None) -> list[Finding]:
+def findings(gs: GraphStudy) -> list[Finding]:
     """The graph mode to use (the verified mode with the best throughput gain over graphs off), then each mode's
-    effect, each change said against the deployment (baseline: the suite's, how it runs today; its flags that would
-    override the mode are to drop); or, where the engine has no graph mode to choose, why, with its evidence."""
-    baseline = gs.study.ctx.baseline if baseline is None else baseline
+    effect, each change said against the deployment (the run context's baseline: how it runs today; its flags that
+    would override the mode are to drop); or, where the engine has no graph mode to choose, why, with its evidence."""
+    baseline = gs.study.ctx.baseline
     deployed = Knobs(**baseline) if baseline else None
     if not gs.compared:
         return [_no_modes(gs), *[f for f in [_ceiling_finding(gs, None)] if f is not None]]

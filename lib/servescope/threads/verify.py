@@ -417,17 +417,17 @@ def tune_base(study: Study | None, baseline_words: str) -> str:
     return COMBINED if study is not None else baseline_words
 
 
-def run(ctx: RunContext, by_thread: dict[str, list[Finding]], baseline: dict[str, Any] | None = None,
-        leave_one_out: bool = True, search: list[str] | None = None, search_budget_s: float = 0.0,
+def run(ctx: RunContext, by_thread: dict[str, list[Finding]], leave_one_out: bool = True,
+        search: list[str] | None = None, search_budget_s: float = 0.0,
         search_settings: int = 0, verify_lead: bool = True, unfinished: dict[str, str] | None = None) -> Verification:
     """Compose the run's recommended changes (by_thread: the findings of the threads before this one, as
-    findings.collect reads a report folder), measure them together against the baseline (the run context's unless
-    given; {}: the engine's defaults) and each one left out where leave_one_out and more than one joined, then
+    findings.collect reads a report folder), measure them together against the run context's baseline ({}: the
+    engine's defaults) and each one left out where leave_one_out and more than one joined, then
     search the scheduler knobs (search: which; default all this engine can express) within search_budget_s (0: no
     search), launching at most search_settings of them (0: as many as the budget allows), and verify the best
     (unless verify_lead is False: then the search only screens); unfinished: the threads before this one that did
     not finish (findings.unfinished)."""
-    baseline = ctx.baseline if baseline is None else baseline
+    baseline = ctx.baseline
     base = Knobs(**(baseline or {}))
     spelled = _spelled(ctx, base) if baseline else ""
     words = f"the baseline {base.label()}{spelled}" if baseline else "the engine's defaults"
