@@ -27,7 +27,7 @@ from .engines.audit import explain_state
 from .engines.logs import analyze_log
 from .findings import METRIC_WORDS, Change, Confidence, Direction, Effect, Failure, Finding, capped, sentences
 from .load.health import LOOP_LAG_LIMIT_MS
-from .load.metrics import BUFFERED_MS
+from .load.metrics import BUFFERED_MS, slo_words
 from .plots import Figure
 from .queries import audit_for, flag_groups
 from .spec import Knobs
@@ -373,7 +373,7 @@ class Comparison:
         slo = self.study.ctx.load.slo_ms
         if not slo:
             return ""
-        said = ", ".join(f"{k}<={v:g}" for k, v in slo.items())
+        said = slo_words(slo)
         j = self.judged()
         if j.metric == GOODPUT:
             return f"Goodput: the requests per second that met the SLO ({said}), each request judged. "

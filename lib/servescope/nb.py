@@ -12,6 +12,7 @@ import pandas as pd
 from IPython.display import HTML, Markdown, display
 from pandas.io.formats.style import Styler
 
+from .analysis.kernels import bare_name
 from .analysis.telemetry import disagreements
 from .context import RunContext
 from .context import context as _context
@@ -360,8 +361,7 @@ def _kernel_cell(v: object) -> str:
     full = str(v)
     if len(full) <= LONG_NAME:
         return html.escape(full)
-    bare = full.removeprefix("void ").replace("<unnamed>::", "").strip()
-    short = (bare.split("<", 1)[0].split("(", 1)[0].strip() or bare)[:LONG_NAME]
+    short = bare_name(full, LONG_NAME)
     return f'<span title="{html.escape(full, quote=True)}">{html.escape(short)}…</span>'
 
 

@@ -167,6 +167,12 @@ def moe_path(k: pd.DataFrame) -> pd.DataFrame:
         ["moe_path", "kernel_ms", "kernels", "share", "example_kernel"]]
 
 
+def bare_name(name: str, width: int = 60) -> str:
+    """A kernel's name without its template arguments and signature (its namespaces kept), at most width characters."""
+    bare = name.removeprefix("void ").replace("<unnamed>::", "").strip()
+    return (bare.split("<", 1)[0].split("(", 1)[0].strip() or bare)[:width]
+
+
 def top_kernels(k: pd.DataFrame, n: int = 15) -> pd.DataFrame:
     """The n kernels (by name) with the most total time."""
     k = k if "category" in k else with_categories(k)

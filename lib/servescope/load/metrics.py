@@ -122,6 +122,11 @@ def _window_figures(g: pd.DataFrame, w0: float, w1: float) -> dict[str, Any]:
             "steady_to_s": w1 - t0, "level_s": float(g_end.max() - t0), "_started": started}
 
 
+def slo_words(slo_ms: dict[str, float]) -> str:
+    """An SLO as the pages say it: 'ttft_ms<=2000, tpot_ms<=50'."""
+    return ", ".join(f"{k}<={v:g}" for k, v in slo_ms.items())
+
+
 GOODPUT_COLUMNS = ("good_requests", "goodput_req_s", "slo")  # what an SLO adds to a level's row
 
 
@@ -167,7 +172,7 @@ def summarize(requests: pd.DataFrame, health: pd.DataFrame | None = None,
         if slo_ms:
             good = int(good_requests(ok, slo_ms).sum())
             row |= {"good_requests": good, "goodput_req_s": per_s(good),
-                    "slo": ", ".join(f"{k}<={v:g}" for k, v in slo_ms.items())}
+                    "slo": slo_words(slo_ms)}
         rows.append(row)
     out = pd.DataFrame(rows)
     if health is not None and not health.empty and "point_index" in out:

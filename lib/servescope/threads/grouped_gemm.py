@@ -165,18 +165,12 @@ def forward_steps(k: pd.DataFrame, layers: int) -> tuple[float, str]:
     writes = whole[whole.index.str.contains(KV_WRITE, case=False, regex=True)]
     if len(writes):
         name = writes.index[0]
-        return float(writes.iloc[0] // layers), f"launches of {_short(name)!r} (the KV-cache write) per layer"
+        return float(writes.iloc[0] // layers), f"launches of {ak.bare_name(name)!r} (the KV-cache write) per layer"
     if "category" in k:
         att = names[k["category"].astype(str) == "attention"].value_counts()
         if len(att):
-            return float(att.iloc[0]) / layers, f"launches of {_short(att.index[0])!r} per layer"
+            return float(att.iloc[0]) / layers, f"launches of {ak.bare_name(att.index[0])!r} per layer"
     return float("nan"), ""
-
-
-def _short(name: str) -> str:
-    """A kernel's name without its template arguments and signature, at most 60 characters."""
-    bare = name.removeprefix("void ").replace("<unnamed>::", "").strip()
-    return (bare.split("<", 1)[0].split("(", 1)[0].strip() or bare)[:60]
 
 
 def verdict(info: dict[str, Any], shape: MoeShape | None, probe: pd.DataFrame | None = None) -> dict[str, Any]:
