@@ -232,6 +232,7 @@ def test_only_a_reader_renders_the_notebooks_before_it_from_the_store(tmp_path, 
 
 
 def test_progress_bars_collapse_to_their_final_state():
+
     import nbformat
 
     from servescope.report import collapse_progress
@@ -250,6 +251,7 @@ def test_progress_bars_collapse_to_their_final_state():
 def test_the_page_opens_with_the_answer_and_keeps_the_progress_in_how_it_ran(tmp_path):
     """The measuring cell's printed progress goes after the evidence, collapsed; the answer comes first; the
     executed notebook keeps it where it was printed."""
+
     import nbformat
 
     from servescope.report import render_html
@@ -773,3 +775,24 @@ def test_how_sure_says_direction_and_size_apart():
     e = Effect(metric="output_tok_s", value_pct=286.1, ci_low_pct=246.5, ci_high_pct=330.3, n=3)
     assert sureness("high", e) == "direction: certain; size: +246..+330% (90% CI, n=3)"
     assert sureness("low", None) == "direction: not resolved"
+
+
+def test_the_kernels_own_error_log_stays_out_of_the_terminal(tmp_path, capfd):
+    """jupyter_client sends SIGINT to every kernel it shuts down; when it lands inside a message handler, ipykernel
+    logs "KeyboardInterrupt caught in kernel." at ERROR (once in a CI run, between the progress lines). Any line the
+    kernel logs at ERROR stays out of the terminal; the notebook's own output does not."""
+    import sys
+
+    import nbformat
+
+    from servescope import report
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("get_ipython().kernel.log.error('KeyboardInterrupt caught in kernel.')\n"
+                                          "print('the cell ran')")]
+    file = tmp_path / "k.ipynb"
+    nbformat.write(nb, file)
+    with report._Interrupts() as stop:
+        run = report._run_notebook("k", file, {}, tmp_path, stop, "python3", False, True, echo=sys.stdout)
+    out, err = capfd.readouterr()
+    assert run.error == "" and "  the cell ran" in out
+    assert "KeyboardInterrupt" not in out + err, out + err

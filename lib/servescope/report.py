@@ -362,9 +362,11 @@ def _run_notebook(nb_id: str, file: Path, params: dict[str, Any], out_dir: Path,
         pm.execute_notebook(str(file), str(executed), parameters=params, cwd=str(file.parent), kernel_name=kernel_name,
                             progress_bar=progress, log_output=False, report_mode=hide_code,
                             stdout_file=_Indented(echo) if echo is not None else None,
-                            # the kernel's own warnings (ipykernel's "running over TCP without encryption", once per
-                            # notebook) went to the terminal between the progress lines; its errors still do
-                            extra_arguments=["--IPKernelApp.log_level=ERROR"])
+                            # the kernel's own log went to the terminal between the progress lines: a warning per
+                            # notebook ("running over TCP without encryption") and, now and then, an error from the
+                            # SIGINT jupyter_client sends every kernel it shuts down ("KeyboardInterrupt caught in
+                            # kernel"); a kernel that dies is told by nbclient, in the notebook's failure
+                            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
     except (Exception, KeyboardInterrupt) as e:  # a failing notebook is reported, the others still run
         raised = True
         run.error = _error_excerpt(e) if isinstance(e, Exception) else "interrupted"
