@@ -232,7 +232,6 @@ def test_only_a_reader_renders_the_notebooks_before_it_from_the_store(tmp_path, 
 
 
 def test_progress_bars_collapse_to_their_final_state():
-
     import nbformat
 
     from servescope.report import collapse_progress
@@ -251,7 +250,6 @@ def test_progress_bars_collapse_to_their_final_state():
 def test_the_page_opens_with_the_answer_and_keeps_the_progress_in_how_it_ran(tmp_path):
     """The measuring cell's printed progress goes after the evidence, collapsed; the answer comes first; the
     executed notebook keeps it where it was printed."""
-
     import nbformat
 
     from servescope.report import render_html
