@@ -33,6 +33,31 @@ def our_processes(*needles: str) -> list[psutil.Process]:
     return out
 
 
+def vllm_processes() -> list[str]:
+    """vLLM server processes this test session started that are still running. Zombies do not count: they run
+    nothing and hold no port, and where PID 1 reaps orphans lazily (this VM's init does) an engine's worker can linger
+    as one. Another vLLM on the machine (a user's, another checkout's test run) is not this suite's: a CI run failed
+    on one."""
+    return [f"{p.pid} {p.info['name']} {p.info['status']} {' '.join(p.info['cmdline'] or [])[:100]}"
+            for p in our_vllm() if p.info["status"] != psutil.STATUS_ZOMBIE]
+
+
+def our_vllm() -> list[psutil.Process]:
+    """vLLM processes (its API server, engine core and workers) that carry this session's mark in their
+    environment: every process the suite starts inherits it (tests/conftest.py, MARK)."""
+    out = []
+    for p in psutil.process_iter(["name", "cmdline", "status"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if not ((p.info["name"] or "").startswith("VLLM") or "vllm.entrypoints" in cmd):
+            continue
+        try:
+            if p.environ().get(MARK) == os.environ[MARK]:
+                out.append(p)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue  # another user's, or gone
+    return out
+
+
 @pytest.fixture
 def stub_engine() -> dict:
     """EngineSpec fields for the stub engine."""
@@ -67,7 +92,12 @@ def wheel_install():
     return make
 
 
+# the longest file (the default suite end to end on the real engine, 7-9 minutes here) first, the other real-engine
+# files next: `make test` hands whole files to two workers (--dist loadfile), and a long file started last would
+# leave one worker idle while the other finishes it
+LONGEST_FIRST = ("test_embedded_report.py",)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The real-engine files first: `make test` hands whole files to two workers (--dist loadfile), and the longest
-    started last would leave one worker idle while the other finishes it."""
-    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else 1)
+    """The longest file first, then the other real-engine files, then the rest."""
+    items.sort(key=lambda item: 0 if item.path.name in LONGEST_FIRST else 1 if item.get_closest_marker("slow") else 2)

@@ -136,16 +136,17 @@ def test_replicas_that_win_are_a_deployment_to_make_never_the_engines_defaults()
     are one server. The rule for a flagless better side, as an engine that spells no flag for either side sees it."""
     from types import SimpleNamespace
 
-    from servescope.comparison import Comparison
+    from servescope.comparison import Comparison, _advice_words
 
     flagless = SimpleNamespace(study=SimpleNamespace(spell=lambda knobs: ([], "")), baseline="1 server",
                                treatment="2 replicas, round-robin")
-    flags, words, reason, optimal = Comparison._recommend(flagless, Knobs(replicas=2, route="round_robin"), "better",
-                                                          "high")
-    assert (flags, words, reason, optimal) == ([], "", "", False)
+    two = Comparison._advice(flagless, Knobs(replicas=2, route="round_robin"), "better", "high", None)
+    assert not two.already_optimal and _advice_words(two, None) == (None, "", "")
     # one server's own knobs with no flag: that is what the defaults run
-    _, words, reason, optimal = Comparison._recommend(flagless, Knobs(), "better", "high")
-    assert "already run as 2 replicas, round-robin" in words and reason.startswith("already optimal") and optimal
+    one = Comparison._advice(flagless, Knobs(), "better", "high", None)
+    _, words, reason = _advice_words(one, None)
+    assert "already run as 2 replicas, round-robin" in words and reason.startswith("already optimal")
+    assert one.already_optimal
 
 
 def test_the_tp_layout_is_captured_once_under_nsys_and_no_nsys_is_said(tmp_path, monkeypatch):

@@ -132,23 +132,44 @@ def test_reaper_kills_server_when_launcher_dies(tmp_path):
         from conftest import stub_command
         from servescope.server import ManagedServer, ReadyCheck
         srv = ManagedServer(command=stub_command({port}, "--children", "1", "--pid-file", {str(pid_file)!r}),
-                            port={port}, log_dir={str(tmp_path / 'srv')!r}, model="stub", ready=ReadyCheck(poll_interval_s=0.1))
+                            port={port}, log_dir={str(tmp_path / 'srv')!r}, model="stub", ready=ReadyCheck(poll_interval_s=0.1),
+                            socket_dir_env=("STUB_SOCKET_DIR",))
         srv.start()
-        print("ready", flush=True)
+        print("ready", srv.socket_dir, flush=True)
         time.sleep(600)
     """)
     launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        assert launcher.stdout.readline().strip() == "ready"
+        said, sockets = launcher.stdout.readline().split()
+        assert said == "ready" and Path(sockets).is_dir()
         pids = _pids(pid_file)
         launcher.kill()
         launcher.wait()
         deadline = time.monotonic() + 20
-        while not _gone(pids) and time.monotonic() < deadline:
+        while not (_gone(pids) and not Path(sockets).exists()) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _gone(pids)
+        assert not Path(sockets).exists()  # the launch's socket folder went with its tree
     finally:
         launcher.kill()
+
+
+def test_a_launch_gets_a_socket_folder_of_its_own_removed_with_its_tree(tmp_path):
+    """vLLM puts its ZMQ IPC sockets in the temp folder and never unlinks them when its tree is killed: a launch names
+    a folder of its own in the adapter's variables (the server sees it), and teardown removes it; a variable the
+    suite's env sets itself is left as set, and no folder is made for it."""
+    pid_file = tmp_path / "pids"
+    srv = _server(tmp_path, "--children", "1", "--pid-file", str(pid_file), socket_dir_env=("STUB_SOCKET_DIR",))
+    with srv:
+        folder = srv.socket_dir
+        assert folder is not None and folder.is_dir()
+        seen = {psutil.Process(p).environ().get("STUB_SOCKET_DIR") for p in _pids(pid_file)}
+        assert seen == {str(folder)}
+    assert not folder.exists() and srv.socket_dir is None
+    mine = tmp_path / "mine"
+    srv = _server(tmp_path, socket_dir_env=("STUB_SOCKET_DIR",), env={"STUB_SOCKET_DIR": str(mine)})
+    with srv:
+        assert srv.socket_dir is None
 
 
 def test_redact_command_hides_secrets():

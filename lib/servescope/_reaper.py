@@ -1,6 +1,7 @@
 """Watchdog that kills a server's process group if the process that launched it dies.
 
-Run as a script (stdlib only) so it works whatever the import path: `python _reaper.py PGID GRACE_S`, or
+Run as a script (stdlib only) so it works whatever the import path: `python _reaper.py PGID GRACE_S [DIR]` (DIR:
+the launch's socket folder, removed once the group is gone), or
 `python _reaper.py --mps ROOT CONTROL PARENT_PID` for the suite's MPS control daemon (tell it to quit, kill it,
 remove ROOT).
 It covers the one case `finally` cannot: the launching Python (a notebook kernel, say) killed outright.
@@ -58,8 +59,19 @@ def main() -> None:
         _mps(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         return
     pgid, grace_s = int(sys.argv[1]), float(sys.argv[2])
+    scratch = sys.argv[3] if len(sys.argv) > 3 else ""
     parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _reap(pgid, grace_s, parent)
+    finally:
+        if scratch:  # the group is gone, or killed: nothing of it uses its sockets any more
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _reap(pgid: int, grace_s: float, parent: int) -> None:
     while True:
         if not _group_alive(pgid):
             return

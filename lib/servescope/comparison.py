@@ -5,8 +5,8 @@ rendered in one place (Comparison.finding)."""
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,7 @@ from .engines.logs import analyze_log
 from .findings import METRIC_WORDS, Change, Confidence, Direction, Effect, Failure, Finding, capped, sentences
 from .load.health import LOOP_LAG_LIMIT_MS
 from .load.metrics import BUFFERED_MS, slo_words
+from .outputs import OutputVerdict
 from .plots import Figure
 from .queries import audit_for, flag_groups
 from .spec import Knobs
@@ -52,6 +53,53 @@ METRICS = ("output_tok_s", "ttft_ms_p50", "tpot_ms_p50")
 
 # a side with this share of its requests' output buffered has no TPOT to compare (load.metrics.BUFFERED_MS)
 BUFFERED_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The change a comparison points to, before words: the better side's knobs, their flags in the engine's spelling
+    (or why they cannot be spelled), the deployment's flags to drop and to add to run them, and whether the engine's
+    defaults already run that way."""
+
+    knobs: Knobs
+    side: str
+    flags: list[str]
+    spell_why: str = ""
+    drop: list[str] = field(default_factory=list)
+    add: list[str] = field(default_factory=list)
+    default: bool = False
+
+    @property
+    def already_optimal(self) -> bool:
+        """What runs already is the better side: the engine's defaults, and no flag of the deployment's turns it off."""
+        return self.default and not self.drop
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a comparison supports, decided before any word is written (Comparison.verdict): the outcome ('effect';
+    'not compared': a studied knob did not resolve as asked; 'dies': a side died before it was ready; 'not measured';
+    'changes outputs': the faster side's answers differ), the measured direction and the one claimed (none where the
+    load client stalled on one side), the capped confidence, the headline and per-level effects on the judged metric,
+    the caveats, the levels where the client stalled, the change pointed to and the output check."""
+
+    outcome: Literal["effect", "not compared", "dies", "not measured", "changes outputs"]
+    states: dict[str, ResolvedState]
+    errors: list[dict[str, Any]]
+    failures: list[Failure]
+    dead: Failure | None = None
+    headline: Headline | None = None
+    levels: pd.DataFrame = field(default_factory=pd.DataFrame)
+    measured: Direction = ""
+    direction: Direction = ""
+    confidence: Confidence = "none"
+    effect: Effect | None = None
+    caveats: list[str] = field(default_factory=list)
+    lopsided: pd.DataFrame = field(default_factory=pd.DataFrame)
+    stalled_at: tuple[float, ...] = ()
+    advice: Advice | None = None
+    outputs: OutputVerdict | None = None
+    wrong: Failure | None = None
 
 
 @dataclass
@@ -202,24 +250,19 @@ class Comparison:
         return headline_effect(s, metric, self.baseline, self.treatment, self.study.equivalence_pct,
                                target=self.study.ctx.load.target_level)
 
-    def finding(self, title: str, subject: str, better: Knobs | None = None, worse: Knobs | None = None,
-                extra: str = "", deployed: Knobs | None = None, named: str = "") -> Finding:
-        """The headline: subject's measured effect on throughput per level (verdict, CI, confidence), what each
-        side resolved to, the caveats; recommended flags (spelled by the engine) for better if the treatment helps,
-        for worse if it hurts. deployed: how the deployment runs today (the suite's baseline); where the better side
-        is the engine's default and the deployment's flags turn it off, the change is to drop them. named: the
-        subject mid-sentence, where it differs ('the combination' for 'The combination')."""
-        thread = self.study.thread
+    def verdict(self, better: Knobs | None = None, worse: Knobs | None = None,
+                deployed: Knobs | None = None) -> Verdict:
+        """What the comparison supports, decided before any word is written: its outcome, direction, confidence and
+        effect, the checks that capped it, the change it points to (better's knobs if the treatment helps, worse's if
+        it hurts, said against deployed where known) and the output check. Comparison.finding renders it."""
         errors = self.study.results.errors
         errs = [{k: v for k, v in x.items() if k != "traceback"} for x in errors.to_dict("records")] if len(errors) else []
-        peak = self.peak()
         states = {n: self.study.states[n] for n in (self.baseline, self.treatment) if n in self.study.states}
         fails = [x for x in self.study.failures() if x.config in (self.baseline, self.treatment)]
-        if peak is None:
+        base = Verdict(outcome="not measured", states=states, errors=errs, failures=fails)
+        if self.peak() is None:
             dead = next((x for x in fails if x.before_ready and x.exception), None)
-            if dead is not None:
-                return self._dies(subject, dead, states, errs, fails)
-            return self._not_measured(subject, states, errs).model_copy(update={"failures": fails})
+            return replace(base, outcome="dies", dead=dead) if dead is not None else base
         says, cap, varied = self.caveats()
         e = self.effects()
         judged = self.judged()
@@ -228,77 +271,87 @@ class Comparison:
             tok = tok[~tok["concurrency"].astype(float).isin(judged.left_out)]
         h = self.headline()
         assert h is not None  # a peak level with pairs means the headline has pairs too
-        direction, words = _headline_words(h, *verdict(tok))
-        effect = self._effect(h)
-        sides = "; ".join(f"{n} ran as {_state_words(st)}" for n, st in states.items())
+        measured = _direction(h, tok)
+        base = replace(base, headline=h, levels=tok, measured=measured, direction=measured, caveats=says,
+                       effect=self._effect(h))
         if not varied:
+            return replace(base, outcome="not compared")
+        lopsided = self.lopsided_levels()  # read once: the headline's words and the per-level words both use it
+        stalled = tuple(c for c in h.levels if c in lopsided.index)
+        direction: Direction = "unresolved" if stalled and measured in ("better", "worse") else measured
+        conf = capped(h.confidence, "low" if stalled else cap)
+        knobs = better if direction == "better" else worse if direction == "worse" else None
+        advice = self._advice(knobs, direction, conf, deployed) if knobs is not None else None
+        ov = self.study.output_verdict(self.treatment, self.baseline) if len(self.study.results.output_checks) \
+            else None
+        wrong = self.study.output_failure(self.treatment, self.baseline, ov) \
+            if ov is not None and direction == "better" else None
+        return replace(base, outcome="changes outputs" if wrong is not None else "effect", direction=direction,
+                       confidence=conf, lopsided=lopsided, stalled_at=stalled, advice=advice, outputs=ov, wrong=wrong)
+
+    def finding(self, title: str, subject: str, better: Knobs | None = None, worse: Knobs | None = None,
+                extra: str = "", deployed: Knobs | None = None, named: str = "") -> Finding:
+        """The comparison's verdict (Comparison.verdict) in words: subject's measured effect on throughput per level
+        (verdict, CI, confidence), what each side resolved to, the caveats, and the recommended flags (spelled by
+        the engine), said against deployed, how the deployment runs today (the suite's baseline): where the better
+        side is the engine's default and the deployment's flags turn it off, the change is to drop them. named: the
+        subject mid-sentence, where it differs ('the combination' for 'The combination')."""
+        v = self.verdict(better, worse, deployed)
+        if v.outcome == "dies":
+            return self._dies(subject, v)
+        if v.outcome == "not measured":
+            return self._not_measured(subject, v.states, v.errors).model_copy(update={"failures": v.failures})
+        h = v.headline
+        assert h is not None and v.effect is not None
+        thread = self.study.thread
+        sides = "; ".join(f"{n} ran as {_state_words(st)}" for n, st in v.states.items())
+        if v.outcome == "not compared":
             why = self.downgrades()
             return Finding(thread=thread, kind="effect", title=f"{subject}: not compared", applies=False,
                            confidence="none", headline=f"The arms did not resolve to what was asked, so this is not a "
-                           f"measurement of {named or subject}: {'; '.join(says)}",
+                           f"measurement of {named or subject}: {'; '.join(v.caveats)}",
                            detail=f"{sides}." + (f" {' '.join(why)}" if why else ""),
-                           reason="; ".join(says), effect=effect,
-                           direction=direction, evidence=self._evidence(states, errs))
-        lopsided = self.lopsided_levels()  # read once: the headline's words and the per-level words both use it
-        stalled, direction, words = self._client_stall(h, direction, words, lopsided)
-        if stalled:
-            cap, says = "low", [*says, stalled]
-        conf = capped(h.confidence, cap)
-        headline, detail = self._claim(subject, words, h, tok, sides, says, lopsided.index, named or subject)
+                           reason="; ".join(v.caveats), effect=v.effect,
+                           direction=v.measured, evidence=self._evidence(v.states, v.errors))
+        words = _direction_words(h, v.levels, v.measured)
+        says = v.caveats
+        if v.stalled_at:
+            stalled, words = self._client_stall(h, v.measured, words, v.lopsided.loc[list(v.stalled_at)])
+            says = [*says, stalled]
+        headline, detail = self._claim(subject, words, h, v.levels, sides, says, v.lopsided.index, named or subject)
         cautions, ev = self._cautions()
         detail += extra + cautions
-        rec_knobs = better if direction == "better" else worse if direction == "worse" else None
-        change, note, reason, optimal = self._change(rec_knobs, direction, conf, deployed)
-        ev = self._evidence(states, errs) | ev | {"noise_pct": {"baseline": _r(peak.baseline_spread_pct),
-                                                                "treatment": _r(peak.treatment_spread_pct)}}
-        if fails:
-            detail += " Failed: " + "; ".join(f"{x.config} {x.words()}" for x in fails) + "."
-        wrong = self._outputs(subject, effect, conf, direction, detail + note, ev, fails)
-        if wrong is not None:
-            return wrong
-        if "outputs" in ev:
-            detail += f" Outputs: {self.treatment} {ev['outputs']['words']}."
+        change, note, reason = _advice_words(v.advice, deployed)
+        peak = self.peak()
+        assert peak is not None
+        ev = self._evidence(v.states, v.errors) | ev | {"noise_pct": {"baseline": _r(peak.baseline_spread_pct),
+                                                                      "treatment": _r(peak.treatment_spread_pct)}}
+        if v.failures:
+            detail += " Failed: " + "; ".join(f"{x.config} {x.words()}" for x in v.failures) + "."
+        if v.outputs is not None:
+            ev["outputs"] = v.outputs.row() | {"words": v.outputs.words()}
+        if v.wrong is not None and v.outputs is not None:  # the faster side changes outputs: never recommended
+            return Finding(thread=thread, kind="failure", title=f"{subject}: {self.treatment} changes outputs",
+                           **sentences(f"{self.treatment} is faster than {self.baseline} ({v.effect.text()}) but "
+                                       f"{v.outputs.words()}: never recommended", detail + note),
+                           effect=v.effect, confidence=v.confidence, direction="", evidence=ev,
+                           reason=f"{self.treatment} changes outputs", failures=[*v.failures, v.wrong])
+        if v.outputs is not None:
+            detail += f" Outputs: {self.treatment} {v.outputs.words()}."
         return Finding(thread=thread, kind="effect", title=f"{subject}: {self.treatment} vs {self.baseline}",
-                       **sentences(headline, detail + note), effect=effect, change=change, confidence=conf,
-                       direction=direction, evidence=ev, reason=reason, failures=fails, optimal=optimal)
+                       **sentences(headline, detail + note), effect=v.effect, change=change, confidence=v.confidence,
+                       direction=v.direction, evidence=ev, reason=reason, failures=v.failures,
+                       optimal=v.advice is not None and v.advice.already_optimal)
 
-    def _outputs(self, subject: str, effect: Effect, conf: Confidence, direction: Direction, detail: str,
-                 ev: dict[str, Any], fails: list[Failure]) -> Finding | None:
-        """The output check's verdict into the evidence; where the faster side changes outputs, the finding that says
-        so instead (never recommended). Points recorded before outputs were checked say nothing of them."""
-        if not len(self.study.results.output_checks):
-            return None
-        ov = self.study.output_verdict(self.treatment, self.baseline)
-        ev["outputs"] = ov.row() | {"words": ov.words()}
-        wrong = self.study.output_failure(self.treatment, self.baseline, ov)
-        if wrong is None or direction != "better":
-            return None
-        return Finding(thread=self.study.thread, kind="failure", title=f"{subject}: {self.treatment} changes outputs",
-                       **sentences(f"{self.treatment} is faster than {self.baseline} ({effect.text()}) but "
-                                   f"{ov.words()}: never recommended", detail),
-                       effect=effect, confidence=conf, direction="", evidence=ev,
-                       reason=f"{self.treatment} changes outputs", failures=[*fails, wrong])
-
-    def _change(self, rec_knobs: Knobs | None, direction: Direction, conf: Confidence,
-                deployed: Knobs | None) -> tuple[Change | None, str, str, bool]:
-        """(the change to make for the recommended side, said against the deployment where it is known; a sentence
-        to add; the reason; whether what runs already is the better side)."""
-        flags, note, reason, optimal = self._recommend(rec_knobs, direction, conf)
-        drop, add = self._against(rec_knobs, deployed) if conf != "none" else ([], [])
-        side = self.treatment if direction == "better" else self.baseline
-        if drop and not flags:  # the engine's default is the better side, and the deployment's own flags keep it from it
-            note = (f" The engine's defaults run as {side}; the deployment (the suite's baseline, "
-                    f"{deployed.label() if deployed else ''}) turns that off with `{shlex.join(drop)}`: drop it.")
-            reason, optimal = "", False
-        elif drop:  # the deployment's own flags would override the better side's: they go, and what it needs comes
-            flags = add
-            note += (f" On the deployment (the suite's baseline, {deployed.label() if deployed else ''}), "
-                     f"`{shlex.join(drop)}` overrides {side}: drop it" + (f" and add `{shlex.join(add)}`." if add else "."))
-        # what a later thread composes (07 verifies them together); drop: what 07's improvement document says to
-        # remove and, to roll back, to put back
-        change = Change(knobs=rec_knobs, flags=flags, drop_flags=drop, words=f"drop {shlex.join(drop)}" if drop else "") \
-            if (flags or drop) and rec_knobs is not None else None
-        return change, note, reason, optimal
+    def _advice(self, knobs: Knobs, direction: Direction, conf: Confidence, deployed: Knobs | None) -> Advice:
+        """The better side's knobs in the engine's spelling, and against the deployment where it is known."""
+        flags, why = self.study.spell(knobs)
+        drop, add = self._against(knobs, deployed) if conf != "none" and deployed is not None else ([], [])
+        # the better side needs no flag: the engine's defaults already run that way (replicas need no flag either,
+        # but they are a deployment the defaults do not make: their recipe says how)
+        default = not why and not flags and conf != "none" and knobs.replicas == 1
+        return Advice(knobs=knobs, side=self.treatment if direction == "better" else self.baseline, flags=flags,
+                      spell_why=why, drop=drop, add=add, default=default)
 
     def _against(self, knobs: Knobs | None, deployed: Knobs | None) -> tuple[list[str], list[str]]:
         """(the deployment's flags to drop, the flags to add) to run knobs on the deployment: its launch spelled
@@ -316,9 +369,10 @@ class Comparison:
         before, after = flag_groups(theirs), flag_groups(ours)
         return ([t for g in before if g not in after for t in g], [t for g in after if g not in before for t in g])
 
-    def _dies(self, subject: str, dead: Failure, states: dict[str, ResolvedState], errs: list[dict[str, Any]],
-              fails: list[Failure]) -> Finding:
+    def _dies(self, subject: str, v: Verdict) -> Finding:
         """A side that dies before it is ready with the engine's own exception: that is the answer for it."""
+        dead = v.dead
+        assert dead is not None
         install = self.study.install
         version = f"{self.study.adapter.name} {install.version}" if install is not None else "this engine version"
         return Finding(thread=self.study.thread, kind="failure",
@@ -327,8 +381,8 @@ class Comparison:
                        + ("; the engine then tore its own process tree down" if dead.teardown == "engine" else ""),
                        detail=(f"Seen in an earlier attempt, {dead.recorded}, and not launched again. "
                                if dead.recorded else "") + "No effect can be measured for it.",
-                       applies=True, confidence="high", reason=dead.words(), failures=fails,
-                       evidence={"errors": errs, "resolved": {k: v.to_dict() for k, v in states.items()}})
+                       applies=True, confidence="high", reason=dead.words(), failures=v.failures,
+                       evidence={"errors": v.errors, "resolved": {k: x.to_dict() for k, x in v.states.items()}})
 
     def _not_measured(self, subject: str, states: dict[str, ResolvedState], errs: list[dict[str, Any]]) -> Finding:
         first = next((x for x in errs if x.get("signal")), errs[0] if errs else None)
@@ -407,26 +461,22 @@ class Comparison:
         return out, {"short_outputs": short, "client_warnings": client, "client_starved": starved,
                      "graph_checks": {side: {"status": st, "words": w} for side, (st, w) in checks.items()}}
 
-    def _client_stall(self, h: Headline, direction: str, words: str,
-                      lopsided: pd.DataFrame) -> tuple[str, str, str]:
-        """Where the headline's levels include one at which the load client stalled on one side only: the sentence
-        saying so, and the direction and words that claim no direction from it; ('', direction, words) elsewhere."""
-        hit = [c for c in h.levels if c in lopsided.index]
-        if not hit:
-            return "", direction, words
+    def _client_stall(self, h: Headline, measured: Direction, words: str,
+                      stalled: pd.DataFrame) -> tuple[str, str]:
+        """The sentence saying at which of the headline's levels the load client stalled on one side only, and the
+        words that claim no direction from it where the measurement had one."""
         said = ("the load client stalled on one side only at " + "; ".join(
             f"c={int(c)} ({self.baseline}: {int(x.baseline_severe)} of {int(x.baseline_n)} points over "
             f"{SEVERE_LAG_MS:.0f} ms, median {x.baseline_lag_ms:.0f} ms; {self.treatment}: "
             f"{int(x.treatment_severe)} of {int(x.treatment_n)}, median {x.treatment_lag_ms:.0f} ms)"
-            for c, x in lopsided.loc[hit].iterrows())
+            for c, x in stalled.iterrows())
             + ", so the difference there is partly the client's share of the host, not the servers' (at most low "
             "confidence)")
-        if direction in ("better", "worse"):  # the client's stall is part of the difference: no direction from it
-            direction, words = "unresolved", (
-                f"moved throughput {'up' if h.effect_pct > 0 else 'down'} ({h.words()}), but the load client "
-                f"stalled on one side only at c={', '.join(str(int(c)) for c in hit)}, so that cannot be told "
-                "from the client's own share of the host")
-        return said, direction, words
+        if measured in ("better", "worse"):  # the client's stall is part of the difference: no direction from it
+            words = (f"moved throughput {'up' if h.effect_pct > 0 else 'down'} ({h.words()}), but the load client "
+                     f"stalled on one side only at c={', '.join(str(int(c)) for c in stalled.index)}, so that cannot "
+                     "be told from the client's own share of the host")
+        return said, words
 
     def lopsided_levels(self) -> pd.DataFrame:
         """The levels where the load client stalled badly (event-loop lag p99 over SEVERE_LAG_MS) on one side more
@@ -489,21 +539,6 @@ class Comparison:
                 f"{METRIC_WORDS.get(self.judged().metric, self.judged().metric)}: "
                 + "; ".join(parts) + f"; the headline's ({head.scope}) is {width:.0f} points wide{why}.")
 
-    def _recommend(self, knobs: Knobs | None, direction: Direction,
-                   conf: Confidence) -> tuple[list[str], str, str, bool]:
-        """(flags for the better side in the engine's spelling, a sentence to add, the reason, whether what runs
-        already is the better side) of a comparison."""
-        flags, why = self.study.spell(knobs) if knobs is not None else ([], "")
-        if why:
-            return flags, f" ({why})", "", False
-        if knobs is not None and not flags and conf != "none" and knobs.replicas == 1:
-            # the better side needs no flag: the engine's defaults already run that way (replicas need no flag
-            # either, but they are a deployment the defaults do not make: their recipe says how)
-            side = self.treatment if direction == "better" else self.baseline
-            return flags, f" The engine's defaults already run as {side} (no flag to add).", \
-                "already optimal: the engine's defaults are the better side", True
-        return flags, "", "", False
-
     def _evidence(self, states: dict[str, ResolvedState], errs: list[dict[str, Any]]) -> dict[str, Any]:
         e = self.effects()
         effects = {f"{r.metric}@c={int(r.concurrency)}": {
@@ -518,25 +553,58 @@ class Comparison:
                 if len(start) else {}}
 
 
-def _headline_words(h: Headline, direction: str, words: str) -> tuple[str, str]:
-    """The comparison's direction and its words from the headline: a per-level mix (helps at one load, hurts at
-    another) stays mixed; otherwise the headline decides, and an effect that pointed one way everywhere is never
-    called no change."""
+def _direction(h: Headline, levels: pd.DataFrame) -> Direction:
+    """The comparison's direction from the headline: a per-level mix (helps at one load, hurts at another) stays
+    mixed; otherwise the headline decides."""
+    if verdict(levels)[0] == "mixed":
+        return "mixed"
+    if h.status in ("better", "worse", "no change"):
+        return h.status
+    return "unresolved"
+
+
+def _direction_words(h: Headline, levels: pd.DataFrame, direction: Direction) -> str:
+    """The words of a direction (_direction): an effect that pointed one way everywhere is never called no change."""
     if direction == "mixed":
-        return direction, words
-    if h.status in ("better", "worse"):
-        return h.status, f"{'helps' if h.status == 'better' else 'hurts'}: {h.words()}"
-    if h.status == "no change":
-        return "no change", (f"makes no difference: its 90% interval ({h.ci_low_pct:+.1f}..{h.ci_high_pct:+.1f}%, "
-                             f"n={h.n}) lies inside +-{h.equivalence_pct:g}%")
+        return verdict(levels)[1]
+    if direction in ("better", "worse"):
+        return f"{'helps' if direction == 'better' else 'hurts'}: {h.words()}"
+    if direction == "no change":
+        return (f"makes no difference: its 90% interval ({h.ci_low_pct:+.1f}..{h.ci_high_pct:+.1f}%, "
+                f"n={h.n}) lies inside +-{h.equivalence_pct:g}%")
     if h.n < MIN_PAIRS:
-        return "unresolved", (f"is not resolved: {h.words()}; {h.n} paired repetition{'s' if h.n > 1 else ''} "
-                              f"resolve{'' if h.n > 1 else 's'} nothing, however one-sided (at least {MIN_PAIRS} are needed)")
+        return (f"is not resolved: {h.words()}; {h.n} paired repetition{'s' if h.n > 1 else ''} "
+                f"resolve{'' if h.n > 1 else 's'} nothing, however one-sided (at least {MIN_PAIRS} are needed)")
     if h.same_sign:
         way = "up" if h.effect_pct > 0 else "down"
-        return "unresolved", (f"moved throughput {way} in every repetition at every level ({h.words()}), but the "
-                              "interval does not exclude no change yet")
-    return "unresolved", f"is not resolved: {h.words()}"
+        return (f"moved throughput {way} in every repetition at every level ({h.words()}), but the "
+                "interval does not exclude no change yet")
+    return f"is not resolved: {h.words()}"
+
+
+def _advice_words(a: Advice | None, deployed: Knobs | None) -> tuple[Change | None, str, str]:
+    """(the change to make, said against the deployment where it is known; a sentence to add; the reason) of an
+    Advice: what a later thread composes (07 verifies them together); drop: what 07's improvement document says to
+    remove and, to roll back, to put back."""
+    if a is None:
+        return None, "", ""
+    note, reason, flags = "", "", a.flags
+    if a.spell_why:
+        note = f" ({a.spell_why})"
+    elif a.default:
+        note, reason = (f" The engine's defaults already run as {a.side} (no flag to add).",
+                        "already optimal: the engine's defaults are the better side")
+    label = deployed.label() if deployed else ""
+    if a.drop and not a.flags:  # the engine's default is the better side, and the deployment's flags keep it from it
+        note, reason = (f" The engine's defaults run as {a.side}; the deployment (the suite's baseline, {label}) turns "
+                        f"that off with `{shlex.join(a.drop)}`: drop it."), ""
+    elif a.drop:  # the deployment's own flags would override the better side's: they go, and what it needs comes
+        flags = a.add
+        note += (f" On the deployment (the suite's baseline, {label}), `{shlex.join(a.drop)}` overrides {a.side}: "
+                 "drop it" + (f" and add `{shlex.join(a.add)}`." if a.add else "."))
+    change = Change(knobs=a.knobs, flags=flags, drop_flags=a.drop, words=f"drop {shlex.join(a.drop)}" if a.drop
+                    else "") if flags or a.drop else None
+    return change, note, reason
 
 
 def _state_words(st: ResolvedState) -> str:

@@ -407,7 +407,8 @@ def _serve_one(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | 
                                startup_timeout_s=engine.startup_timeout_s or DEFAULT_STARTUP_S, ready=ready,
                                term_grace_s=term_grace_s,
                                package=adapter.package, teardown_patterns=adapter.teardown_patterns,
-                               raiser_patterns=adapter.raiser_patterns, stage_of=adapter.death_stage)
+                               raiser_patterns=adapter.raiser_patterns, stage_of=adapter.death_stage,
+                               socket_dir_env=adapter.socket_dir_env)
         try:
             server.start()
             break

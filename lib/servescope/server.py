@@ -9,10 +9,12 @@ import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -220,6 +222,9 @@ class ManagedServer:
     teardown_patterns: tuple[str, ...] = ()
     raiser_patterns: tuple[str, ...] = ()
     stage_of: Any = None  # log text -> where in its startup the server was (the adapter's death_stage)
+    # the variables naming where the engine puts its IPC sockets (the adapter's socket_dir_env): set to a folder of
+    # this launch's own, unless env sets them, and removed with the tree (by stop, or by the reaper)
+    socket_dir_env: tuple[str, ...] = ()
 
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     timings: StartupTimings = field(default_factory=StartupTimings, init=False)
@@ -227,6 +232,7 @@ class ManagedServer:
     _files: list[Any] = field(default_factory=list, init=False, repr=False)
     watch: TreeWatch = field(default_factory=TreeWatch, init=False, repr=False)
     _ready_offsets: tuple[int, int] = field(default=(0, 0), init=False, repr=False)
+    socket_dir: Path | None = field(default=None, init=False, repr=False)
 
     @property
     def base_url(self) -> str:
@@ -310,7 +316,10 @@ class ManagedServer:
         err = open(self.stderr_path, "ab")
         self._files = [out, err]
         # plain logs (they are parsed and shown in reports); faulthandler so a Python process dying from a signal says so
-        env = {**os.environ, "NO_COLOR": "1", **_deaths.env_for_python_servers(), **self.env}
+        wanted = [k for k in self.socket_dir_env if k not in self.env]
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="servescope-ipc-")) if wanted else None
+        own = {k: str(self.socket_dir) for k in wanted}
+        env = {**os.environ, "NO_COLOR": "1", **_deaths.env_for_python_servers(), **own, **self.env}
         env["PYTHONPATH"] = engine_site_path(env.get("PYTHONPATH", ""))  # each Python process may use its CPU's AMX
         self.watch = TreeWatch(oom_kills_at_start=_deaths.oom_kill_count())
         self._t0 = time.monotonic()
@@ -324,7 +333,8 @@ class ManagedServer:
             start_new_session=True,  # own session and process group: one killpg reaches every child
         )
         self._reaper = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("_reaper.py")), str(self.proc.pid), str(self.term_grace_s)],
+            [sys.executable, str(Path(__file__).with_name("_reaper.py")), str(self.proc.pid), str(self.term_grace_s),
+             *([str(self.socket_dir)] if self.socket_dir else [])],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -431,6 +441,9 @@ class ManagedServer:
             f.close()
         self._files = []
         self.proc = None
+        if self.socket_dir is not None and not alive:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.socket_dir = None
         if alive:
             raise ServerError(f"processes {[p.pid for p in alive]} of the server tree survived SIGKILL")
         if check_port:

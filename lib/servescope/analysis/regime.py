@@ -189,7 +189,7 @@ def decide(ev: Evidence, th: RegimeThresholds = RegimeThresholds()) -> Regime:
     """The regime of one point from its evidence (see the module docstring)."""
     used = {k: v for k, v in asdict(ev).items() if v not in (None, "") and not (isinstance(v, float) and math.isnan(v))
             and k != "reason_shares"}
-    shares = {k: v for k, v in ev.reason_shares.items() if v == v}
+    shares = {k: v for k, v in ev.reason_shares.items() if not math.isnan(v)}
     if shares:
         used["reason_shares"] = shares
 
@@ -446,7 +446,7 @@ def point_evidence(gpu: pd.Series | None = None, host: pd.Series | None = None, 
         ev.gpu_samples = _num(gpu, "samples")
         ev.sm_clock_pct_of_max = _num(gpu, "sm_clock_pct_of_max_p50")
         ev.reason_shares = {k[len("reason_"):-len("_share")]: float(v) for k, v in gpu.items()
-                            if str(k).startswith("reason_") and str(k).endswith("_share") and v == v}
+                            if str(k).startswith("reason_") and str(k).endswith("_share") and pd.notna(v)}
     if host is not None:
         ev.server_cpu_pct = _num(host, "server_cpu_pct_p50")
         ev.busiest_thread_cpu_pct = _num(host, "busiest_thread_cpu_pct_p50")

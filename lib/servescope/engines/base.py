@@ -131,6 +131,9 @@ class EngineAdapter(ABC):
     # follow are its teardown, not the cause), and lines naming the process that raised (a 'who' group)
     teardown_patterns: ClassVar[tuple[str, ...]] = ()
     raiser_patterns: ClassVar[tuple[str, ...]] = ()
+    # the environment variables that move its IPC sockets out of the shared temp folder: each launch gets a private
+    # folder for them, removed with the server (a killed server never unlinks its sockets)
+    socket_dir_env: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def managed_env(self, version: str | None) -> EngineEnvSpec | None:

