@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("servescope", "errors", "util", "paths", "hostcpu", "pipsources", "deaths", "spec", "plots", "_reaper",
      "_build_tiny_model", "engine_site"),
     ("server", "findings", "models", "architectures", "store", "telemetry", "load", "outputs", "probes", "mps", "install",
-     "state"),
+     "state", "raypoints"),
     ("analysis",),
     ("engines",),
     ("context", "launch", "profile"),

@@ -7,6 +7,8 @@ an engine up by name. A thread takes a RunContext and declares its arms; the stu
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -16,7 +18,17 @@ from .analysis.ab import EQUIVALENCE_PCT
 from .engines import get_engine
 from .engines.base import EngineAdapter
 from .errors import ServescopeError, SpecError
-from .spec import DeploymentSpec, EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
+from .spec import (
+    DeploymentSpec,
+    EngineSpec,
+    Knobs,
+    LoadSpec,
+    ModelSpec,
+    ProfileSpec,
+    RunnerSpec,
+    TelemetrySpec,
+    parse,
+)
 from .store import Store
 
 
@@ -66,6 +78,8 @@ class RunContext:
     # a point that must be measured in one machine start (the search's reference, beside the settings it judges):
     # the start's boot id joins its key, so another start launches its own instead of reading this one's
     pinned_start: str = ""
+    # where the points run: children of this process (local), or Ray tasks on a cluster's nodes (raypoints)
+    runner: RunnerSpec = field(default_factory=RunnerSpec)
 
     def deployed(self, knobs: Knobs) -> Knobs:
         """What a configuration launches: the deployment with the configuration's own knobs over it."""
@@ -140,9 +154,11 @@ def context(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSp
             profile: dict[str, Any] | ProfileSpec | None = None,
             equivalence_pct: float = EQUIVALENCE_PCT,
             deployment: dict[str, Any] | DeploymentSpec | None = None,
-            baseline: dict[str, Any] | None = None) -> RunContext:
+            baseline: dict[str, Any] | None = None,
+            runner: dict[str, Any] | RunnerSpec | None = None) -> RunContext:
     """Validate every parameter (before anything launches) and resolve the engine to its adapter, once (a load's
-    'kv' level stays a word: nb.context, or kvlevel.resolve, reads it from the engine)."""
+    'kv' level stays a word: nb.context, or kvlevel.resolve, reads it from the engine). runner: where the points run;
+    by default the suite's (`servescope run` hands it to the notebooks' kernels in RUNNER_ENV), else local."""
     e = parse(EngineSpec, engine, "engine")
     try:
         plan = RepetitionPlan(repetitions, max(repetitions, max_repetitions or repetitions), float(budget_s))
@@ -155,4 +171,16 @@ def context(engine: dict[str, Any] | EngineSpec, model: dict[str, Any] | ModelSp
                       progress=progress, telemetry=parse(TelemetrySpec, telemetry or {}, "telemetry"),
                       profile=parse(ProfileSpec, profile or {}, "profile"), plan=plan,
                       equivalence_pct=equivalence_pct, deployment=parse(DeploymentSpec, deployment or {}, "deployment"),
-                      baseline=dict(baseline or {}))
+                      baseline=dict(baseline or {}), runner=parse(RunnerSpec, runner or _suite_runner(), "runner"))
+
+
+# the suite's runner, as `servescope run` hands it to the notebooks' kernels (JSON)
+RUNNER_ENV = "SERVESCOPE_RUNNER"
+
+
+def _suite_runner() -> dict[str, Any]:
+    raw = os.environ.get(RUNNER_ENV, "")
+    try:
+        return dict(json.loads(raw)) if raw else {}
+    except (ValueError, TypeError):
+        raise SpecError(f"{RUNNER_ENV}={raw!r}: a JSON object (servescope run sets it from the suite's runner)") from None

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,6 +31,7 @@ from .errors import (
     NotLaunchedError,
     NotMeasuredError,
     RecordedFailure,
+    ServerError,
     ServerExitedError,
     ServerStartTimeout,
     ServescopeError,
@@ -44,9 +47,9 @@ from .models import model_config, model_info
 from .profile import window as profiling
 from .server import log_tails, read_logs
 from .spec import DeploymentSpec, EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec
-from .store import Point, Store
+from .store import MANIFEST, Point, Store
 from .telemetry import Telemetry
-from .util import rep_label
+from .util import atomic_write_json, rep_label
 
 TELEMETRY_TABLES = ("gpu", "gpu_static", "gpu_procs", "host_cpu", "server_procs", "server_threads", "server_metrics",
                     "dcgm")
@@ -351,12 +354,12 @@ def measure(
     engine: EngineSpec, model: ModelSpec, configs: Sequence[Config], load: LoadSpec, repetitions: int = 3,
     store: Store | None = None, offline: bool = False, force: bool = False, progress: bool = False,
     say: Callable[[str], None] = _say, telemetry: TelemetrySpec | None = None, profile: ProfileSpec | None = None,
-    plan: RepetitionPlan | None = None, until: Until | None = None,
+    plan: RepetitionPlan | None = None, until: Until | None = None, runner: dict[str, Any] | None = None,
 ) -> Results:
     """Measure configurations of an engine named by its spec (an entry point: the engine is resolved here, once);
     see run_configs."""
     ctx = context(engine, model, load, repetitions=repetitions, store=store or Store(), offline=offline, force=force,
-                  progress=progress, telemetry=telemetry, profile=profile)
+                  progress=progress, telemetry=telemetry, profile=profile, runner=runner)
     return run_configs(ctx.with_(plan=plan) if plan is not None else ctx, configs, until=until, say=say)
 
 
@@ -374,13 +377,15 @@ class _Loop:
         self.acc.slo_ms = dict(self.ctx.load.slo_ms)
     prep: Prepared | None = None
     launched: bool = False  # a launch was attempted in the current repetition (it times the next one)
+    # a Ray runner measures a repetition's configurations at once (run_configs): one preparation, one writer of acc
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def tag(self, rep: int, cfg: Config) -> str:
         plan = self.ctx.plan
         return f"{rep_label(rep)} {cfg.name}" + (f" (of at least {plan.min_reps})" if plan.max_reps > plan.min_reps
                                               else f"/{plan.max_reps}")
 
-    def point(self, rep: int, cfg: Config) -> str:
+    def point(self, rep: int, cfg: Config, slot: int | None = None) -> str:
         """Measure (or read) one configuration's point of repetition rep: 'launched', 'stored', 'missing' (offline,
         a repetition the store does not hold) or 'late' (the run's budget would end first); a failure is recorded,
         not raised."""
@@ -395,19 +400,21 @@ class _Loop:
             elif rep >= 1 and ctx.offline:  # a repetition the measuring run did not take (or an older, shorter run)
                 return "missing"
             else:
-                how = self._launch(rep, Config(cfg.name, ctx.deployed(cfg.knobs)), key, parts, tag)
+                how = self._launch(rep, Config(cfg.name, ctx.deployed(cfg.knobs)), key, parts, tag, slot)
             pt = store.get(key)
         except SpecError:  # bad input (model path, a knob this version or machine cannot run): stop, launch nothing
             raise
         except NotLaunchedError as e:  # the run's budget: asked, not measured, and nothing after it launches either
-            self.planned += 1
-            self.acc.errors.append(error_row(cfg.name, rep, key, e))
+            with self.lock:
+                self.planned += 1
+                self.acc.errors.append(error_row(cfg.name, rep, key, e))
             self.say(f"{e}")
             return "late"
         except Exception as e:  # a failed point must not lose the others
-            self.planned += 1
             row = error_row(cfg.name, rep, key, e)
-            self.acc.errors.append(row)
+            with self.lock:
+                self.planned += 1
+                self.acc.errors.append(row)
             self.say(f"{tag}: FAILED: {row['summary']}")
             if row["death"] and not row["recorded"]:
                 self.say("  " + row["death"].replace("\n", "\n  "))
@@ -417,18 +424,21 @@ class _Loop:
             # holds as such a death
             repeats = row["exception"] or row["error_type"] in (ServerStartTimeout.__name__, RecordedFailure.__name__)
             return "dead" if row["before_ready"] and repeats else "failed"
-        self.planned += 1
-        self.acc.add(pt, key, {"config": cfg.name, "rep": rep})
+        with self.lock:
+            self.planned += 1
+            self.acc.add(pt, key, {"config": cfg.name, "rep": rep})
         return how
 
-    def _launch(self, rep: int, cfg: Config, key: str, parts: dict[str, Any], tag: str) -> str:
+    def _launch(self, rep: int, cfg: Config, key: str, parts: dict[str, Any], tag: str, slot: int | None) -> str:
         ctx = self.ctx
         if ctx.offline:
             raise NotMeasuredError(f"{tag}: not in the store ({key}) and offline=True")
-        if self.prep is None:
-            self.prep = prepare(ctx.engine, ctx.model, self.say, adapter=ctx.adapter)
-            # before the first launch, every configuration at once, as launched (the deployment under each)
-            _check_all(self.prep, [Config(c.name, ctx.deployed(c.knobs)) for c in self.configs], ctx.deployment.args)
+        with self.lock:
+            if self.prep is None:
+                self.prep = prepare(ctx.engine, ctx.model, self.say, adapter=ctx.adapter)
+                # before the first launch, every configuration at once, as launched (the deployment under each)
+                _check_all(self.prep, [Config(c.name, ctx.deployed(c.knobs)) for c in self.configs],
+                           ctx.deployment.args)
         shared = None if ctx.force else _shared_point(ctx, key, parts, self.prep, cfg)
         if shared is not None:
             self.say(f"{tag}: the same launch as stored point {shared} (one configuration, measured once)")
@@ -439,7 +449,7 @@ class _Loop:
         if ctx.force:
             ctx.store.drop_partial(key)
         self.launched = True
-        _run_point(ctx, key, parts, self.prep, cfg, tag, self.say)
+        _measure(ctx, key, parts, self.prep, cfg, tag, self.say, slot)
         return "launched"
 
 
@@ -496,7 +506,7 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
                 break
         t_rep, loop.launched = time.monotonic(), False
         order = active if rep % 2 == 0 else list(reversed(active))
-        hows = [loop.point(rep, cfg) for cfg in order]
+        hows = _points_of(loop, rep, order)
         # a shorter run of one configuration must not hide the repetitions the store holds of the others; a
         # configuration that died before it was ready is not launched again
         gone |= {c.name for c, how in zip(order, hows, strict=True) if how in ("missing", "dead", "late")}
@@ -522,6 +532,95 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
     res.stopped = _keep_stopped(ctx, configs, rep, stopped, unlaunched, said)
     res.deployment = deployment_words(ctx, configs)
     return res
+
+
+def _points_of(loop: _Loop, rep: int, order: Sequence[Config]) -> list[str]:
+    """One repetition's points: one after another, or at once on a Ray runner that asks for it (each point a task on
+    a node of its own choosing; their order in the repetition then only orders their submission)."""
+    r = loop.ctx.runner
+    if r.kind != "ray" or not r.parallel or len(order) < 2 or loop.ctx.offline:
+        return [loop.point(rep, cfg) for cfg in order]
+    from concurrent.futures import ThreadPoolExecutor
+
+    # each configuration moves one node on per repetition, so a difference between cards cancels over repetitions
+    # instead of biasing one side
+    slot = {c.name: i + rep for i, c in enumerate(loop.configs)}
+    from . import raypoints
+
+    raypoints.connect(r)  # joined from this thread, not the points' (Ray sets its signal handlers in the first)
+    with ThreadPoolExecutor(max_workers=len(order), thread_name_prefix="servescope-point") as pool:
+        return list(pool.map(lambda cfg: loop.point(rep, cfg, slot[cfg.name]), order))
+
+
+def point_gpus(knobs: Knobs, platform: str) -> int:
+    """The GPUs one point of knobs takes on its node: tp x dp per server, times its replicas unless they share a
+    GPU; none for a CPU build."""
+    if platform == "cpu":
+        return 0
+    return knobs.tp * knobs.dp * (1 if knobs.gpu_share is not None else knobs.replicas)
+
+
+def _measure(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config, tag: str,
+             say: Callable[[str], None], slot: int | None = None) -> None:
+    """One point measured where the run's runner puts it: here (_run_point), or as a Ray task on a node of the
+    cluster, in a store of the node's own (its finished levels sent along, so it resumes), whose folders come back
+    into this store as a local point's would have been written, with the node it ran on in its manifest."""
+    if ctx.runner.kind == "local":
+        _run_point(ctx, key, parts, prep, cfg, tag, say)
+        return
+    from . import raypoints
+
+    gpus = point_gpus(cfg.knobs, prep.install.platform)
+    raypoints.check_fits(ctx.runner, gpus, tag)
+    sent = raypoints.pack(ctx.store.root, [f"_partial/{key}"])
+    data, err, lines, node = raypoints.run(ctx.runner, _point_on_node,
+                                           (ctx, key, parts, cfg, tag, startup_timeout(ctx), sent), gpus, tag, slot)
+    for line in lines:
+        say(line)
+    where = {"kind": "ray", "address": ctx.runner.address, **node}
+    raypoints.unpack(data, ctx.store.root)
+    for m in [ctx.store.root / key / MANIFEST, *(p / MANIFEST for p in (ctx.store.root / "_failed").glob(f"{key}-*"))]:
+        if m.is_file():
+            manifest = json.loads(m.read_text())
+            if "runner" not in manifest:
+                atomic_write_json(m, manifest | {"runner": where})
+    if ctx.store.has(key):
+        ctx.store.drop_partial(key)
+    if err is not None:
+        raise err
+
+
+def _point_on_node(ctx: RunContext, key: str, parts: dict[str, Any], cfg: Config, tag: str,
+                   limit: tuple[float, str], sent: bytes) -> tuple[bytes, BaseException | None, list[str], dict[str, Any]]:
+    """A Ray task (raypoints.run): the point measured on this node into a store of its own, started from the levels
+    the driver had (sent); returns its folders packed, its failure (None where it completed), what it said and the
+    node it ran on."""
+    import pickle
+    import tempfile
+
+    from . import raypoints
+
+    lines: list[str] = []
+
+    def say(m: str) -> None:
+        lines.append(m)
+
+    with tempfile.TemporaryDirectory(prefix="servescope-point-") as d:
+        store = Store(d)
+        raypoints.unpack(sent, store.root)
+        err: BaseException | None = None
+        try:
+            prep = prepare(ctx.engine, ctx.model, say, adapter=ctx.adapter)
+            _run_point(ctx.with_(store=store), key, parts, prep, cfg, tag, say, limit=limit)
+        except Exception as e:  # said on the driver, as a local point's failure is
+            err = e
+            try:
+                pickle.loads(pickle.dumps(e))
+            except Exception:  # an exception that cannot cross to the driver crosses as its words and deaths
+                err = ServerError(f"{type(e).__name__}: {e}")
+                err.deaths = getattr(e, "deaths", None)  # type: ignore[attr-defined]
+        back = [key, f"_partial/{key}", *(f"_failed/{p.name}" for p in (store.root / "_failed").glob(f"{key}-*"))]
+        return raypoints.pack(store.root, back), err, lines, raypoints.node_words()
 
 
 def deployment_words(ctx: RunContext, configs: Sequence[Config]) -> str:
@@ -711,12 +810,13 @@ def _point_load(ctx: RunContext, prep: Prepared, say: Callable[[str], None]) -> 
 
 
 def _run_point(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config, tag: str,
-               say: Callable[[str], None]) -> None:
+               say: Callable[[str], None], limit: tuple[float, str] | None = None) -> None:
     """Launch one configuration, sweep its load level by level (each written as it finishes), then write the
-    point's tables and read its profile; the point appears in the store only when all of it is written."""
+    point's tables and read its profile; the point appears in the store only when all of it is written. limit: the
+    startup timeout and why, where the store that times it is not this one (a Ray node's)."""
     store, adapter = ctx.store, ctx.adapter
     load, tokenizer = _point_load(ctx, prep, say)
-    limit_s, why = startup_timeout(ctx)
+    limit_s, why = limit or startup_timeout(ctx)
     prep = dataclasses.replace(prep, engine=prep.engine.model_copy(update={"startup_timeout_s": limit_s}))
     done = store.finished_levels(key)
     if done:

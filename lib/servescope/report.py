@@ -23,13 +23,14 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from nbconvert import HTMLExporter
 
 from . import summary
+from .context import RUNNER_ENV
 from .engines import get_engine
 from .errors import KnobError, SpecError
 from .experiment import DEADLINE_ENV
 from .findings import Finding, Outcome, read_findings, read_outcome
 from .launch import check_deployment_args, prepare
 from .paths import default_reports_dir, default_store_dir
-from .spec import DeploymentSpec, EngineSpec, Knobs, ModelSpec, TinyModelSpec, parse
+from .spec import DeploymentSpec, EngineSpec, Knobs, ModelSpec, RunnerSpec, TinyModelSpec, parse
 from .store import Store
 from .suite import NotebookEntry, Suite, load_suite, notebook_file
 from .summary import change_html
@@ -264,13 +265,15 @@ def run_suite(
     plans = {e.id: plan_parameters(suite, files[e.id], e.id, e.parameters, out_dir, store.resolve(),
                                     offline or e.id in from_store, suite.compare_stores(suite_path))
              for e in entries}
+    runner = parse(RunnerSpec, suite.runner, "runner")
     if not offline:
+        check_runner(runner)
         check_baseline(suite)
     out_dir.mkdir(parents=True, exist_ok=False)
 
     runs: list[NotebookRun] = []
     stop = _Interrupts()
-    with stop, _deadline(t_start + budget_s if budget_s else 0.0):
+    with stop, _deadline(t_start + budget_s if budget_s else 0.0), _runner_env(runner):
         for i, entry in enumerate(entries, 1):
             if stop.signal:
                 break
@@ -332,6 +335,29 @@ def _deadline(at_unix: float) -> Iterator[None]:
         os.environ.pop(DEADLINE_ENV, None)
         if saved is not None:
             os.environ[DEADLINE_ENV] = saved
+
+
+@contextlib.contextmanager
+def _runner_env(runner: RunnerSpec) -> Iterator[None]:
+    """While the suite runs, its runner where the notebooks' kernels (children) read it (context.RUNNER_ENV)."""
+    saved = os.environ.pop(RUNNER_ENV, None)
+    if runner.kind != "local":
+        os.environ[RUNNER_ENV] = runner.model_dump_json()
+    try:
+        yield
+    finally:
+        os.environ.pop(RUNNER_ENV, None)
+        if saved is not None:
+            os.environ[RUNNER_ENV] = saved
+
+
+def check_runner(runner: RunnerSpec) -> None:
+    """Refuse, before any notebook runs, a runner the suite cannot use: Ray not installed, or no cluster at its
+    address (one line; nothing launched)."""
+    if runner.kind == "ray":
+        from . import raypoints
+
+        raypoints.connect(runner)
 
 
 class _Indented:

@@ -264,6 +264,28 @@ class ProfileSpec(_Spec):
     num_requests: int | None = Field(None, ge=1, description="requests in the window; default: two per slot")
 
 
+class RunnerSpec(_Spec):
+    """Where the points run (not part of a point's identity: the same launch on another node is the same point).
+    local: as children of the notebook's kernel, one after another. ray: each point (launch, load, telemetry, output
+    check, profile, teardown) as a Ray task on a node of the cluster at address with the GPUs its configuration needs
+    (a CPU build's point takes cpus_per_point), its folder brought back into the driver's store; with parallel, the
+    configurations of one repetition run at once where the cluster has room."""
+
+    kind: Literal["local", "ray"] = "local"
+    address: str = Field("", description="ray: the cluster's address (host:port of its head, ray://host:10001 "
+                         "through Ray's client, or 'auto': the cluster started on this machine by `ray start`)")
+    parallel: bool = Field(True, description="ray: a repetition's configurations at once where the cluster has room")
+    cpus_per_point: float = Field(1.0, gt=0, description="ray: the Ray CPUs a point reserves on its node")
+
+    @model_validator(mode="after")
+    def _address(self) -> RunnerSpec:
+        if self.kind == "ray" and not self.address:
+            raise ValueError("runner kind 'ray' needs an address (host:port, ray://host:10001 or auto)")
+        if self.kind == "local" and self.address:
+            raise ValueError("runner kind 'local' takes no address (kind: ray reaches a cluster)")
+        return self
+
+
 SLO_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 # LoadSpec fields added after stores and notes were recorded (LoadSpec.full_dump)
 KV_LEVEL = "kv"  # a load's top level read from the engine: the concurrency its KV cache holds

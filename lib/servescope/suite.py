@@ -13,7 +13,7 @@ from .engines import get_engine
 from .errors import SpecError
 from .models import check_model_path
 from .paths import project_root
-from .spec import DeploymentSpec, EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec, parse
+from .spec import DeploymentSpec, EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, RunnerSpec, TelemetrySpec, parse
 
 
 class NotebookEntry(BaseModel):
@@ -42,6 +42,8 @@ class Suite(BaseModel):
     baseline: dict[str, Any] = Field(default_factory=dict, description="Knobs of the deployment as it runs today "
                                      "(thread 07 verifies the changes against it); empty: the deployment's knobs, "
                                      "else the engine's defaults")
+    runner: dict[str, Any] = Field(default_factory=dict, description="RunnerSpec: where the points run (local, or "
+                                   "kind: ray with the cluster's address)")
     compare_with: list[str] = Field(default_factory=list, description="stores of this model under this load served "
                                     "by another engine on the same GPU model (relative to the suite file), read only: "
                                     "the summary sets the engines side by side across them")
@@ -87,6 +89,7 @@ def load_suite(path: str | Path) -> Suite:
     parse(LoadSpec, suite.load, f"{p}: load")
     parse(TelemetrySpec, suite.telemetry, f"{p}: telemetry")
     parse(ProfileSpec, suite.profile, f"{p}: profile")
+    parse(RunnerSpec, suite.runner, f"{p}: runner")
     for nb in suite.notebooks:
         if not notebook_file(p, nb).is_file():
             raise SpecError(f"suite {p} names notebook {nb.id!r}, but {notebook_file(p, nb)} does not exist")

@@ -1,0 +1,151 @@
+"""Points on a Ray cluster (RunnerSpec kind 'ray'): each point runs as a Ray task on a node that has what its
+configuration needs, in a store of the node's own, and its folders (the complete point, or its failure and the levels
+it finished) come back into the driver's store as they would have been written locally. Ray is an optional
+dependency (`pip install servescope[ray]`), imported only here and only when a suite names it."""
+
+from __future__ import annotations
+
+import io
+import socket
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .errors import ServerError, SpecError
+from .spec import RunnerSpec
+
+# how long a cluster's address may take to take a connection before it is said to have none behind it
+CONNECT_TIMEOUT_S = 5.0
+_JOINING = threading.Lock()  # a repetition's points join from threads of their own: one ray.init
+_JOINED: list[str] = []  # the address this process joined
+
+
+def ray_module() -> Any:
+    """The ray package, or a one-line SpecError saying how to get it."""
+    try:
+        import ray
+    except ImportError:
+        raise SpecError("runner kind 'ray' needs Ray: pip install 'servescope[ray]' (nothing was launched)") from None
+    return ray
+
+
+def connect(spec: RunnerSpec) -> dict[str, Any]:
+    """Join the cluster at spec.address once per process and return what it has (Ray's cluster resources and its
+    nodes); an address with no cluster behind it is a SpecError, before anything launches."""
+    ray = ray_module()
+    with _JOINING:
+        _join(ray, spec)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return {"resources": ray.cluster_resources(), "nodes": nodes}
+
+
+def _join(ray: Any, spec: RunnerSpec) -> None:
+    if ray.is_initialized():
+        if _JOINED and _JOINED[0] != spec.address:  # one process, one cluster: Ray joins once
+            raise SpecError(f"runner: this process already runs its points on the Ray cluster at {_JOINED[0]!r}, not "
+                            f"{spec.address!r}: restart the kernel to change clusters; nothing was launched")
+        return
+    _reachable(spec.address)
+    try:
+        # the task's own lines come back with its result (said in the notebook in order), not as Ray's log stream
+        ray.init(address=spec.address, log_to_driver=False, logging_level="ERROR", configure_logging=False)
+    except Exception as e:  # ConnectionError, a timeout, a bad address: all mean no cluster to run on
+        raise SpecError(f"runner: no Ray cluster answers at {spec.address!r} ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}); nothing was launched") from None
+    _JOINED[:] = [spec.address]
+
+
+def _reachable(address: str) -> None:
+    """A host:port address (or ray://host:port) whose port takes no connection is refused at once: Ray's own
+    client retries such an address without end."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # 'auto' and the like: ray.init says itself that no cluster runs here
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise SpecError(f"runner: no Ray cluster answers at {address!r} ({e.strerror or e}); nothing was "
+                        "launched") from None
+
+
+def check_fits(spec: RunnerSpec, gpus: int, where: str) -> None:
+    """Refuse a point that needs more GPUs (or CPUs) than any one node of the cluster has, in one line naming it."""
+    nodes = connect(spec)["nodes"]
+    most_gpus = max((n["Resources"].get("GPU", 0.0) for n in nodes), default=0.0)
+    most_cpus = max((n["Resources"].get("CPU", 0.0) for n in nodes), default=0.0)
+    if gpus > most_gpus:
+        total = sum(n["Resources"].get("GPU", 0.0) for n in nodes)
+        raise SpecError(f"{where} needs {gpus} GPU(s) on one node; the Ray cluster at {spec.address!r} has at most "
+                        f"{most_gpus:g} on a node ({total:g} in all, {len(nodes)} node(s)); nothing was launched")
+    if spec.cpus_per_point > most_cpus:
+        raise SpecError(f"runner.cpus_per_point={spec.cpus_per_point:g}: no node of the Ray cluster at "
+                        f"{spec.address!r} has that many CPUs (at most {most_cpus:g}); nothing was launched")
+
+
+def pack(root: Path, names: list[str]) -> bytes:
+    """The named folders under root (those that exist) as one gzip'd tar."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for n in names:
+            if (root / n).exists():
+                tar.add(root / n, arcname=n)
+    return buf.getvalue()
+
+
+def unpack(data: bytes, root: Path) -> list[str]:
+    """A pack() into root, merging with what is there; returns the top-level names it wrote."""
+    root.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(root, filter="data")  # nothing outside root, no links out of it
+        return sorted({m.name.split("/")[0] for m in tar.getmembers()})
+
+
+class NodeLostError(ServerError):
+    """The node running a point left the cluster (or its worker died) before the point came back."""
+
+
+def fitting_nodes(spec: RunnerSpec, gpus: int) -> list[str]:
+    """The ids of the live nodes with room for one point of gpus GPUs, in a stable order."""
+    nodes = connect(spec)["nodes"]
+    return sorted(n["NodeID"] for n in nodes if n["Resources"].get("GPU", 0.0) >= gpus
+                  and n["Resources"].get("CPU", 0.0) >= spec.cpus_per_point)
+
+
+def run(spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ...], gpus: int, where: str,
+        slot: int | None = None) -> Any:
+    """fn(*args) as a Ray task with gpus GPUs and spec.cpus_per_point CPUs, never retried (a point is measured
+    once per attempt); slot: the task goes to the slot-th fitting node (mod their number) where it is alive, so that
+    configurations rotate over nodes from one repetition to the next. Its return value, or NodeLostError naming the
+    node and when, where Ray lost it."""
+    ray = ray_module()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    fits = fitting_nodes(spec, gpus)
+    strategy = NodeAffinitySchedulingStrategy(fits[slot % len(fits)], soft=True) \
+        if slot is not None and fits else "DEFAULT"
+    task = ray.remote(fn).options(num_gpus=gpus, num_cpus=spec.cpus_per_point, max_retries=0,
+                                  scheduling_strategy=strategy)
+    ref = task.remote(*args)
+    try:
+        return ray.get(ref)
+    except (ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError, ray.exceptions.OwnerDiedError,
+            ray.exceptions.LocalRayletDiedError) as e:
+        node = f" {strategy.node_id}" if slot is not None and fits else ""
+        raise NodeLostError(f"{where}: the Ray node{node} running it was lost at {time.strftime('%H:%M:%S')} "
+                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    except ray.exceptions.TaskCancelledError:
+        raise KeyboardInterrupt from None
+    except KeyboardInterrupt:
+        ray.cancel(ref, force=True)  # the node's task dies, and its server tree with its reaper
+        raise
+
+
+def node_words() -> dict[str, Any]:
+    """Inside a task: which node and cards it runs on (Ray's node id, the node's address, its GPU ids)."""
+    ray = ray_module()
+    rc = ray.get_runtime_context()
+    return {"node_id": rc.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}

@@ -1,0 +1,227 @@
+"""The Ray runner (RunnerSpec kind 'ray') on a local cluster of simulated nodes (Ray's own cluster utilities, each
+node a raylet of its own with its own CPUs): points as tasks on the nodes, their folders back in the driver's store,
+a repetition's configurations at once, rotation over the nodes, a node lost mid-point, and bad input refused before
+anything launches. Stub servers stand in for engines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import our_processes
+from servescope.errors import SpecError
+from servescope.experiment import Config, measure
+from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
+from servescope.store import Store
+from servescope.threads import torch_compile as t05
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+LOAD = LoadSpec(concurrency=(1, 4), num_requests=8, output_len=8, warmup_requests=0)
+MODEL = ModelSpec(path="stub")
+CFGS = [Config("a", Knobs()), Config("b", Knobs(torch_compile=False))]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head that runs no point (no CPUs to give) and two worker nodes of one CPU each; the tests' own modules
+    (the stub engine) importable on every node's workers."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    nodes = [c.add_node(num_cpus=1) for _ in range(2)]
+    c.wait_for_nodes()
+    yield c, nodes
+    ray.shutdown()
+    c.shutdown()
+
+
+def _runner(c: Cluster, **kw) -> dict:
+    return {"kind": "ray", "address": c.address, **kw}
+
+
+def _stub(**kw) -> EngineSpec:
+    return EngineSpec(name="stub", python=sys.executable, startup_timeout_s=30, **kw)
+
+
+def _manifests(store: Store) -> dict[str, dict]:
+    return {p.name: json.loads((p / "manifest.json").read_text()) for p in store.root.iterdir()
+            if (p / "manifest.json").is_file()}
+
+
+def test_points_on_ray_give_the_store_and_answers_a_local_run_gives(tmp_path, cluster, stub_engine):
+    """Thread 05's configurations measured through the cluster: the same points (keys, configurations, repetitions,
+    levels) as through the local runner, each with the node it ran on, and the same answer."""
+    from servescope.context import context
+
+    c, _ = cluster
+    local, remote = Store(tmp_path / "local"), Store(tmp_path / "ray")
+    runs = [t05.run(context(stub_engine, MODEL, LOAD, store=local, progress=False)),
+            t05.run(context(stub_engine, MODEL, LOAD, store=remote, progress=False, runner=_runner(c)))]
+    a, b = (r.study.results for r in runs)
+    assert a.errors.empty and b.errors.empty, b.errors
+    assert sorted(_manifests(local)) == sorted(_manifests(remote))
+    cols = ["config", "rep", "concurrency", "completed"]
+    assert a.summary[cols].sort_values(cols).values.tolist() == b.summary[cols].sort_values(cols).values.tolist()
+    where = [m["runner"] for m in _manifests(remote).values()]
+    assert all(w["kind"] == "ray" and w["node_id"] and w["node_ip"] for w in where)
+    assert len({w["node_id"] for w in where}) == 2  # both nodes measured
+    assert not any("runner" in m for m in _manifests(local).values())
+    answers = [(f.title, f.direction, f.applies, f.confidence) for f in (t05.findings(r)[0] for r in runs)]
+    assert answers[0][:3] == answers[1][:3] and answers[0][1] == "better", answers
+    # read back offline from the Ray run's store: the same answer again
+    again = t05.findings(t05.run(context(stub_engine, MODEL, LOAD, store=remote, offline=True, progress=False)))[0]
+    assert (again.title, again.direction) == answers[1][:2]
+    # what the points said on their nodes is said on the driver, point by point
+    said: list[str] = []
+    measure(_stub(), MODEL, CFGS, LOAD, repetitions=1, store=Store(tmp_path / "said"), say=said.append,
+            runner=_runner(c))
+    assert sum("launching stub" in m for m in said) == 2 and sum(": done;" in m for m in said) == 2, said
+    assert our_processes("stub_server") == []
+
+
+def test_a_repetitions_points_run_at_once_and_rotate_over_the_nodes(tmp_path, cluster):
+    """With room for two points, a repetition's two configurations run at the same time on the two nodes, and each
+    configuration moves to the other node in the next repetition; one after another (parallel: false) they do not
+    overlap."""
+    c, _ = cluster
+    slow = _stub(env={})
+    cfgs = [Config("a", Knobs(extra_args=("--itl-ms", "20"))), Config("b", Knobs(extra_args=("--itl-ms", "21")))]
+    store = Store(tmp_path / "at-once")
+    res = measure(slow, MODEL, cfgs, LOAD, repetitions=2, store=store, say=lambda m: None, runner=_runner(c))
+    assert res.errors.empty, res.errors
+    manifests = _manifests(store)
+    by = {(r.config, r.rep): (r.started_unix, r.ended_unix, manifests[r.key]["runner"]["node_id"])
+          for r in res.points.itertuples()}
+    for rep in (0, 1):
+        (s1, e1, n1), (s2, e2, n2) = by[("a", rep)], by[("b", rep)]
+        assert s1 < e2 and s2 < e1, "the repetition's points overlap in time"
+        assert n1 != n2
+    assert by[("a", 0)][2] == by[("b", 1)][2] and by[("b", 0)][2] == by[("a", 1)][2]  # rotated
+    one = Store(tmp_path / "in-turn")
+    res = measure(slow, MODEL, cfgs, LOAD, repetitions=1, store=one, say=lambda m: None,
+                  runner=_runner(c, parallel=False))
+    (sa, ea), (sb, eb) = [(m["started_unix"], m["ended_unix"]) for m in _manifests(one).values()]
+    assert ea <= sb or eb <= sa
+
+
+def test_a_node_lost_mid_point_fails_that_point_names_the_node_and_leaves_no_server(tmp_path, cluster):
+    """A node whose raylet goes away while its point runs: that point fails with the node named, the other
+    configuration's point is kept, and no stub server is left on any node (the task's worker dies, and its server's
+    reaper takes the tree down)."""
+    c, nodes = cluster
+    cfgs = [Config("a", Knobs()), Config("b", Knobs(extra_args=("--itl-ms", "400")))]
+    from servescope import raypoints
+    from servescope.spec import RunnerSpec
+
+    spec = RunnerSpec(**_runner(c))
+    fits = raypoints.fitting_nodes(spec, 0)
+    victim = next(n for n in nodes if n.node_id == fits[1 % len(fits)])  # b is the second configuration: slot 1
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("res", measure(
+        _stub(), MODEL, cfgs, LoadSpec(concurrency=(1,), num_requests=40, output_len=16, warmup_requests=0),
+        repetitions=1, store=Store(tmp_path / "s"), say=lambda m: None, runner=_runner(c))))
+    t.start()
+    deadline = time.monotonic() + 60
+    while not [p for p in our_processes("stub_server") if "--itl-ms" in " ".join(p.cmdline())]:
+        assert time.monotonic() < deadline, "b's server never started"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    c.remove_node(victim, allow_graceful=False)
+    t.join(120)
+    res = out["res"]
+    assert set(res.summary["config"]) == {"a"}
+    (err,) = res.errors.to_dict("records")
+    assert err["config"] == "b" and err["error_type"] == "NodeLostError", err
+    assert victim.node_id in err["summary"] and "was lost at" in err["summary"], err["summary"]
+    deadline = time.monotonic() + 30
+    while our_processes("stub_server") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert our_processes("stub_server") == []
+    nodes.remove(victim)
+    nodes.append(c.add_node(num_cpus=1))  # the next test has its two nodes again
+    c.wait_for_nodes()
+
+
+def test_a_point_that_needs_more_gpus_than_any_node_is_refused_before_it_launches(tmp_path, cluster):
+    c, _ = cluster
+    eng = EngineSpec(name="stub-gpu", python=sys.executable, startup_timeout_s=30)
+    with pytest.raises(SpecError, match=r"needs 2 GPU\(s\) on one node; the Ray cluster .* has at most 0"):
+        measure(eng, MODEL, [Config("tp2", Knobs(tp=2))], LOAD, repetitions=1, store=Store(tmp_path),
+                say=lambda m: None, runner=_runner(c))
+    assert not any(p.name for p in tmp_path.iterdir() if not p.name.startswith((".", "_")))
+
+
+def test_bad_runner_input_is_refused_in_one_line_before_anything_launches(tmp_path, monkeypatch):
+    """No cluster at the address (servescope run, a fresh process: Ray's own client would retry it without end), a
+    Ray runner without an address, an unknown kind, and Ray not installed."""
+    suite = tmp_path / "s.yaml"
+    base = {"name": "r", "engine": {"name": "vllm"}, "notebooks": [{"id": "05_torch_compile"}]}
+    suite.write_text(yaml.safe_dump({**base, "runner": {"kind": "ray", "address": "127.0.0.1:9"}}))
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "servescope.cli", "run", str(suite), "--reports-dir", str(tmp_path / "r"),
+                        "--store-dir", str(tmp_path / "st")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and time.monotonic() - t0 < 60, p.stdout + p.stderr
+    lines = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
+    assert lines == ["servescope: error: runner: no Ray cluster answers at '127.0.0.1:9' (Connection refused); nothing "
+                     "was launched"], lines
+    assert not (tmp_path / "st").exists() and not (tmp_path / "r").exists()
+    from servescope.suite import load_suite
+
+    for runner, said in (({"kind": "ray"}, "needs an address"), ({"kind": "slurm"}, "'local' or 'ray'"),
+                         ({"kind": "local", "address": "h:1"}, "takes no address")):
+        suite.write_text(yaml.safe_dump({**base, "runner": runner}))
+        with pytest.raises(SpecError, match=said):
+            load_suite(suite)
+    from servescope import raypoints
+    from servescope.spec import RunnerSpec
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(SpecError, match=r"needs Ray: pip install 'servescope\[ray\]'"):
+        raypoints.connect(RunnerSpec(kind="ray", address="auto"))
+
+
+def test_servescope_run_hands_the_suites_runner_to_its_notebooks(tmp_path, cluster):
+    """A suite naming a Ray runner: `servescope run` joins the cluster before any notebook runs, and the notebooks'
+    kernels measure their points through it (each point's manifest names its node), answering as they do locally."""
+    from servescope.report import run_suite
+
+    c, _ = cluster
+    nb = TESTS / "fixtures" / "notebooks" / "97_stub_thread5.ipynb"
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({"name": "r", "engine": {"name": "vllm"}, "runner": _runner(c), "notebooks": [
+        {"id": "97_none_die", "path": str(nb), "parameters": {"tests_dir": str(TESTS), "dies": "none"}}]}))
+    done = run_suite(suite, reports_dir=tmp_path / "r", store_dir=tmp_path / "st", run_id="x", progress=False)
+    (run,) = done.runs
+    assert run.status == "ok", run.first_error
+    where = [m["runner"]["node_id"] for m in _manifests(Store(tmp_path / "st")).values()]
+    assert len(where) == 2 and all(where)
+    assert os.environ.get("SERVESCOPE_RUNNER") is None  # handed to the kernels only while the suite ran
+
+
+@pytest.mark.slow
+def test_the_embedded_engine_measures_a_point_on_a_worker_node(tmp_path, cluster):
+    """The real engine (vLLM's CPU build, the tiny random model) launched, loaded and torn down by a Ray task on a
+    node that is not the head; its point comes back complete into the driver's store, and no vLLM process is left."""
+    from conftest import vllm_processes
+
+    c, nodes = cluster
+    store = Store(tmp_path)
+    eager = Config("eager", Knobs(torch_compile=False, cuda_graph="off"))
+    res = measure(EngineSpec(), ModelSpec(tiny={}), [eager], LoadSpec(concurrency=(1, 2), num_requests=4,
+                  input_len=16, output_len=8), repetitions=1, store=store, say=lambda m: None, runner=_runner(c))
+    assert res.errors.empty, res.errors.to_dict("records")
+    assert (res.summary["completed"] == 4).all() and len(res.summary) == 2
+    (m,) = _manifests(store).values()
+    assert m["runner"]["node_id"] in {n.node_id for n in nodes} and m["runner"]["node_id"] != c.head_node.node_id
+    assert m["resolved"]["eager"] is True and m["resolved"]["device"] == "cpu", m["resolved"]
+    assert vllm_processes() == []
