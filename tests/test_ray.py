@@ -114,28 +114,33 @@ def test_a_repetitions_points_run_at_once_and_rotate_over_the_nodes(tmp_path, cl
     assert ea <= sb or eb <= sa
 
 
-def test_a_node_lost_mid_point_fails_that_point_names_the_node_and_leaves_no_server(tmp_path, cluster):
-    """A node whose raylet goes away while its point runs: that point fails with the node named, the other
-    configuration's point is kept, and no stub server is left on any node (the task's worker dies, and its server's
-    reaper takes the tree down)."""
+def test_a_node_lost_mid_point_keeps_its_finished_levels_names_the_node_and_leaves_no_server(tmp_path, cluster):
+    """A node whose raylet goes away while its point runs: that point fails with the node named, the level it had
+    finished is in the driver's store (sent as it was written), the other configuration's point is kept, no stub
+    server is left on any node (the task's worker dies, and its server's reaper takes the tree down), and a rerun
+    resumes the point from that level."""
     c, nodes = cluster
-    cfgs = [Config("a", Knobs()), Config("b", Knobs(extra_args=("--itl-ms", "400")))]
+    cfgs = [Config("a", Knobs()), Config("b", Knobs(extra_args=("--itl-ms", "150")))]
+    load = LoadSpec(concurrency=(4, 1), num_requests=8, output_len=8, warmup_requests=0)
     from servescope import raypoints
+    from servescope.experiment import point_parts
     from servescope.spec import RunnerSpec
 
     spec = RunnerSpec(**_runner(c))
     fits = raypoints.fitting_nodes(spec, 0)
     victim = next(n for n in nodes if n.node_id == fits[1 % len(fits)])  # b is the second configuration: slot 1
+    store = Store(tmp_path / "s")
     out: dict = {}
     t = threading.Thread(target=lambda: out.setdefault("res", measure(
-        _stub(), MODEL, cfgs, LoadSpec(concurrency=(1,), num_requests=40, output_len=16, warmup_requests=0),
-        repetitions=1, store=Store(tmp_path / "s"), say=lambda m: None, runner=_runner(c))))
+        _stub(), MODEL, cfgs, load, repetitions=1, store=store, say=lambda m: None, runner=_runner(c))))
     t.start()
+    from servescope.context import context
+
+    key = store.key(point_parts(context(_stub(), MODEL, load, store=store), cfgs[1].knobs, 0))
     deadline = time.monotonic() + 60
-    while not [p for p in our_processes("stub_server") if "--itl-ms" in " ".join(p.cmdline())]:
-        assert time.monotonic() < deadline, "b's server never started"
-        time.sleep(0.2)
-    time.sleep(1.0)
+    while "c=4" not in store.finished_levels(key):
+        assert time.monotonic() < deadline and t.is_alive(), "b's first level never reached the driver's store"
+        time.sleep(0.1)
     c.remove_node(victim, allow_graceful=False)
     t.join(120)
     res = out["res"]
@@ -143,13 +148,18 @@ def test_a_node_lost_mid_point_fails_that_point_names_the_node_and_leaves_no_ser
     (err,) = res.errors.to_dict("records")
     assert err["config"] == "b" and err["error_type"] == "NodeLostError", err
     assert victim.node_id in err["summary"] and "was lost at" in err["summary"], err["summary"]
+    assert list(store.finished_levels(key)) == ["c=4"] and not store.has(key)
     deadline = time.monotonic() + 30
     while our_processes("stub_server") and time.monotonic() < deadline:
         time.sleep(0.5)
     assert our_processes("stub_server") == []
     nodes.remove(victim)
-    nodes.append(c.add_node(num_cpus=1))  # the next test has its two nodes again
+    nodes.append(c.add_node(num_cpus=1))  # two nodes again, for the rerun and the next tests
     c.wait_for_nodes()
+    said: list[str] = []
+    again = measure(_stub(), MODEL, cfgs, load, repetitions=1, store=store, say=said.append, runner=_runner(c))
+    assert again.errors.empty and store.has(key), again.errors
+    assert any("resuming: levels c=4 were written by an earlier attempt" in m for m in said), said
 
 
 def test_a_point_that_needs_more_gpus_than_any_node_is_refused_before_it_launches(tmp_path, cluster):
@@ -225,3 +235,44 @@ def test_the_embedded_engine_measures_a_point_on_a_worker_node(tmp_path, cluster
     assert m["runner"]["node_id"] in {n.node_id for n in nodes} and m["runner"]["node_id"] != c.head_node.node_id
     assert m["resolved"]["eager"] is True and m["resolved"]["device"] == "cpu", m["resolved"]
     assert vllm_processes() == []
+
+
+def test_ctrl_c_on_the_driver_ends_every_remote_point_and_its_server(tmp_path, cluster):
+    """Ctrl-C to a driver whose repetition runs two points at once on two nodes: both tasks are cancelled, their
+    workers die, the servers' reapers take the trees down, and the driver stops with KeyboardInterrupt."""
+    import signal
+
+    c, _ = cluster
+    script = tmp_path / "driver.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+import conftest  # noqa: F401  (the stub engine)
+from servescope.experiment import Config, measure
+from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
+from servescope.store import Store
+cfgs = [Config("a", Knobs(extra_args=("--itl-ms", "300"))), Config("b", Knobs(extra_args=("--itl-ms", "301")))]
+try:
+    measure(EngineSpec(name="stub", python=sys.executable, startup_timeout_s=30), ModelSpec(path="stub"), cfgs,
+            LoadSpec(concurrency=(1,), num_requests=50, output_len=16, warmup_requests=0), repetitions=1,
+            store=Store({str(tmp_path / 'st')!r}), say=lambda m: None, runner={_runner(c)!r})
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+""")
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len([p for p in our_processes("stub_server") if "--itl-ms" in " ".join(p.cmdline())]) < 2:
+            assert time.monotonic() < deadline and driver.poll() is None, "the two servers never started"
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGINT)
+        out, _ = driver.communicate(timeout=60)
+        assert driver.returncode == 130 and "interrupted" in out, (driver.returncode, out)
+    finally:
+        driver.kill()
+    deadline = time.monotonic() + 30
+    while our_processes("stub_server") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert our_processes("stub_server") == []
+    assert not Store(tmp_path / "st").keys()  # nothing half-measured stored as complete

@@ -549,7 +549,11 @@ def _points_of(loop: _Loop, rep: int, order: Sequence[Config]) -> list[str]:
 
     raypoints.connect(r)  # joined from this thread, not the points' (Ray sets its signal handlers in the first)
     with ThreadPoolExecutor(max_workers=len(order), thread_name_prefix="servescope-point") as pool:
-        return list(pool.map(lambda cfg: loop.point(rep, cfg, slot[cfg.name]), order))
+        try:
+            return list(pool.map(lambda cfg: loop.point(rep, cfg, slot[cfg.name]), order))
+        except KeyboardInterrupt:  # Ctrl-C reaches this thread alone: the points' tasks on their nodes end too
+            raypoints.cancel_all()
+            raise
 
 
 def point_gpus(knobs: Knobs, platform: str) -> int:
@@ -573,8 +577,9 @@ def _measure(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, c
     gpus = point_gpus(cfg.knobs, prep.install.platform)
     raypoints.check_fits(ctx.runner, gpus, tag)
     sent = raypoints.pack(ctx.store.root, [f"_partial/{key}"])
-    data, err, lines, node = raypoints.run(ctx.runner, _point_on_node,
-                                           (ctx, key, parts, cfg, tag, startup_timeout(ctx), sent), gpus, tag, slot)
+    sink = raypoints.level_sink(ctx.store.root)
+    data, err, lines, node = raypoints.run(ctx.runner, _point_on_node, (ctx, key, parts, cfg, tag,
+                                           startup_timeout(ctx), sent, sink), gpus, tag, slot)
     for line in lines:
         say(line)
     where = {"kind": "ray", "address": ctx.runner.address, **node}
@@ -590,11 +595,31 @@ def _measure(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, c
         raise err
 
 
+class _MirroredStore(Store):
+    """A Ray node's store for one point: each level it finishes also goes to the driver's store (the sink) at once."""
+
+    def __init__(self, root: str | os.PathLike[str], sink: Any) -> None:
+        super().__init__(root)
+        self.sink = sink
+
+    def put_level(self, key: str, label: str, tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> Path:
+        """Store.put_level, then the level sent to the driver's store (waited for: it is kept once this returns)."""
+        import ray
+
+        from . import raypoints
+
+        final = super().put_level(key, label, tables, meta)
+        rel = final.relative_to(self.root).as_posix()
+        ray.get(self.sink.put.remote(key, final.name, raypoints.pack(self.root, [rel])))
+        return final
+
+
 def _point_on_node(ctx: RunContext, key: str, parts: dict[str, Any], cfg: Config, tag: str,
-                   limit: tuple[float, str], sent: bytes) -> tuple[bytes, BaseException | None, list[str], dict[str, Any]]:
+                   limit: tuple[float, str], sent: bytes,
+                   sink: Any) -> tuple[bytes, BaseException | None, list[str], dict[str, Any]]:
     """A Ray task (raypoints.run): the point measured on this node into a store of its own, started from the levels
-    the driver had (sent); returns its folders packed, its failure (None where it completed), what it said and the
-    node it ran on."""
+    the driver had (sent), each level it finishes sent back as it is written (sink); returns its folders packed, its
+    failure (None where it completed), what it said and the node it ran on."""
     import pickle
     import tempfile
 
@@ -606,7 +631,7 @@ def _point_on_node(ctx: RunContext, key: str, parts: dict[str, Any], cfg: Config
         lines.append(m)
 
     with tempfile.TemporaryDirectory(prefix="servescope-point-") as d:
-        store = Store(d)
+        store = _MirroredStore(d, sink)
         raypoints.unpack(sent, store.root)
         err: BaseException | None = None
         try:

@@ -6,6 +6,8 @@ dependency (`pip install servescope[ray]`), imported only here and only when a s
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import socket
 import tarfile
 import threading
@@ -21,6 +23,8 @@ from .spec import RunnerSpec
 CONNECT_TIMEOUT_S = 5.0
 _JOINING = threading.Lock()  # a repetition's points join from threads of their own: one ray.init
 _JOINED: list[str] = []  # the address this process joined
+_IN_FLIGHT: set[Any] = set()  # the points' tasks running now (cancel_all)
+_SINKS: dict[str, Any] = {}  # store root -> its LevelSink actor
 
 
 def ray_module() -> Any:
@@ -129,6 +133,8 @@ def run(spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ...], gpus: i
     task = ray.remote(fn).options(num_gpus=gpus, num_cpus=spec.cpus_per_point, max_retries=0,
                                   scheduling_strategy=strategy)
     ref = task.remote(*args)
+    with _JOINING:
+        _IN_FLIGHT.add(ref)
     try:
         return ray.get(ref)
     except (ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError, ray.exceptions.OwnerDiedError,
@@ -141,6 +147,56 @@ def run(spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ...], gpus: i
     except KeyboardInterrupt:
         ray.cancel(ref, force=True)  # the node's task dies, and its server tree with its reaper
         raise
+    finally:
+        with _JOINING:
+            _IN_FLIGHT.discard(ref)
+
+
+def cancel_all() -> int:
+    """Ctrl-C on the driver while points run on nodes: every task in flight is killed (its worker dies, and the
+    reaper of the server it launched takes that tree down); returns how many."""
+    ray = ray_module()
+    with _JOINING:
+        refs = list(_IN_FLIGHT)
+    for ref in refs:
+        ray.cancel(ref, force=True)
+    return len(refs)
+
+
+class LevelSink:
+    """A Ray actor on the driver's node that writes each level a point finishes on its node into the driver's
+    store as it is written there, so a node lost mid-point loses only the level in flight (Store.put_level's
+    layout, one rename per level)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = Path(root)
+
+    def put(self, key: str, name: str, data: bytes) -> None:
+        """One finished level (pack of _partial/<key>/levels/<name>) into the store's _partial folder."""
+        levels = self.root / "_partial" / key / "levels"
+        tmp = levels / f".sink-{name}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        unpack(data, tmp)
+        final = levels / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp / "_partial" / key / "levels" / name, final)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def level_sink(store_root: Path) -> Any:
+    """The LevelSink of store_root, on this (the driver's) node: one per store and process."""
+    ray = ray_module()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    root = str(store_root.resolve())
+    with _JOINING:
+        if root not in _SINKS:  # held for the process's life: an actor whose last handle goes is ended by Ray
+            here = ray.get_runtime_context().get_node_id()
+            _SINKS[root] = ray.remote(LevelSink).options(
+                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(root)
+        return _SINKS[root]
 
 
 def node_words() -> dict[str, Any]:
