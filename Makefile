@@ -11,7 +11,7 @@ ARGS ?=
 LAB_ARGS ?=
 CACHE := $(or $(SERVESCOPE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/servescope)
 
-.PHONY: help venv engine model doctor report lint test test-fast lab check-engines clean distclean bench-client bench-agreement bench-telemetry bench-trace bench-report bench-stability bench-openloop browser
+.PHONY: help venv engine model doctor report lint test test-fast lab check-engines clean distclean bench-client bench-agreement bench-telemetry bench-trace bench-report bench-stability bench-openloop bench-ray browser
 
 help:
 	@echo "make report     run the default suite on the embedded engine; open reports/latest/index.html"
@@ -28,6 +28,7 @@ help:
 	@echo "make bench-report     the default suite cold, timed (goal: 900 s), launches against configurations x repetitions"
 	@echo "make bench-stability  the default suite twice from empty stores: same headline and tier per thread?"
 	@echo "make bench-openloop   the load client's achieved open-loop rate against a zero-work stub (1,000 req/s asked)"
+	@echo "make bench-ray        a suite's stub points through the Ray runner (simulated nodes) against the local runner"
 	@echo "make clean      remove reports, results and caches of this clone (keeps the shared engine/model cache)"
 	@echo "make distclean  clean, plus .venv and the per-user cache ($(CACHE))"
 
@@ -107,6 +108,9 @@ bench-stability: model
 
 bench-openloop: venv
 	$(PY) benchmarks/bench_openloop.py $(ARGS)
+
+bench-ray: venv
+	$(PY) benchmarks/bench_ray.py $(ARGS)
 
 clean:
 	rm -rf reports data/runs .pytest_cache
