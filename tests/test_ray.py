@@ -81,11 +81,15 @@ def test_points_on_ray_give_the_store_and_answers_a_local_run_gives(tmp_path, cl
     # read back offline from the Ray run's store: the same answer again
     again = t05.findings(t05.run(context(stub_engine, MODEL, LOAD, store=remote, offline=True, progress=False)))[0]
     assert (again.title, again.direction) == answers[1][:2]
-    # what the points said on their nodes is said on the driver, point by point
-    said: list[str] = []
-    measure(_stub(), MODEL, CFGS, LOAD, repetitions=1, store=Store(tmp_path / "said"), say=said.append,
+    # what the points say on their nodes is said on the driver as they say it, not when the point ends
+    heard: list[tuple[float, str]] = []
+    store = Store(tmp_path / "said")
+    measure(_stub(), MODEL, CFGS, LOAD, repetitions=1, store=store, say=lambda m: heard.append((time.time(), m)),
             runner=_runner(c))
+    said = [m for _, m in heard]
     assert sum("launching stub" in m for m in said) == 2 and sum(": done;" in m for m in said) == 2, said
+    ended = min(m["ended_unix"] for m in _manifests(store).values())
+    assert min(t for t, m in heard if "launching stub" in m) < ended
     assert our_processes("stub_server") == []
 
 

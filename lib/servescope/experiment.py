@@ -578,10 +578,8 @@ def _measure(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, c
     raypoints.check_fits(ctx.runner, gpus, tag)
     sent = raypoints.pack(ctx.store.root, [f"_partial/{key}"])
     sink = raypoints.level_sink(ctx.store.root)
-    data, err, lines, node = raypoints.run(ctx.runner, _point_on_node, (ctx, key, parts, cfg, tag,
-                                           startup_timeout(ctx), sent, sink), gpus, tag, slot)
-    for line in lines:
-        say(line)
+    data, err, node = raypoints.run(ctx.runner, _point_on_node, (ctx, key, parts, cfg, tag, startup_timeout(ctx),
+                                    sent, sink), gpus, tag, slot, on_line=say)
     where = {"kind": "ray", "address": ctx.runner.address, **node}
     raypoints.unpack(data, ctx.store.root)
     for m in [ctx.store.root / key / MANIFEST, *(p / MANIFEST for p in (ctx.store.root / "_failed").glob(f"{key}-*"))]:
@@ -615,20 +613,18 @@ class _MirroredStore(Store):
 
 
 def _point_on_node(ctx: RunContext, key: str, parts: dict[str, Any], cfg: Config, tag: str,
-                   limit: tuple[float, str], sent: bytes,
-                   sink: Any) -> tuple[bytes, BaseException | None, list[str], dict[str, Any]]:
+                   limit: tuple[float, str], sent: bytes, sink: Any,
+                   tell: Any) -> tuple[bytes, BaseException | None, dict[str, Any]]:
     """A Ray task (raypoints.run): the point measured on this node into a store of its own, started from the levels
-    the driver had (sent), each level it finishes sent back as it is written (sink); returns its folders packed, its
-    failure (None where it completed), what it said and the node it ran on."""
+    the driver had (sent), each level it finishes sent back as it is written (sink) and each line it says as it says
+    it (tell); returns its folders packed, its failure (None where it completed) and the node it ran on."""
     import pickle
     import tempfile
 
     from . import raypoints
 
-    lines: list[str] = []
-
     def say(m: str) -> None:
-        lines.append(m)
+        tell.put(m)
 
     with tempfile.TemporaryDirectory(prefix="servescope-point-") as d:
         store = _MirroredStore(d, sink)
@@ -645,7 +641,7 @@ def _point_on_node(ctx: RunContext, key: str, parts: dict[str, Any], cfg: Config
                 err = ServerError(f"{type(e).__name__}: {e}")
                 err.deaths = getattr(e, "deaths", None)  # type: ignore[attr-defined]
         back = [key, f"_partial/{key}", *(f"_failed/{p.name}" for p in (store.root / "_failed").glob(f"{key}-*"))]
-        return raypoints.pack(store.root, back), err, lines, raypoints.node_words()
+        return raypoints.pack(store.root, back), err, raypoints.node_words()
 
 
 def deployment_words(ctx: RunContext, configs: Sequence[Config]) -> str:

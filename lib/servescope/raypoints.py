@@ -119,12 +119,31 @@ def fitting_nodes(spec: RunnerSpec, gpus: int) -> list[str]:
 
 
 def run(spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ...], gpus: int, where: str,
-        slot: int | None = None) -> Any:
-    """fn(*args) as a Ray task with gpus GPUs and spec.cpus_per_point CPUs, never retried (a point is measured
+        slot: int | None = None, on_line: Callable[[str], None] | None = None) -> Any:
+    """fn(*args, tell) as a Ray task with gpus GPUs and spec.cpus_per_point CPUs, never retried (a point is measured
     once per attempt); slot: the task goes to the slot-th fitting node (mod their number) where it is alive, so that
-    configurations rotate over nodes from one repetition to the next. Its return value, or NodeLostError naming the
-    node and when, where Ray lost it."""
+    configurations rotate over nodes from one repetition to the next; tell: a queue whose lines reach on_line here
+    as the task puts them (None without on_line). Its return value, or NodeLostError naming the node and when, where
+    Ray lost it."""
     ray = ray_module()
+    from ray.util.queue import Queue
+
+    tell = Queue(actor_options={"num_cpus": 0}) if on_line is not None else None
+    try:
+        return _run(ray, spec, fn, (*args, tell), gpus, where, slot, tell, on_line)
+    finally:
+        if tell is not None:
+            tell.shutdown()
+
+
+def _drain(tell: Any, on_line: Callable[[str], None] | None) -> None:
+    if tell is not None and on_line is not None:
+        for line in tell.get_nowait_batch(tell.qsize()):
+            on_line(line)
+
+
+def _run(ray: Any, spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ...], gpus: int, where: str,
+         slot: int | None, tell: Any, on_line: Callable[[str], None] | None) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     fits = fitting_nodes(spec, gpus)
@@ -136,6 +155,9 @@ def run(spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ...], gpus: i
     with _JOINING:
         _IN_FLIGHT.add(ref)
     try:
+        while not ray.wait([ref], timeout=0.5)[0]:  # the point's lines as it says them
+            _drain(tell, on_line)
+        _drain(tell, on_line)
         return ray.get(ref)
     except (ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError, ray.exceptions.OwnerDiedError,
             ray.exceptions.LocalRayletDiedError) as e:

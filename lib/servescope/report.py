@@ -266,9 +266,8 @@ def run_suite(
                                     offline or e.id in from_store, suite.compare_stores(suite_path))
              for e in entries}
     runner = parse(RunnerSpec, suite.runner, "runner")
-    if not offline:
-        check_runner(runner)
-        check_baseline(suite)
+    if not offline:  # before anything launches: the cluster answers, the deployment is one the engine can run
+        check_runner(runner), check_baseline(suite)
     out_dir.mkdir(parents=True, exist_ok=False)
 
     runs: list[NotebookRun] = []
