@@ -18,12 +18,11 @@ MARK = "SERVESCOPE_TEST_MARK"
 os.environ[MARK] = uuid.uuid4().hex
 
 
-def our_processes(*needles: str) -> list[psutil.Process]:
-    """Live processes this test session started (they carry its mark) whose command line holds one of the needles:
-    `make test` runs two sessions at once (pytest-xdist), and one must not count the other's servers as left over."""
+def _marked(wanted) -> list[psutil.Process]:
+    """Live processes that carry this session's mark (every process it starts inherits it) and that wanted(p)."""
     out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        if p.info["status"] == psutil.STATUS_ZOMBIE or not any(n in " ".join(p.info["cmdline"] or []) for n in needles):
+    for p in psutil.process_iter(["name", "cmdline", "status"]):
+        if p.info["status"] == psutil.STATUS_ZOMBIE or not wanted(p):
             continue
         try:
             if p.environ().get(MARK) == os.environ[MARK]:
@@ -31,6 +30,12 @@ def our_processes(*needles: str) -> list[psutil.Process]:
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue  # another user's, or gone
     return out
+
+
+def our_processes(*needles: str) -> list[psutil.Process]:
+    """Live processes this test session started (they carry its mark) whose command line holds one of the needles:
+    `make test` runs two sessions at once (pytest-xdist), and one must not count the other's servers as left over."""
+    return _marked(lambda p: any(n in " ".join(p.info["cmdline"] or []) for n in needles))
 
 
 def vllm_processes() -> list[str]:
@@ -45,17 +50,8 @@ def vllm_processes() -> list[str]:
 def our_vllm() -> list[psutil.Process]:
     """vLLM processes (its API server, engine core and workers) that carry this session's mark in their
     environment: every process the suite starts inherits it (tests/conftest.py, MARK)."""
-    out = []
-    for p in psutil.process_iter(["name", "cmdline", "status"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if not ((p.info["name"] or "").startswith("VLLM") or "vllm.entrypoints" in cmd):
-            continue
-        try:
-            if p.environ().get(MARK) == os.environ[MARK]:
-                out.append(p)
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue  # another user's, or gone
-    return out
+    return _marked(lambda p: (p.info["name"] or "").startswith("VLLM")
+                   or "vllm.entrypoints" in " ".join(p.info["cmdline"] or []))
 
 
 @pytest.fixture

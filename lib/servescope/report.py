@@ -258,8 +258,7 @@ def run_suite(
     suite = load_suite(suite_path)
     files = {e.id: notebook_file(suite_path, e) for e in suite.notebooks}
     entries, from_store, readers = select_notebooks(suite, files, only, inputs)
-    reports = Path(reports_dir) if reports_dir else default_reports_dir()
-    store = Path(store_dir) if store_dir else default_store_dir()
+    reports, store = Path(reports_dir or default_reports_dir()), Path(store_dir or default_store_dir())
     run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{suite.name}"
     out_dir = (reports / run_id).resolve()
     plans = {e.id: plan_parameters(suite, files[e.id], e.id, e.parameters, out_dir, store.resolve(),
@@ -272,7 +271,8 @@ def run_suite(
 
     runs: list[NotebookRun] = []
     stop = _Interrupts()
-    with stop, _deadline(t_start + budget_s if budget_s else 0.0), _runner_env(runner):
+    with stop, _for_kernels(DEADLINE_ENV, f"{t_start + budget_s:.3f}" if budget_s else ""), _for_kernels(
+            RUNNER_ENV, runner.model_dump_json() if runner.kind != "local" else ""):
         for i, entry in enumerate(entries, 1):
             if stop.signal:
                 break
@@ -323,31 +323,18 @@ def _reads_findings(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _deadline(at_unix: float) -> Iterator[None]:
-    """While the suite runs, the end of its budget where the notebooks' kernels (children) read it; none: unset."""
-    saved = os.environ.pop(DEADLINE_ENV, None)
-    if at_unix:
-        os.environ[DEADLINE_ENV] = f"{at_unix:.3f}"
+def _for_kernels(name: str, value: str) -> Iterator[None]:
+    """While the suite runs, value in the environment variable name, where the notebooks' kernels (children) read
+    it; '' leaves it unset."""
+    saved = os.environ.pop(name, None)
+    if value:
+        os.environ[name] = value
     try:
         yield
     finally:
-        os.environ.pop(DEADLINE_ENV, None)
+        os.environ.pop(name, None)
         if saved is not None:
-            os.environ[DEADLINE_ENV] = saved
-
-
-@contextlib.contextmanager
-def _runner_env(runner: RunnerSpec) -> Iterator[None]:
-    """While the suite runs, its runner where the notebooks' kernels (children) read it (context.RUNNER_ENV)."""
-    saved = os.environ.pop(RUNNER_ENV, None)
-    if runner.kind != "local":
-        os.environ[RUNNER_ENV] = runner.model_dump_json()
-    try:
-        yield
-    finally:
-        os.environ.pop(RUNNER_ENV, None)
-        if saved is not None:
-            os.environ[RUNNER_ENV] = saved
+            os.environ[name] = saved
 
 
 def check_runner(runner: RunnerSpec) -> None:
