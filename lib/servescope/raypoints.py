@@ -54,7 +54,7 @@ def _join(ray: Any, spec: RunnerSpec) -> None:
         return
     _reachable(spec.address)
     try:
-        # the task's own lines come back with its result (said in the notebook in order), not as Ray's log stream
+        # a point's lines reach the notebook through its queue (run), not as Ray's prefixed log stream
         ray.init(address=spec.address, log_to_driver=False, logging_level="ERROR", configure_logging=False)
     except Exception as e:  # ConnectionError, a timeout, a bad address: all mean no cluster to run on
         raise SpecError(f"runner: no Ray cluster answers at {spec.address!r} ({type(e).__name__}: "
@@ -128,7 +128,9 @@ def run(spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ...], gpus: i
     ray = ray_module()
     from ray.util.queue import Queue
 
-    tell = Queue(actor_options={"num_cpus": 0}) if on_line is not None else None
+    # on this (the driver's) node: a queue Ray placed on the point's node died with it (a CI run read the lost node
+    # as ActorUnavailableError from the queue, not as the point's node lost)
+    tell = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": _here()}) if on_line is not None else None
     try:
         return _run(ray, spec, fn, (*args, tell), gpus, where, slot, tell, on_line)
     finally:
@@ -160,7 +162,8 @@ def _run(ray: Any, spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ..
         _drain(tell, on_line)
         return ray.get(ref)
     except (ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError, ray.exceptions.OwnerDiedError,
-            ray.exceptions.LocalRayletDiedError) as e:
+            ray.exceptions.LocalRayletDiedError, ray.exceptions.ActorDiedError,
+            ray.exceptions.ActorUnavailableError) as e:
         node = f" {strategy.node_id}" if slot is not None and fits else ""
         raise NodeLostError(f"{where}: the Ray node{node} running it was lost at {time.strftime('%H:%M:%S')} "
                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
@@ -210,15 +213,18 @@ class LevelSink:
 def level_sink(store_root: Path) -> Any:
     """The LevelSink of store_root, on this (the driver's) node: one per store and process."""
     ray = ray_module()
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     root = str(store_root.resolve())
     with _JOINING:
         if root not in _SINKS:  # held for the process's life: an actor whose last handle goes is ended by Ray
-            here = ray.get_runtime_context().get_node_id()
-            _SINKS[root] = ray.remote(LevelSink).options(
-                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(root)
+            _SINKS[root] = ray.remote(LevelSink).options(num_cpus=0, scheduling_strategy=_here()).remote(root)
         return _SINKS[root]
+
+
+def _here() -> Any:
+    """A scheduling strategy that keeps an actor on this (the driver's) node."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray_module().get_runtime_context().get_node_id(), soft=False)
 
 
 def node_words() -> dict[str, Any]:
