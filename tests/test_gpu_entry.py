@@ -377,3 +377,29 @@ def test_pack_names_the_card_of_the_store_a_recording_continues():
     pack = _load("pack")
     assert pack.reference_card(ROOT / "data" / "suites" / "vllm-h200-second.yaml") == "NVIDIA H200"
     assert pack.reference_card(ROOT / "data" / "suites" / "sglang-h200x2.yaml") == ""  # not recorded yet
+
+
+def test_a_store_larger_than_a_file_may_come_back_in_is_saved_in_pieces_that_join_whole(tmp_path, monkeypatch):
+    """The device brings back no file over 16 MiB: SGLang's H100 store with 06's nsys tables reached 26 MB and its
+    store.tgz was left out. The archive comes in numbered pieces under the limit, a smaller one whole, and a save
+    after a larger one leaves no stale piece."""
+    import os
+    import subprocess
+
+    gpu = _load("on_gpu")
+    monkeypatch.setattr(gpu, "OUT", tmp_path / "out")
+    monkeypatch.setattr(gpu, "PIECE_BYTES", 4096)
+    src = tmp_path / "store"
+    (src / "p1").mkdir(parents=True)
+    (src / "p1" / "kernels.parquet").write_bytes(os.urandom(10_000))  # random: gzip cannot shrink it
+    gpu.save(src, "store.tgz")
+    pieces = sorted((tmp_path / "out").iterdir())
+    assert [p.name for p in pieces] == ["store.tgz.01", "store.tgz.02", "store.tgz.03"]
+    assert all(p.stat().st_size <= 4096 for p in pieces)
+    (tmp_path / "x").mkdir()
+    subprocess.run(f"cat {tmp_path / 'out'}/store.tgz.* | tar xzf - -C {tmp_path / 'x'}", shell=True, check=True)
+    assert (tmp_path / "x" / "store" / "p1" / "kernels.parquet").read_bytes() == \
+        (src / "p1" / "kernels.parquet").read_bytes()
+    (src / "p1" / "kernels.parquet").write_bytes(b"small")
+    gpu.save(src, "store.tgz")
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["store.tgz"]

@@ -5,9 +5,11 @@ GPU model.
 
 Known answers from real hardware: graphs on (decode full, prefill breakable) three times and graphs off three times
 (the third off launch in a later session): 02 resolves the gain, 07 verifies it against the deployment from 02's
-launches; its scheduler search at c=128 (a fourth session: the reference and five settings in one machine start)
-finds no setting ahead of the combination; 03 finds the graphs-off deployment host-bound at c=128; 99 sets SGLang
-beside vLLM on the H100 through the suite's compare_with."""
+launches; its scheduler search at c=128 (a fourth session: the reference and five settings in one machine start; a
+fifth: the reference and three of them again in another) finds no setting ahead of the combination, the three
+launched in both starts behind it in both; 06 (the fifth session) finds SGLang's Triton fused MoE and its share from
+an nsys window of its own; 04 finds that only one server fits the card; 03 finds the graphs-off deployment host-bound
+at c=128; 99 sets SGLang beside vLLM on the H100 through the suite's compare_with."""
 
 from __future__ import annotations
 
@@ -35,10 +37,15 @@ def test_every_point_ran_on_the_h100_and_the_graphed_ones_on_one_machine_start()
     starts = {pt.machine_start for pt in full if pt.machine_start}
     assert len([pt for pt in full if pt.machine_start]) == 5 and len(starts) == 2
     # the search: its reference and five settings in one machine start of a later session (and one graphs-off launch
-    # of `--only 07` before the fix that renders 07's inputs first: 07 had combined nothing)
-    search = [pt for pt in pts if pt not in full]
-    assert len(search) == 7 and len({pt.machine_start for pt in search}) == 1
-    assert {pt.machine_start for pt in search}.isdisjoint(starts)
+    # of `--only 07` before the fix that renders 07's inputs first: 07 had combined nothing), then its reference and
+    # three settings again in the next session's start; 06's profiled launch in that start too
+    profiled = [pt for pt in pts if "profile" in pt.parts]
+    search = [pt for pt in pts if pt not in full and pt not in profiled]
+    by_start: dict[str, int] = {}
+    for pt in search:
+        by_start[pt.machine_start] = by_start.get(pt.machine_start, 0) + 1
+    assert sorted(by_start.values()) == [4, 7] and set(by_start).isdisjoint(starts)
+    assert len(profiled) == 1 and profiled[0].machine_start in by_start
     for pt in pts:
         s = pt.table("summary")
         assert set(s["figures_over"]) == {"steady window"} and s["filled"].all(), pt.key
@@ -71,6 +78,16 @@ def test_07_verifies_the_change_from_02s_launches_and_no_scheduler_setting_beats
     assert set(measured) == {"max_running_requests=32", "max_running_requests=64", "chunked_prefill_size=512",
                              "chunked_prefill_size=2048", "cuda_graph_max_bs=64"}
     assert all(v < 0 for v in measured.values()) and measured["max_running_requests=32"] < -50
+    # launched in two machine starts, each against its own start's reference: behind in both, by similar amounts
+    again = {k: r for k, r in rows.items() if r.get("launches") == 2 and not r["reference"]}
+    assert set(again) == {"max_running_requests=32", "chunked_prefill_size=512", "cuda_graph_max_bs=64"}
+    for r in again.values():
+        low, high = (float(x) for x in r["vs_combined_range_pct"].split(".."))
+        assert low <= r["vs_combined_pct"] <= high < 0
+    assert tuning.headline.startswith("One launch per setting and machine start at c=128")
+    assert "in each of the 2 machine starts the settings ran in" in tuning.detail
+    assert {k for k, r in rows.items() if r["state"] == "run budget spent"} == {
+        "cuda_graph_max_bs=256", "max_running_requests=96", "chunked_prefill_size=8192"}
     assert {k for k, r in rows.items() if r["state"] == "not read"} == {
         f"num_continuous_decode_steps={n}" for n in (2, 4, 8)}
     assert "spread of the combined configuration's own 3 launches" in tuning.detail
@@ -85,9 +102,10 @@ def test_graphs_off_is_host_bound_at_the_top_level():
 
 def test_03s_timeline_is_one_panel_per_configuration_from_its_first_launch(tmp_path):
     """Issue 59: forty runs laid end to end with overlapping labels were not read at a glance. One panel per
-    configuration, its first launch only, from the load's start: 13 points of 7 configurations give 7 panels, each
-    under a minute and a half of load except the deployment's three levels (its first launch: 02's sweep, not the
-    search's one level under the same name), each level named once."""
+    configuration, its first launch only, from the load's start: 18 points of 8 configurations (06's profiled launch of
+    the deployment is one of its own) give 8 panels, each under a minute and a half of load except the deployment's
+    three levels (its first launch: 02's sweep, not the search's one level under the same name) and the profiled one,
+    each level named once."""
     import shutil
 
     from servescope import nb
@@ -101,12 +119,13 @@ def test_03s_timeline_is_one_panel_per_configuration_from_its_first_launch(tmp_p
     fig = t03.run(ctx).plot_timeline()
     axes = fig.axes
     assert [ax.get_title(loc="left") for ax in axes[:2]] == ["the deployment (the first of 4 launches)",
-                                                            "cuda_graph=piecewise (the first of 4 launches)"]
-    assert len(axes) == 7 and len({ax.get_title(loc="left") for ax in axes}) == 7
+                                                            "cuda_graph=piecewise (the first of 5 launches)"]
+    assert len(axes) == 8 and len({ax.get_title(loc="left") for ax in axes}) == 8
+    assert axes[-1].get_title(loc="left") == "the deployment (+nsys profile)"
     labels = [[t.get_text() for t in ax.texts] for ax in axes]
     assert labels[0] == ["c=1", "c=16", "c=128"] and all(lab == ["c=128"] for lab in labels[2:])
     ends = [max(line.get_xdata().max() for line in ax.lines) for ax in axes]
-    assert 200 < ends[0] < 300 and all(e < 100 for e in ends[1:])
+    assert 200 < ends[0] < 300 and all(e < 100 for e in ends[1:-1])
 
 
 def test_99_sets_sglang_beside_vllm_on_the_same_card():
@@ -120,3 +139,42 @@ def test_99_sets_sglang_beside_vllm_on_the_same_card():
     for figures in ("-3.6", "-5.2..-1.6", "-11.1", "-16.0..-2.7", "-2.8..+0.2"):
         assert figures in page, figures
     assert "machine starts not all recorded" in page
+
+
+def test_06_names_the_triton_fused_moe_and_its_share_from_a_window_of_its_own():
+    """The deployment (graphs off) under nsys at c=128, 128 prompts of its own with 32 tokens each, captured between
+    the engine's /start_profile and /stop_profile: SGLang's Triton fused MoE (fused_moe_kernel twice per layer and
+    step, with sgl-kernel's align, sort and sum-reduce around it) is 61% of GPU kernel time; no other MoE path ran
+    (sgl-kernel's sort and sum-reduce kernels read 'unknown' before the pattern table named them). The ceiling probe
+    on the model's expert shapes (128 experts, top 8, 2048 x 768) bounds what grouping would give, and grouping is
+    already what runs."""
+    f, = _findings("06_grouped_gemm")
+    assert f.title == "MoE already grouped: triton_fused_moe" and f.optimal and f.confidence == "high"
+    ev = f.evidence
+    assert [p["moe_path"] for p in ev["paths"]] == ["triton_fused_moe"]
+    assert 0.55 < ev["paths"][0]["share"] < 0.65
+    step = ev["launches"][0]
+    assert step["steps_from"].startswith("launches of 'fused_rope_store_kernel'") and 100 < step["steps"] < 150
+    assert "fused_moe_kernel 2.0" in f.headline
+    assert ev["shape"] == {"experts": 128, "top_k": 8, "hidden": 2048, "inter": 768, "layers": 48, "moe_layers": 48,
+                           "dtype": "bfloat16"}
+    assert [r["tokens"] for r in ev["probe"]] == [1, 16, 128] and all(r["speedup"] > 1 for r in ev["probe"])
+    pt, = [pt for pt in Store(REF / "store").points() if "profile" in pt.parts]
+    prof = pt.manifest["profile"]
+    assert prof["kind"] == "nsys" and prof["requests"] == prof["completed"] == 128 and prof["window_s"] < 30
+    assert pt.parts["knobs"]["cuda_graph"] == "off"  # the deployment as it runs
+
+
+def test_04_says_only_one_server_fits_the_card_and_why():
+    """One H100 and a 57 GiB model: two replicas on the card do not fit (the arithmetic, from the card's free memory
+    and the engine's memory share), replicas over GPUs and TP/DP need GPUs this machine lacks; nothing launched."""
+    head, *rest = _findings("04_data_parallelism")
+    assert head.title == "Layouts: not compared" and head.headline.startswith(
+        "Only one server fits on this one GPU: no other layout could run here, so nothing was launched")
+    why = {f.title: f.headline for f in rest}
+    shared = why["2 replicas on 1 GPU, round-robin: not available here"]
+    assert "2 replicas of a 56.9 GiB model do not fit on GPU 0" in shared and "below its weights and context" in shared
+    assert "needs 2 GPUs; 1 visible here" in why["2 replicas, round-robin: not available here"]
+    assert "tp=2: not available here" in why
+    o = read_outcome(REF / "report" / "04_data_parallelism.findings.json")
+    assert o.points_planned == 0 and o.status() == "ok"

@@ -134,10 +134,13 @@ def test_the_scheduler_search_finds_and_verifies_a_setting(tmp_path, stub_engine
     assert change_docs.documents(v, fs) == {}
 
 
-def test_a_search_in_another_machine_start_launches_its_own_reference(tmp_path, stub_engine, monkeypatch):
-    """The search's settings are judged against a reference of their own machine start: a rerun on a new machine
-    start (a new GPU session continuing the store) launches the combined configuration and the settings there again,
-    and an offline render reads that start's launches."""
+def test_a_search_over_machine_starts_holds_each_setting_against_its_own_starts_reference(tmp_path, stub_engine,
+                                                                                          monkeypatch):
+    """A search its budget cut short goes on in a new machine start (a new GPU session continuing the store): that
+    start launches its own reference, then the settings no earlier start measured (SGLang's H100 search, continued,
+    launched the earlier start's settings again first and its last three never); each setting is held against the
+    reference of its own start, and a finished search is read, not launched, in a later start and offline. Each stub
+    launch is made to take 1.5 s, so the 1 s budget leaves time for one setting per start."""
     from servescope import store as store_mod
     from servescope.threads import verify as v_mod
 
@@ -146,29 +149,61 @@ def test_a_search_in_another_machine_start_launches_its_own_reference(tmp_path, 
         monkeypatch.setattr(v_mod, "boot_id", lambda: boot)
 
     d = _report(tmp_path)
-    eng = {**stub_engine, "env": {"STUB_MAX_RUNNING": "2", "STUB_ITL_MS": "5"}}
-    load = {**LOAD, "concurrency": [4, 8]}
+    eng = {**stub_engine, "env": {"STUB_READY_AFTER": "1.5"}}
 
     def run(offline: bool = False):
-        ctx = context(eng, {"path": "stub"}, load, repetitions=3, max_repetitions=3, store_dir=str(tmp_path / "s"),
+        ctx = context(eng, {"path": "stub"}, LOAD, repetitions=1, max_repetitions=1, store_dir=str(tmp_path / "s"),
                       progress=False, offline=offline)
-        return t07.run(ctx, collect(d), search=["max_running_requests"], search_budget_s=120, search_settings=1,
-                       verify_lead=False)
+        return t07.run(ctx, collect(d), search=["max_running_requests"], search_budget_s=1.0, verify_lead=False)
 
-    on("boot-a")
-    first = run()
-    assert first.tuning.note.endswith("one launch of the combined configuration in the settings' machine start")
-    assert first.search["state"].tolist()[:2] == ["measured", "measured"]
-    on("boot-b")
-    second = run()
-    assert second.tuning.note == first.tuning.note
-    assert second.search["state"].tolist()[:2] == ["measured", "measured"]
-    # the reference launched once per start (the stub's setting is its default cap: the same launch, read by alias)
-    pinned = sorted(pt.parts["machine_start"] for pt in Store(tmp_path / "s").points() if pt.parts.get("machine_start"))
-    assert pinned == ["boot-a", "boot-b"]
-    again = run(offline=True)
-    assert again.tuning.note == second.tuning.note
-    assert again.search["output_tok_s"].head(2).tolist() == second.search["output_tok_s"].head(2).tolist()
+    def launched(boot: str) -> list[dict]:  # what a start launched, in order (the reference: {})
+        pts = [pt for pt in Store(tmp_path / "s").points() if pt.parts.get("machine_start") == boot]
+        return [pt.parts["knobs"] for pt in sorted(pts, key=lambda p: p.manifest["started_unix"])]
+
+    runs = []
+    for boot in ("boot-a", "boot-b", "boot-c"):
+        on(boot)
+        runs.append(run())
+    assert [launched(b) for b in ("boot-a", "boot-b", "boot-c")] == [
+        [{}, {"max_running_requests": m}] for m in (2, 4, 6)]
+    assert runs[0].search["state"].tolist() == ["measured", "measured", "budget spent", "budget spent"]
+    last = runs[-1]
+    assert (last.search["state"] == "measured").all() and "launches" in last.search
+    assert last.search["launches"].tolist() == [3, 1, 1, 1]
+    assert "in each of the 3 machine starts the settings ran in" in last.tuning.note
+    # each setting against its own start's reference: mrr=2 (boot-a) kept as the first run measured it
+    two = runs[0].search.set_index("setting").loc["max_running_requests=2"]
+    assert last.search.set_index("setting").loc["max_running_requests=2", "vs_combined_pct"] == two["vs_combined_pct"]
+    on("boot-d")  # finished: read in a later start, nothing launched
+    later, offline = run(), run(offline=True)
+    assert launched("boot-d") == []
+    for again in (later, offline):
+        assert again.search.drop(columns="flags").equals(last.search.drop(columns="flags"))
+
+
+def test_a_setting_measured_in_several_machine_starts_shows_the_mean_of_its_leads_and_their_range():
+    """Two starts' rows of one setting become one: the mean of its leads (each against its own start's reference),
+    their range and the count; a setting measured in none keeps what became of it, a failed launch before a later
+    start's budget words."""
+    R = t07.SearchRow
+    a = [R("(ref)", "measured", output_tok_s=100.0, vs_combined_pct=0.0, reference=True, launches=1),
+         R("x=1", "measured", output_tok_s=50.0, vs_combined_pct=-50.0, launches=1),
+         R("y=1", "failed", "it died")]
+    b = [R("(ref)", "measured", output_tok_s=200.0, vs_combined_pct=0.0, reference=True, launches=1),
+         R("x=1", "measured", output_tok_s=120.0, vs_combined_pct=-40.0, launches=1),
+         R("y=1", "budget spent")]
+    rows = {r.setting: r for r in t07._merged([a, b], ["(ref)", "x=1", "y=1"])}
+    assert (rows["x=1"].vs_combined_pct, rows["x=1"].launches, rows["x=1"].low_pct, rows["x=1"].high_pct) == \
+        (-45.0, 2, -50.0, -40.0)
+    assert rows["(ref)"].output_tok_s == 150.0 and rows["(ref)"].launches == 2
+    assert rows["y=1"].state == "failed"
+    assert t07._lead_words(rows["x=1"]) == "x=1 mean -45.0% (2 starts: -50.0..-40.0%)"
+    # the page's table: a count where launched, blank where not (a missing count must not break the page)
+    search = t07.Search(list(rows.values()), note="", level=8, floor_pct=5.0, floor_why="", floor_from_spread=False)
+    table = search.table()
+    assert table["vs_combined_range_pct"].tolist() == ["", "-50.0..-40.0", ""]
+    assert table["launches"].iloc[:2].tolist() == [2, 2] and table["launches"].isna().iloc[2]
+    assert nb.table_or(table, "") is not None
 
 
 def test_the_search_waits_for_an_unfinished_thread_that_may_name_the_change(tmp_path, stub_engine):

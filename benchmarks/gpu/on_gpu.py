@@ -19,7 +19,8 @@ part and sha256), one part per call, carried as .device/parts/NN. Each call:
    continued);
 4. leaves no suite, server, engine process or MPS daemon behind (checked, and killed if found, also when the driver
    itself fails), and says what it found; a suite an earlier call left running is stopped before this one starts.
-$OUT gets store.tgz, reports.tgz, run.log, gpu.txt.
+$OUT gets store.tgz, reports.tgz, run.log, gpu.txt; an archive over 15 MiB comes as pieces (store.tgz.01, .02, ...:
+a file over 16 MiB is not brought back), joined here by `cat store.tgz.* | tar xzf -`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORK = Path("/tmp/ssgpu")
 NSYS = Path("/opt/nvidia/nsight-compute/2025.3.1/host")
 OUT = Path(os.environ.get("OUT", "/tmp/ssgpu-out"))
+PIECE_BYTES = 15 * 2**20  # the device brings back files of at most 16 MiB: a larger archive comes in pieces
 LEFTOVERS = ("servescope.cli run", "sglang.launch_server", "sglang::", "vllm.entrypoints", "transformers serve",
              "transformers.cli",
              "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
@@ -239,7 +241,17 @@ def save(src: Path, name: str, exclude_logs_over: int = 8 * 2**20) -> None:
                         tf.addfile(ti)
                 except FileNotFoundError:
                     continue
-    os.replace(tmp, OUT / name)
+    for old in OUT.glob(f"{name}.[0-9][0-9]"):
+        old.unlink()
+    if tmp.stat().st_size <= PIECE_BYTES:
+        os.replace(tmp, OUT / name)
+        return
+    (OUT / name).unlink(missing_ok=True)
+    with open(tmp, "rb") as fh:
+        for i, chunk in enumerate(iter(lambda: fh.read(PIECE_BYTES), b""), start=1):
+            (OUT / f".{name}.{i:02d}").write_bytes(chunk)
+            os.replace(OUT / f".{name}.{i:02d}", OUT / f"{name}.{i:02d}")
+    tmp.unlink()
 
 
 def leftovers() -> list[str]:

@@ -554,9 +554,11 @@ def findings(ps: ParallelStudy) -> list[Finding]:
     else:
         errs = ps.study.results.errors
         only = not [x for x in ps.layouts if not x.refused and x.arm.name != ONE]
+        on = f"this one {ps.device_kind.rstrip('s')}" if ps.device_count == 1 else \
+            f"{ps.device_count} {ps.device_kind}"
         head = Finding(thread=THREAD, kind="failure", title="Layouts: not compared", applies=False, confidence="none",
-                       headline=(f"Only one server fits on {ps.device_count} {ps.device_kind}: no other layout could "
-                                 "run here, so nothing was launched" if only else
+                       headline=(f"Only one server fits on {on}: no other layout could run here, so nothing was "
+                                 "launched" if only else
                                  "No layout was measured against one server")
                        + (f": {errs['summary'].iloc[0]}" if len(errs) else ""),
                        detail=f"Not launched: {notes}." if notes else "",

@@ -82,6 +82,9 @@ class SearchRow:
     output_tok_s: float = float("nan")
     vs_combined_pct: float = float("nan")
     reference: bool = False  # the configuration the search tunes around
+    launches: int = 0  # measured launches: one per machine start the setting ran in, each against its start's reference
+    low_pct: float = float("nan")  # the lowest and highest lead over those launches (where more than one)
+    high_pct: float = float("nan")
 
     @property
     def status(self) -> str:
@@ -268,8 +271,13 @@ class Search:
     tuned_setting: str = ""
 
     def table(self) -> pd.DataFrame:
-        """One row per setting: its one launch against the reference, or why it was not launched."""
+        """One row per setting: its one launch against the reference, or why it was not launched (and, where a
+        setting ran in several machine starts, how many and the spread of its leads)."""
         out = pd.DataFrame([r.as_dict() for r in self.rows])
+        if any(r.launches > 1 for r in self.rows):
+            out.insert(4, "launches", [r.launches or float("nan") for r in self.rows])
+            out.insert(5, "vs_combined_range_pct", [f"{r.low_pct:+.1f}..{r.high_pct:+.1f}"
+                                                    if r.launches > 1 and not r.reference else "" for r in self.rows])
         out["source_says"] = [next((w for k, w in self.unread.items() if r.setting.startswith(f"{k}=")), "")
                               if r.state != "not read" else "" for r in self.rows]  # its status says it already
         return out
@@ -543,17 +551,26 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
     one = ctx.with_(load=ctx.load.model_copy(update={"concurrency": (level,)}) if level else ctx.load,
                     plan=RepetitionPlan(1, 1), profile=ProfileSpec())
     parts = _search_parts(ctx, one, combined, wanted, budget_s, count)
+    said = ctx.recall("verify_search", parts)
     # the settings and their reference in one machine start: pinned to it where the verification ran in another
-    pinned = _reference_start(ctx, study, level, ctx.recall("verify_search", parts))
-    one = one.with_(pinned_start=pinned)
+    pinned = _reference_start(ctx, study, level, said)
+    by_start = _tried_by_start(said)
+    earlier = [x for x in by_start if x != pinned]
     cands = candidates(ctx, combined, wanted)
     arms = [Arm(f"tune {s}", k, s) for s, k in cands]
+    if not ctx.offline:  # a new machine start launches the settings no earlier start measured first
+        arms.sort(key=lambda a: any(a.note in by_start[x] for x in earlier))
+    start_one = one
+    one = one.with_(pinned_start=pinned)
     # asked at the search's own load: offline without the engine, the store is asked for the point the search
     # launched (one level), not one at the suite's load
     ex = expressible(one, arms) if arms else pd.DataFrame(columns=["arm", "expressible", "flags", "flag_list", "reason",
                                                                       "asked"])
+    flags = dict(zip(ex["arm"], ex["flags"], strict=True))
+    # what earlier machine starts measured, each setting against the reference of its own start (nothing launches)
+    past, studies = _earlier_starts(start_one, earlier, by_start, cands, study, combined, level, base, flags)
     ref, ref_tok, ref_note = _reference(one, study, combined, level)
-    studies: list[Study] = [ref] if ref is not study else []
+    studies += [ref] if ref is not study else []
     reference = _reference_row(base, ref, ref_tok)
     trial = _Trial()
     frame = _frame_of(ref, study, level, ref_tok)
@@ -562,20 +579,28 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
         # read before anything launches: a knob this version never reads is not worth a launch
         unread = ctx.adapter.unread_knobs(ref.install) if ref.install is not None else {}
         trial.rows, trial.studies = _trials(one, arms, ex, replace(frame, unread=unread), budget_s, None, count)
-        return {"tried": [r.setting for r in trial.rows if r.state in LAUNCHED],
-                "skipped": {r.setting: SKIPPED_WORDS[r.state] for r in trial.rows if r.state in SKIPPED_WORDS},
-                "unread": unread, "reference_start": pinned}
+        now = [r.setting for r in trial.rows if r.state in LAUNCHED]
+        before = [x for st in earlier for x in by_start[st]]
+        return {"tried": list(dict.fromkeys([*before, *now])),
+                "skipped": {r.setting: SKIPPED_WORDS[r.state] for r in trial.rows
+                            if r.state in SKIPPED_WORDS and r.setting not in before},
+                "unread": unread, "reference_start": pinned, "by_start": {**by_start, pinned: now}}
 
     # a search that ran out of budget goes on where it stopped when run again online: the settings it launched come
-    # back from the store at no cost, the budget then goes to those it had no time for
+    # back from the store at no cost (in an earlier machine start: read, each against its own start's reference), the
+    # budget then goes to those it had no time for
     kept, _ = ctx.memo("verify_search", parts, measure, keep=lambda _: not ctx.offline, compute_offline=True,
-                       unfinished=lambda k: bool(set(UNFINISHED) & set((k.get("skipped") or {}).values())))
-    kept = _repinned(ctx, parts, kept, pinned)
+                       unfinished=_unfinished)
     if not trial.rows and not trial.studies:
+        here = {**kept, "tried": _tried_by_start(kept).get(pinned, [])} if kept else None
         trial.rows, trial.studies = _trials(one, arms, ex, replace(frame, unread=(kept or {}).get("unread") or {}),
-                                            budget_s, kept, count)
-    rows = [reference, *trial.rows]
+                                            budget_s, here, count)
+    rows = _merged([*past, [reference, *trial.rows]], [f"({base})", *(x for x, _ in cands)])
     studies += trial.studies
+    if past:
+        ref_note = (f"one launch of the combined configuration in each of the {len(past) + 1} machine starts the "
+                    "settings ran in; each setting is held against the reference of its own start, and one launched "
+                    "in several starts by the mean of its leads")
     note = _how_searched(level, count, budget_s, ref_note)
     floor_pct, floor_why, spread = _floor_of(ctx, study, level)
     tried = [r for r in rows if r.state == "measured" and not r.reference and r.vs_combined_pct == r.vs_combined_pct]
@@ -587,7 +612,8 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
                    studies)
     if not verify_lead:  # a screen: its verification (repetitions of the suite's whole load) is not paid for here
         return found
-    knobs = next(k for s, k in [*cands, *_pair(rows, cands)] if s == lead.setting)
+    knobs = _knobs_of(lead.setting, cands)
+    assert knobs is not None  # a lead is one of the settings, or a pair of them
     tuned = run_study(THREAD, ctx, [Arm(base, combined, "the combined configuration"),
                                     Arm(lead.setting, knobs, f"{base} with {lead.setting}")],
                       headlines=[(base, lead.setting)])
@@ -610,24 +636,88 @@ def _reference_row(base: str, ref: Study, ref_tok: float) -> SearchRow:
     state: SearchState = "measured" if known(ref_tok) else "run budget spent" if why == "budget" else \
         "not measured" if why == "store" else "failed"
     return SearchRow(f"({base})", state, "not in the store" if state == "not measured" else "", output_tok_s=ref_tok,
-                     vs_combined_pct=0.0, reference=True)
+                     vs_combined_pct=0.0, reference=True, launches=int(state == "measured"))
 
 
-def _repinned(ctx: RunContext, parts: dict[str, Any], kept: dict[str, Any] | None, pinned: str) -> dict[str, Any] | None:
-    """The kept search with the machine start its reference now has: settings kept from another start, the reference
-    launched in this one, and a later render reads this reference."""
-    if kept is None or ctx.offline or kept.get("reference_start", "") == pinned:
-        return kept
-    kept = {**kept, "reference_start": pinned}
-    ctx.amend("verify_search", parts, kept)
-    return kept
+def _unfinished(kept: dict[str, Any]) -> bool:
+    """Whether a kept search stopped short (a budget spent): run again online, it goes on."""
+    return bool(set(UNFINISHED) & set((kept.get("skipped") or {}).values()))
+
+
+def _tried_by_start(said: dict[str, Any] | None) -> dict[str, list[str]]:
+    """The settings each machine start of a kept search launched, in the order of the starts (a search kept before
+    the starts were: all it tried, in its one start)."""
+    if not said:
+        return {}
+    if "by_start" in said:
+        return {str(x): list(v) for x, v in said["by_start"].items()}
+    return {str(said.get("reference_start") or ""): list(said.get("tried") or [])}
+
+
+def _knobs_of(setting: str, cands: Sequence[tuple[str, Knobs]]) -> Knobs | None:
+    """The knobs of a setting of the grid, or of a pair of them ('a=1 + b=2'); None for one the grid lacks."""
+    grid = dict(cands)
+    one = setting.split(PAIR)
+    if any(x not in grid for x in one):
+        return None
+    knobs = grid[one[0]]
+    for x in one[1:]:
+        knob = x.split("=", 1)[0]
+        knobs = knobs.model_copy(update={knob: getattr(grid[x], knob)})
+    return knobs
+
+
+def _earlier_starts(one: RunContext, starts: list[str], by_start: dict[str, list[str]],
+                    cands: Sequence[tuple[str, Knobs]], study: Study | None, combined: Knobs, level: int | None,
+                    base: str, flags: dict[str, str]) -> tuple[list[list[SearchRow]], list[Study]]:
+    """Each earlier machine start's rows, read from the store (nothing launches): its reference, then the settings
+    it launched, each held against that reference; and the studies read."""
+    out: list[list[SearchRow]] = []
+    studies: list[Study] = []
+    for start in starts:
+        there = one.with_(pinned_start=start, offline=True)
+        ref, ref_tok, _ = _reference(there, study, combined, level)
+        studies += [ref] if ref is not study else []
+        frame = _frame_of(ref, study, level, ref_tok)
+        rows = [_reference_row(base, ref, ref_tok)]
+        for setting in by_start[start]:
+            knobs = _knobs_of(setting, cands)
+            if knobs is None or not is_stored(there, knobs):
+                continue
+            arm = Arm(f"tune {setting}", knobs, setting)
+            st = run_study(THREAD, there, [arm])
+            studies.append(st)
+            rows.append(frame.row(setting, st, arm.name, flags.get(arm.name, "")))
+        out.append(rows)
+    return out, studies
+
+
+def _merged(per_start: Sequence[Sequence[SearchRow]], order: Sequence[str]) -> list[SearchRow]:
+    """One row per setting over the machine starts it ran in: measured in several, the mean of its leads (each
+    against its own start's reference) and their range; measured in none, what became of it (a launch that failed
+    before a budget's word)."""
+    seen = [r.setting for rows in per_start for r in rows]
+    out = []
+    for setting in dict.fromkeys([*(x for x in order if x in seen), *seen]):
+        rows = [r for rs in per_start for r in rs if r.setting == setting]
+        got = [r for r in rows if r.state == "measured"]
+        if not got:
+            out.append(next((r for r in reversed(rows) if r.state in LAUNCHED), rows[-1]))
+            continue
+        pct = [r.vs_combined_pct for r in got]
+        many = len(got) > 1
+        out.append(replace(got[-1], output_tok_s=sum(r.output_tok_s for r in got) / len(got),
+                           vs_combined_pct=round(sum(pct) / len(pct), 1), launches=len(got),
+                           low_pct=min(pct) if many else float("nan"), high_pct=max(pct) if many else float("nan")))
+    return out
 
 
 def _reference_start(ctx: RunContext, study: Study | None, level: int | None, said: dict[str, Any] | None) -> str:
     """The machine start the search's reference must be launched in ('' where the verification's own launches serve):
-    offline, the one the measuring run kept; online, this machine's start unless the verification's combined
-    configuration ran at the search's level in it (settings are judged only against a reference of their own start)."""
-    if ctx.offline:
+    offline, or where the kept search finished, the last one it ran in; online, this machine's start unless the
+    verification's combined configuration ran at the search's level in it (settings are judged only against a
+    reference of their own start)."""
+    if ctx.offline or (said is not None and not _unfinished(said)):  # a finished search is read, not run again
         return str((said or {}).get("reference_start") or "")
     here = boot_id()
     ran = study is not None and level and _at_level(study, COMBINED, level)[1] and here in _starts(study, COMBINED)
@@ -665,9 +755,9 @@ def _pair(rows: Sequence[SearchRow], cands: Sequence[tuple[str, Knobs]]) -> list
     if len(best) < 2:
         return []
     a, b = sorted(best.values(), key=lambda r: -r.vs_combined_pct)[:2]
-    ka, kb = dict(cands)[a.setting], dict(cands)[b.setting]
-    knob_b = b.setting.split("=", 1)[0]
-    return [(f"{a.setting}{PAIR}{b.setting}", ka.model_copy(update={knob_b: getattr(kb, knob_b)}))]
+    setting = f"{a.setting}{PAIR}{b.setting}"
+    knobs = _knobs_of(setting, cands)
+    return [(setting, knobs)] if knobs is not None else []
 
 
 def _trials(one: RunContext, arms: list[Arm], ex: pd.DataFrame, frame: _Frame, budget_s: float,
@@ -719,7 +809,7 @@ class _Frame:
         if self.ref_starts and starts and not starts & self.ref_starts:
             return SearchRow(setting, "other machine start", "launched in another machine start than the reference: "
                              "not compared with it", flags=flags, output_tok_s=tok)
-        return SearchRow(setting, "measured", flags=flags, output_tok_s=tok,
+        return SearchRow(setting, "measured", flags=flags, output_tok_s=tok, launches=1,
                          vs_combined_pct=round(100 * (tok / self.ref_tok - 1), 1) if self.ref_tok else float("nan"))
 
 
@@ -987,7 +1077,7 @@ def _tuning_finding(v: Verification) -> Finding:
         return Finding(thread=THREAD, kind="search", title="Scheduler tuning: nothing measured", applies=False,
                        confidence="none", headline=f"No scheduler setting was measured ({s.note}): "
                        + _by_status(s.rows), reason="no setting measured", evidence=ev)
-    tried = "; ".join(f"{r.setting} {r.vs_combined_pct:+.1f}%" for r in measured if not r.reference)
+    tried = "; ".join(_lead_words(r) for r in measured if not r.reference)
     skipped = [r for r in s.rows if r.state != "measured"]
     sk = f"Not tried: {_by_status(skipped, listed=True)}." if skipped else ""
     against = "the recommended changes combined" if v.study is not None else v.baseline_words
@@ -996,7 +1086,7 @@ def _tuning_finding(v: Verification) -> Finding:
     if s.tuned is None:
         return Finding(thread=THREAD, kind="search", title=f"Scheduler tuning: no setting beat {against}",
                        applies=True, confidence="low",
-                       headline=f"One launch per setting{_at(s)}; output tok/s against {against}: {tried}",
+                       headline=f"{_launches(s)}{_at(s)}; output tok/s against {against}: {tried}",
                        detail=f"None led by more than {_floor(s)}, so none was verified. How: {s.note}. {sk}".strip(),
                        evidence=ev,
                        verdict=Verdict(verified=False, words=_none_verified(s, len(measured) - 1, against)))
@@ -1052,9 +1142,22 @@ def _screened(v: Verification, s: Search, n: int, tried: str, sk: str, against: 
     words = (f"this suite's search only screens ({n} setting{'s' if n != 1 else ''}{_at(s)}, one launch each, "
              "verify_lead: false)")
     return Finding(thread=THREAD, kind="search", title="Scheduler tuning: screened, not verified", applies=True,
-                   confidence="low", headline=f"One launch per setting{_at(s)}; output tok/s against {against}: "
+                   confidence="low", headline=f"{_launches(s)}{_at(s)}; output tok/s against {against}: "
                    f"{tried}", detail=f"{lead} How: {s.note}. {sk}".strip(), verdict=Verdict(verified=False, words=words),
                    evidence=ev | {"lead": list(s.lead) if s.lead is not None else None})
+
+
+def _lead_words(r: SearchRow) -> str:
+    """A setting's lead in words: '+3.1%', or over several machine starts 'mean -57.8% (2 starts: -59.1..-56.4%)'."""
+    if r.launches > 1:
+        return f"{r.setting} mean {r.vs_combined_pct:+.1f}% ({r.launches} starts: {r.low_pct:+.1f}..{r.high_pct:+.1f}%)"
+    return f"{r.setting} {r.vs_combined_pct:+.1f}%"
+
+
+def _launches(s: Search) -> str:
+    """How many launches each setting had, in words for the headline."""
+    return "One launch per setting and machine start" if any(r.launches > 1 for r in s.rows) else \
+        "One launch per setting"
 
 
 def _by_status(rows: Sequence[SearchRow], listed: bool = False) -> str:
