@@ -571,32 +571,10 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
     past, studies = _earlier_starts(start_one, earlier, by_start, cands, study, combined, level, base, flags)
     ref, ref_tok, ref_note = _reference(one, study, combined, level)
     studies += [ref] if ref is not study else []
-    reference = _reference_row(base, ref, ref_tok)
-    trial = _Trial()
-    frame = _frame_of(ref, study, level, ref_tok)
-
-    def measure() -> dict[str, Any]:
-        # read before anything launches: a knob this version never reads is not worth a launch
-        unread = ctx.adapter.unread_knobs(ref.install) if ref.install is not None else {}
-        trial.rows, trial.studies = _trials(one, arms, ex, replace(frame, unread=unread), budget_s, None, count)
-        now = [r.setting for r in trial.rows if r.state in LAUNCHED]
-        before = [x for st in earlier for x in by_start[st]]
-        return {"tried": list(dict.fromkeys([*before, *now])),
-                "skipped": {r.setting: SKIPPED_WORDS[r.state] for r in trial.rows
-                            if r.state in SKIPPED_WORDS and r.setting not in before},
-                "unread": unread, "reference_start": pinned, "by_start": {**by_start, pinned: now}}
-
-    # a search that ran out of budget goes on where it stopped when run again online: the settings it launched come
-    # back from the store at no cost (in an earlier machine start: read, each against its own start's reference), the
-    # budget then goes to those it had no time for
-    kept, _ = ctx.memo("verify_search", parts, measure, keep=lambda _: not ctx.offline, compute_offline=True,
-                       unfinished=_unfinished)
-    if not trial.rows and not trial.studies:
-        here = {**kept, "tried": _tried_by_start(kept).get(pinned, [])} if kept else None
-        trial.rows, trial.studies = _trials(one, arms, ex, replace(frame, unread=(kept or {}).get("unread") or {}),
-                                            budget_s, here, count)
-    rows = _merged([*past, [reference, *trial.rows]], [f"({base})", *(x for x, _ in cands)])
-    studies += trial.studies
+    now, kept = _this_start(one, parts, arms, ex, _frame_of(ref, study, level, ref_tok), ref, by_start, budget_s,
+                            count)
+    rows = _merged([*past, [_reference_row(base, ref, ref_tok), *now.rows]], [f"({base})", *(x for x, _ in cands)])
+    studies += now.studies
     if past:
         ref_note = (f"one launch of the combined configuration in each of the {len(past) + 1} machine starts the "
                     "settings ran in; each setting is held against the reference of its own start, and one launched "
@@ -637,6 +615,35 @@ def _reference_row(base: str, ref: Study, ref_tok: float) -> SearchRow:
         "not measured" if why == "store" else "failed"
     return SearchRow(f"({base})", state, "not in the store" if state == "not measured" else "", output_tok_s=ref_tok,
                      vs_combined_pct=0.0, reference=True, launches=int(state == "measured"))
+
+
+def _this_start(one: RunContext, parts: dict[str, Any], arms: list[Arm], ex: pd.DataFrame, frame: _Frame, ref: Study,
+                by_start: dict[str, list[str]], budget_s: float, count: int) -> tuple[_Trial, dict[str, Any] | None]:
+    """The settings of this machine start (one's pinned start): launched where the search is new or its budget cut it
+    short, else read as the measuring run kept them; and the search's kept note."""
+    pinned, trial = one.pinned_start, _Trial()
+    before = [x for st, tried in by_start.items() if st != pinned for x in tried]
+
+    def measure() -> dict[str, Any]:
+        # read before anything launches: a knob this version never reads is not worth a launch
+        unread = one.adapter.unread_knobs(ref.install) if ref.install is not None else {}
+        trial.rows, trial.studies = _trials(one, arms, ex, replace(frame, unread=unread), budget_s, None, count)
+        now = [r.setting for r in trial.rows if r.state in LAUNCHED]
+        return {"tried": list(dict.fromkeys([*before, *now])),
+                "skipped": {r.setting: SKIPPED_WORDS[r.state] for r in trial.rows
+                            if r.state in SKIPPED_WORDS and r.setting not in before},
+                "unread": unread, "reference_start": pinned, "by_start": {**by_start, pinned: now}}
+
+    # a search that ran out of budget goes on where it stopped when run again online: the settings it launched come
+    # back from the store at no cost (in an earlier machine start: read, each against its own start's reference), the
+    # budget then goes to those it had no time for
+    kept, _ = one.memo("verify_search", parts, measure, keep=lambda _: not one.offline, compute_offline=True,
+                       unfinished=_unfinished)
+    if not trial.rows and not trial.studies:
+        here = {**kept, "tried": _tried_by_start(kept).get(pinned, [])} if kept else None
+        trial.rows, trial.studies = _trials(one, arms, ex, replace(frame, unread=(kept or {}).get("unread") or {}),
+                                            budget_s, here, count)
+    return trial, kept
 
 
 def _unfinished(kept: dict[str, Any]) -> bool:
