@@ -694,7 +694,9 @@ def _earlier_starts(one: RunContext, starts: list[str], by_start: dict[str, list
             arm = Arm(f"tune {setting}", knobs, setting)
             st = run_study(THREAD, there, [arm])
             studies.append(st)
-            rows.append(frame.row(setting, st, arm.name, flags.get(arm.name, "")))
+            # offline, a setting's flags are asked of its own start's point (this start may not have one)
+            fl = flags.get(arm.name) or str(next(iter(expressible(there, [arm])["flags"]), ""))
+            rows.append(frame.row(setting, st, arm.name, fl))
         out.append(rows)
     return out, studies
 
