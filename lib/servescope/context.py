@@ -121,11 +121,6 @@ class RunContext:
         """What a run kept under kind and parts (memo's answer), or None: read before deciding how to compute it."""
         return self.store.note(kind, parts)
 
-    def amend(self, kind: str, parts: dict[str, Any], answer: Any) -> None:
-        """Replace a kept answer online (a rerun added to it); offline nothing is written."""
-        if not self.offline:
-            self.store.put_note(kind, parts, answer)
-
     def memo(self, kind: str, parts: dict[str, Any], compute: Callable[[], Any],
              keep: Callable[[Any], bool] = lambda _: True, reuse_online: bool = True,
              compute_offline: bool = False, unfinished: Callable[[Any], bool] = lambda _: False) -> tuple[Any, bool]:

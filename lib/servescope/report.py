@@ -266,9 +266,9 @@ def run_suite(
              for e in entries}
     runner = parse(RunnerSpec, suite.runner, "runner")
     if not offline:  # before anything launches: the cluster answers, the deployment is one the engine can run
-        check_runner(runner), check_baseline(suite)
+        check_runner(runner)
+        check_baseline(suite)
     out_dir.mkdir(parents=True, exist_ok=False)
-
     runs: list[NotebookRun] = []
     stop = _Interrupts()
     with stop, _for_kernels(DEADLINE_ENV, f"{t_start + budget_s:.3f}" if budget_s else ""), _for_kernels(

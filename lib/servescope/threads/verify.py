@@ -27,6 +27,7 @@ from ..errors import SpecError
 from ..experiment import is_stored
 from ..findings import Change as FindingChange
 from ..findings import Finding, Outcome, Verdict, failures_of, tier
+from ..install import EngineInstall
 from ..queries import expressible, flag_groups
 from ..spec import Knobs, ProfileSpec
 from ..store import boot_id
@@ -560,7 +561,6 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
     arms = [Arm(f"tune {s}", k, s) for s, k in cands]
     if not ctx.offline:  # a new machine start launches the settings no earlier start measured first
         arms.sort(key=lambda a: any(a.note in by_start[x] for x in earlier))
-    start_one = one
     one = one.with_(pinned_start=pinned)
     # asked at the search's own load: offline without the engine, the store is asked for the point the search
     # launched (one level), not one at the suite's load
@@ -568,11 +568,11 @@ def _search(ctx: RunContext, study: Study | None, combined: Knobs, baseline_word
                                                                       "asked"])
     flags = dict(zip(ex["arm"], ex["flags"], strict=True))
     # what earlier machine starts measured, each setting against the reference of its own start (nothing launches)
-    past, studies = _earlier_starts(start_one, earlier, by_start, cands, study, combined, level, base, flags)
+    past, studies = _earlier_starts(one, earlier, by_start, cands, study, combined, level, base, flags)
     ref, ref_tok, ref_note = _reference(one, study, combined, level)
     studies += [ref] if ref is not study else []
-    now, kept = _this_start(one, parts, arms, ex, _frame_of(ref, study, level, ref_tok), ref, by_start, budget_s,
-                            count)
+    now, kept = _this_start(one, parts, arms, ex, _frame_of(ref, study, level, ref_tok), ref.install, by_start,
+                            budget_s, count)
     rows = _merged([*past, [_reference_row(base, ref, ref_tok), *now.rows]], [f"({base})", *(x for x, _ in cands)])
     studies += now.studies
     if past:
@@ -617,8 +617,9 @@ def _reference_row(base: str, ref: Study, ref_tok: float) -> SearchRow:
                      vs_combined_pct=0.0, reference=True, launches=int(state == "measured"))
 
 
-def _this_start(one: RunContext, parts: dict[str, Any], arms: list[Arm], ex: pd.DataFrame, frame: _Frame, ref: Study,
-                by_start: dict[str, list[str]], budget_s: float, count: int) -> tuple[_Trial, dict[str, Any] | None]:
+def _this_start(one: RunContext, parts: dict[str, Any], arms: list[Arm], ex: pd.DataFrame, frame: _Frame,
+                install: EngineInstall | None, by_start: dict[str, list[str]], budget_s: float,
+                count: int) -> tuple[_Trial, dict[str, Any] | None]:
     """The settings of this machine start (one's pinned start): launched where the search is new or its budget cut it
     short, else read as the measuring run kept them; and the search's kept note."""
     pinned, trial = one.pinned_start, _Trial()
@@ -626,7 +627,7 @@ def _this_start(one: RunContext, parts: dict[str, Any], arms: list[Arm], ex: pd.
 
     def measure() -> dict[str, Any]:
         # read before anything launches: a knob this version never reads is not worth a launch
-        unread = one.adapter.unread_knobs(ref.install) if ref.install is not None else {}
+        unread = one.adapter.unread_knobs(install) if install is not None else {}
         trial.rows, trial.studies = _trials(one, arms, ex, replace(frame, unread=unread), budget_s, None, count)
         now = [r.setting for r in trial.rows if r.state in LAUNCHED]
         return {"tried": list(dict.fromkeys([*before, *now])),
@@ -677,7 +678,8 @@ def _knobs_of(setting: str, cands: Sequence[tuple[str, Knobs]]) -> Knobs | None:
 def _earlier_starts(one: RunContext, starts: list[str], by_start: dict[str, list[str]],
                     cands: Sequence[tuple[str, Knobs]], study: Study | None, combined: Knobs, level: int | None,
                     base: str, flags: dict[str, str]) -> tuple[list[list[SearchRow]], list[Study]]:
-    """Each earlier machine start's rows, read from the store (nothing launches): its reference, then the settings
+    """Each earlier machine start's rows, read from the store (nothing launches, whatever start one is pinned to):
+    its reference, then the settings
     it launched, each held against that reference; and the studies read."""
     out: list[list[SearchRow]] = []
     studies: list[Study] = []
