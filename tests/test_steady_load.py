@@ -53,8 +53,11 @@ def test_steady_window_excludes_ramp_and_drain_and_the_level_fills(tmp_path):
     assert row["figures_over"] == "steady window" and row["completed"] > 0
     assert 0 < row["steady_from_s"] < row["steady_to_s"] < row["level_s"]
     assert row["filled"] and row["fill_pct"] >= 90
-    assert row["output_tok_s"] == pytest.approx(800, rel=0.2)
     whole = res.requests[res.requests["phase"] == "measure"]
+    # what 4 always-busy slots deliver at the pace the requests themselves ran (800 on a quiet host; a CI run with
+    # the end-to-end vLLM beside it slowed the stub's tokens to a third): the steady window holds no ramp or drain
+    busy = 4 * whole["output_tokens"].sum() / (whole["e2e_ms"].sum() / 1e3)
+    assert row["output_tok_s"] == pytest.approx(busy, rel=0.2) and row["output_tok_s"] < 800 * 1.2
     assert len(whole) == 24  # 6 per slot
     # the whole level, ramp and drain in, reads lower: what the figures would have been before
     span = (whole["start_unix"] + whole["e2e_ms"] / 1e3).max() - whole["start_unix"].min()
