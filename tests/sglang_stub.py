@@ -5,7 +5,8 @@ stub_server.py, plus /health_generate, /server_info (or only /get_server_info, a
 adapter's command, readiness, resolved-config, profiler and log paths are exercised without a GPU.
 
 Resolution rules it imitates (from the real source): attention backend torch_native turns CUDA graphs off, with
-SGLang's own warning line; --enable-torch-compile turns piecewise graphs off (0.5.9's rule).
+SGLang's own warning line; --enable-torch-compile turns piecewise graphs off (0.5.9's rule). With --nnodes > 1 each
+rank prints what it received (its argv and environment) and only rank 0 serves, as SGLang's own multi-node launch.
 """
 
 from __future__ import annotations
@@ -78,6 +79,13 @@ def main() -> None:
     argv = sys.argv[1:]
     args = parse_launch_args(argv)
     version = str(args.pop("stub_version", "0.5.9"))
+    if int(args.get("nnodes", 1)) > 1:  # SGLang's multi-node launch: each rank records what it received
+        seen = {"node_rank": int(args.get("node_rank", 0)), "argv": argv,
+                "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "PYTHONPATH")}}
+        print(f"[stub rank] {json.dumps(seen)}", file=sys.stderr, flush=True)
+        if seen["node_rank"] > 0:  # no HTTP on the other ranks: they serve through rank 0
+            while True:
+                time.sleep(3600)
     res = resolve(args, version)
     for line in res["notes"]:
         print(f"[2026-11-30 12:00:00] WARNING server_args.py: {line}", file=sys.stderr, flush=True)

@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
      "state", "raypoints"),
     ("analysis",),
     ("engines",),
-    ("context", "launch", "profile"),
+    ("context", "launch", "profile", "span"),
     ("experiment", "kvlevel", "queries"),
     ("study", "comparison"),
     ("threads",),

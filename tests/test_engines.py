@@ -99,6 +99,26 @@ def test_sglang_dp_attention_spelling_per_version(wheel_install):
         ad.knob_flags(Knobs(tp=4, dp=2, attn_dp=2), wheel_install("sglang-0.5.23"))
 
 
+def test_a_server_over_nodes_is_spelled_with_each_engines_own_multi_node_flags(wheel_install):
+    """nodes > 1: SGLang's --nnodes/--node-rank/--dist-init-addr (every rank the same address, rank 0's), vLLM's
+    multiprocessing launch (--nnodes/--node-rank/--master-addr/--master-port, the other ranks --headless), pp in each
+    engine's spelling; an engine without a multi-node launch refuses before anything launches."""
+    sg, vl = get_engine("sglang"), get_engine("vllm")
+    for key in ("sglang-0.4.10", "sglang-0.5.23"):
+        assert sg.node_flags(wheel_install(key), 2, 1, "10.0.0.1", 5000) == \
+            ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:5000"]
+        assert sg.knob_flags(Knobs(tp=4, pp=2, nodes=2), wheel_install(key)) == ["--tp-size", "4", "--pp-size", "2"]
+    inst = wheel_install("vllm-0.32.0")
+    assert vl.node_flags(inst, 2, 0, "10.0.0.1", 29501) == \
+        ["--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1", "--master-port", "29501"]
+    assert vl.node_flags(inst, 2, 1, "10.0.0.1", 29501)[-1] == "--headless"
+    assert "--pipeline-parallel-size" in vl.knob_flags(Knobs(tp=2, pp=2, nodes=2), inst)
+    with pytest.raises(KnobError, match="no multi-node launch of this engine"):
+        get_engine("transformers").node_flags(wheel_install("transformers-5.17.0"), 2, 0, "10.0.0.1", 5000)
+    with pytest.raises(KnobError, match="no tp/pp/dp"):
+        get_engine("transformers").knob_flags(Knobs(pp=2), wheel_install("transformers-5.17.0"))
+
+
 def test_sglang_moe_backend_choices_are_checked(wheel_install):
     ad = get_engine("sglang")
     with pytest.raises(KnobError, match="not one of"):

@@ -34,11 +34,11 @@ CFGS = [Config("a", Knobs()), Config("b", Knobs(torch_compile=False))]
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head that runs no point (no CPUs to give) and two worker nodes of one CPU each; the tests' own modules
-    (the stub engine) importable on every node's workers."""
+    """A head that runs no point (no CPUs to give) and two worker nodes of one CPU and one (simulated) GPU each; the
+    tests' own modules (the stub engine) importable on every node's workers."""
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    nodes = [c.add_node(num_cpus=1) for _ in range(2)]
+    nodes = [c.add_node(num_cpus=1, num_gpus=1) for _ in range(2)]
     c.wait_for_nodes()
     yield c, nodes
     ray.shutdown()
@@ -160,7 +160,7 @@ def test_a_node_lost_mid_point_keeps_its_finished_levels_names_the_node_and_leav
         time.sleep(0.5)
     assert our_processes("stub_server") == []
     nodes.remove(victim)
-    nodes.append(c.add_node(num_cpus=1))  # two nodes again, for the rerun and the next tests
+    nodes.append(c.add_node(num_cpus=1, num_gpus=1))  # two nodes again, for the rerun and the next tests
     c.wait_for_nodes()
     said: list[str] = []
     again = measure(_stub(), MODEL, cfgs, load, repetitions=1, store=store, say=said.append, runner=_runner(c))
@@ -171,7 +171,8 @@ def test_a_node_lost_mid_point_keeps_its_finished_levels_names_the_node_and_leav
 def test_a_point_that_needs_more_gpus_than_any_node_is_refused_before_it_launches(tmp_path, cluster):
     c, _ = cluster
     eng = EngineSpec(name="stub-gpu", python=sys.executable, startup_timeout_s=30)
-    with pytest.raises(SpecError, match=r"needs 2 GPU\(s\) on one node; the Ray cluster .* has at most 0"):
+    with pytest.raises(SpecError, match=r"needs 2 GPU\(s\) on one node; the Ray cluster .* has at most 1 on a node "
+                                        r"\(2 in all"):
         measure(eng, MODEL, [Config("tp2", Knobs(tp=2))], LOAD, repetitions=1, store=Store(tmp_path),
                 say=lambda m: None, runner=_runner(c))
     assert not any(p.name for p in tmp_path.iterdir() if not p.name.startswith((".", "_")))
@@ -282,3 +283,115 @@ except KeyboardInterrupt:
         time.sleep(0.5)
     assert our_processes("stub_server") == []
     assert not Store(tmp_path / "st").keys()  # nothing half-measured stored as complete
+
+
+# --- one server over several nodes (Knobs.nodes): SGLang's own multi-node launch on a placement group -----------
+
+SG_MODEL = ModelSpec(path="org/moe", served_name="moe")
+OVER_TWO = Config("tp2 over 2 nodes", Knobs(tp=2, nodes=2))
+
+
+@pytest.fixture
+def sglang_0517_site(tmp_path, wheel_install) -> EngineSpec:
+    """SGLang 0.5.17's protocol stub (tests/sglang_stub.py) behind the real 0.5.17 flags, reachable from every node
+    (they share this host's file system)."""
+    from test_sglang_stub import fake_sglang
+
+    fake_sglang(tmp_path / "sg", wheel_install("sglang-0.5.17").source, "0.5.17")
+    return EngineSpec(name="sglang", python=sys.executable, env={"PYTHONPATH": str(tmp_path / "sg" / "site")},
+                      startup_timeout_s=60)
+
+
+def _rank_record(folder: Path) -> dict:
+    """What one rank's process itself received (the stub prints its argv and environment at start)."""
+    import re
+
+    return json.loads(re.search(r"\[stub rank\] (.*)", (folder / "server.stderr.log").read_text()).group(1))
+
+
+def test_a_server_over_two_nodes_runs_a_rank_per_node_with_the_engines_own_flags(tmp_path, cluster,
+                                                                                  sglang_0517_site):
+    """tp=2 over nodes=2: a placement group of one GPU per node, rank 0 (the point's task, the HTTP server the load
+    reaches) on one node and rank 1 on the other, each launched with SGLang's --nnodes/--node-rank/--dist-init-addr
+    (rank 0's address); every rank's command, environment, node and log in the point; telemetry from both nodes;
+    no process left on either."""
+    c, _ = cluster
+    store = Store(tmp_path / "s")
+    load = LoadSpec(concurrency=(1, 2), num_requests=4, input_len=8, output_len=4, warmup_requests=0,
+                    endpoint="generate")
+    res = measure(sglang_0517_site, SG_MODEL, [OVER_TWO], load, repetitions=1, store=store, say=lambda m: None,
+                  runner=_runner(c))
+    assert res.errors.empty, res.errors["summary"].tolist()
+    assert (res.summary["completed"] == 4).all()
+    (pt,) = store.points()
+    ranks = pt.target["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert len({r["node_id"] for r in ranks}) == 2 and c.head_node.node_id not in {r["node_id"] for r in ranks}
+    init = f"{ranks[0]['node_ip']}:"
+    for r in ranks:
+        flags = r["flags"]
+        assert flags[:5] == ["--nnodes", "2", "--node-rank", str(r["rank"]), "--dist-init-addr"], flags
+        assert flags[5].startswith(init) and flags[5] == ranks[0]["flags"][5]  # every rank meets at rank 0
+        assert "--tp-size 2" in r["command"] and " ".join(flags) in r["command"]
+        assert r["env"]["CUDA_VISIBLE_DEVICES"] == "0"  # Ray gave each rank its node's one GPU
+        got = _rank_record(pt.path if r["rank"] == 0 else pt.path / f"rank{r['rank']}")
+        assert got["node_rank"] == r["rank"] and got["argv"][got["argv"].index("--dist-init-addr") + 1] == flags[5]
+        assert got["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    assert pt.manifest["runner"]["node_id"] == ranks[0]["node_id"]
+    procs = pt.table("telemetry_server_procs")
+    assert set(procs["node_rank"]) == {0, 1}  # each node sampled its own rank's process tree
+    tel = pt.manifest["telemetry"]
+    assert tel["gpu_read"] is False and tel["ranks"]["1"]["gpu_read"] is False  # no NVML here: said on each node
+    assert "no NVIDIA GPU / NVML" in tel["ranks"]["1"]["gpu"]
+    assert our_processes("sglang.launch_server") == []
+
+
+def test_a_rank_that_dies_fails_its_point_naming_the_rank_and_node_and_keeps_the_finished_level(tmp_path, cluster,
+                                                                                               sglang_0517_site):
+    """Rank 1's process killed on its node after the first level: the point fails at the next level's check with
+    rank 1 and its node named, the first level stays in the store (a rerun resumes there), nothing is left."""
+    import signal
+
+    c, _ = cluster
+    store = Store(tmp_path / "s")
+    load = LoadSpec(concurrency=(1, 2), num_requests=200, input_len=8, output_len=32, warmup_requests=0,
+                    endpoint="generate")
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("res", measure(
+        sglang_0517_site, SG_MODEL, [OVER_TWO], load, repetitions=1, store=store, say=lambda m: None,
+        runner=_runner(c))))
+    t.start()
+    from servescope.context import context
+    from servescope.experiment import point_parts
+
+    key = store.key(point_parts(context(sglang_0517_site, SG_MODEL, load, store=store), OVER_TWO.knobs, 0))
+    deadline = time.monotonic() + 90
+    while "c=1" not in store.finished_levels(key):
+        assert time.monotonic() < deadline and t.is_alive(), "the first level never reached the driver's store"
+        time.sleep(0.1)
+    (rank1,) = [p for p in our_processes("sglang.launch_server") if "--node-rank 1" in " ".join(p.cmdline())]
+    rank1.send_signal(signal.SIGKILL)
+    t.join(120)
+    (err,) = out["res"].errors.to_dict("records")
+    assert "rank 1 on node" in err["summary"] and "died" in err["summary"], err["summary"]
+    assert list(store.finished_levels(key)) == ["c=1"] and not store.has(key)
+    deadline = time.monotonic() + 30
+    while our_processes("sglang.launch_server") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert our_processes("sglang.launch_server") == []
+
+
+def test_a_server_over_more_nodes_than_the_cluster_has_or_without_ray_is_refused_before_it_launches(
+        tmp_path, cluster, sglang_0517_site):
+    c, _ = cluster
+    three = Config("tp3 over 3 nodes", Knobs(tp=3, nodes=3))
+    with pytest.raises(SpecError, match=r"spans 3 nodes of 1 GPU\(s\) .* has 2 such node\(s\) of 3; nothing was "
+                                        r"launched"):
+        measure(sglang_0517_site, SG_MODEL, [three], LOAD, repetitions=1, store=Store(tmp_path / "a"),
+                say=lambda m: None, runner=_runner(c))
+    with pytest.raises(SpecError, match=r"spans 2 nodes: that needs the Ray runner"):
+        measure(sglang_0517_site, SG_MODEL, [OVER_TWO], LOAD, repetitions=1, store=Store(tmp_path / "b"),
+                say=lambda m: None)
+    with pytest.raises(ValueError, match=r"nodes=2 must divide the server's tp x pp x dp = 3 ranks"):
+        Knobs(tp=3, nodes=2)
+    assert our_processes("sglang.launch_server") == []

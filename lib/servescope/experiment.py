@@ -46,7 +46,7 @@ from .load.runner import LoadResult
 from .models import model_config, model_info
 from .profile import window as profiling
 from .server import log_tails, read_logs
-from .spec import DeploymentSpec, EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, TelemetrySpec
+from .spec import DeploymentSpec, EngineSpec, Knobs, LoadSpec, ModelSpec, ProfileSpec, RunnerSpec, TelemetrySpec
 from .store import MANIFEST, Point, Store
 from .telemetry import Telemetry
 from .util import atomic_write_json, rep_label
@@ -438,7 +438,7 @@ class _Loop:
                 self.prep = prepare(ctx.engine, ctx.model, self.say, adapter=ctx.adapter)
                 # before the first launch, every configuration at once, as launched (the deployment under each)
                 _check_all(self.prep, [Config(c.name, ctx.deployed(c.knobs)) for c in self.configs],
-                           ctx.deployment.args)
+                           ctx.deployment.args, ctx.runner)
         shared = None if ctx.force else _shared_point(ctx, key, parts, self.prep, cfg)
         if shared is not None:
             self.say(f"{tag}: the same launch as stored point {shared} (one configuration, measured once)")
@@ -575,11 +575,21 @@ def _measure(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, c
     from . import raypoints
 
     gpus = point_gpus(cfg.knobs, prep.install.platform)
-    raypoints.check_fits(ctx.runner, gpus, tag)
     sent = raypoints.pack(ctx.store.root, [f"_partial/{key}"])
     sink = raypoints.level_sink(ctx.store.root)
-    data, err, node = raypoints.run(ctx.runner, _point_on_node, (ctx, key, parts, cfg, tag, startup_timeout(ctx),
-                                    sent, sink), gpus, tag, slot, on_line=say)
+    with contextlib.ExitStack() as stack:
+        span = None
+        if cfg.knobs.nodes > 1:  # one server over nodes: a bundle per node, this point's task in bundle 0 (rank 0)
+            from . import span as spans
+
+            gpus //= cfg.knobs.nodes
+            spans.check_fits(ctx.runner, cfg.knobs, gpus, tag)
+            span = stack.enter_context(spans.placement(ctx.runner, cfg.knobs, gpus, tag))
+        else:
+            raypoints.check_fits(ctx.runner, gpus, tag)
+        data, err, node = raypoints.run(ctx.runner, _point_on_node, (ctx, key, parts, cfg, tag, startup_timeout(ctx),
+                                        sent, sink, span), gpus, tag, slot, on_line=say,
+                                        bundle=spans.in_bundle(span, 0) if span is not None else None)
     where = {"kind": "ray", "address": ctx.runner.address, **node}
     raypoints.unpack(data, ctx.store.root)
     for m in [ctx.store.root / key / MANIFEST, *(p / MANIFEST for p in (ctx.store.root / "_failed").glob(f"{key}-*"))]:
@@ -613,11 +623,12 @@ class _MirroredStore(Store):
 
 
 def _point_on_node(ctx: RunContext, key: str, parts: dict[str, Any], cfg: Config, tag: str,
-                   limit: tuple[float, str], sent: bytes, sink: Any,
+                   limit: tuple[float, str], sent: bytes, sink: Any, span: Any,
                    tell: Any) -> tuple[bytes, BaseException | None, dict[str, Any]]:
     """A Ray task (raypoints.run): the point measured on this node into a store of its own, started from the levels
     the driver had (sent), each level it finishes sent back as it is written (sink) and each line it says as it says
-    it (tell); returns its folders packed, its failure (None where it completed) and the node it ran on."""
+    it (tell); span: the placement group of a server over several nodes (this task its rank 0). Returns its folders
+    packed, its failure (None where it completed) and the node it ran on."""
     import pickle
     import tempfile
 
@@ -632,7 +643,7 @@ def _point_on_node(ctx: RunContext, key: str, parts: dict[str, Any], cfg: Config
         err: BaseException | None = None
         try:
             prep = prepare(ctx.engine, ctx.model, say, adapter=ctx.adapter)
-            _run_point(ctx.with_(store=store), key, parts, prep, cfg, tag, say, limit=limit)
+            _run_point(ctx.with_(store=store), key, parts, prep, cfg, tag, say, limit=limit, span=span)
         except Exception as e:  # said on the driver, as a local point's failure is
             err = e
             try:
@@ -831,10 +842,11 @@ def _point_load(ctx: RunContext, prep: Prepared, say: Callable[[str], None]) -> 
 
 
 def _run_point(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config, tag: str,
-               say: Callable[[str], None], limit: tuple[float, str] | None = None) -> None:
+               say: Callable[[str], None], limit: tuple[float, str] | None = None, span: Any = None) -> None:
     """Launch one configuration, sweep its load level by level (each written as it finishes), then write the
     point's tables and read its profile; the point appears in the store only when all of it is written. limit: the
-    startup timeout and why, where the store that times it is not this one (a Ray node's)."""
+    startup timeout and why, where the store that times it is not this one (a Ray node's); span: the nodes of a
+    server over several (span.Span)."""
     store, adapter = ctx.store, ctx.adapter
     load, tokenizer = _point_load(ctx, prep, say)
     limit_s, why = limit or startup_timeout(ctx)
@@ -851,7 +863,7 @@ def _run_point(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared,
             + (f", {ctx.profile.kind} profile armed" if armed else "") + f"; ready within {limit_s:.0f} s ({why})")
         t0 = time.monotonic()
         with serve(prep, knobs, w.dir, prefix=armed.prefix if armed else None, extra_env=armed.env if armed else None,
-                   term_grace_s=armed.term_grace_s if armed else 15.0) as target:
+                   term_grace_s=armed.term_grace_s if armed else 15.0, span=span) as target:
             _say_ready(tag, say, target, load, cfg, time.monotonic() - t0)
             w.manifest["target"] = target.describe()
             # the engine-neutral record, for people reading the store (studies re-read the evidence through Point)
@@ -901,6 +913,10 @@ def _sweep(ctx: RunContext, key: str, w: Any, target: Any, cfg: Config, load: Lo
     summary."""
     window = None
     tel = _telemetry_for(ctx.telemetry, target, ctx.adapter, ctx.engine.env)
+    if tel is not None and target.followers:  # a server over nodes: every node's telemetry, one phase for all
+        from .span import SpanTelemetry
+
+        tel = SpanTelemetry(tel, target.followers, ctx.telemetry)
     if tel is not None:
         tel.start()
     on_level = _level_writer(ctx.store, key, tel, target, w, tag, say)
@@ -1014,11 +1030,17 @@ def hang_evidence(target: Any, lines: int = 20) -> str:
     return "\n".join(out)
 
 
-def _check_all(prep: Prepared, configs: Sequence[Config], deployment_args: tuple[str, ...] = ()) -> None:
-    """Refuse, before anything launches, a configuration this engine version or this machine cannot run."""
+def _check_all(prep: Prepared, configs: Sequence[Config], deployment_args: tuple[str, ...] = (),
+               runner: RunnerSpec | None = None) -> None:
+    """Refuse, before anything launches, a configuration this engine version, this machine or the runner cannot
+    run."""
     adapter = prep.adapter
     if not adapter.launches:
         return
+    for cfg in configs:
+        if cfg.knobs.nodes > 1 and (runner is None or runner.kind != "ray"):
+            raise SpecError(f"configuration {cfg.name!r} spans {cfg.knobs.nodes} nodes: that needs the Ray runner "
+                            "(runner: {kind: ray, address: ...}), whose cluster has the nodes (nothing was launched)")
     check_deployment_args(adapter, prep.install, deployment_args)
     dest = flag_dests(adapter, prep.install)
 

@@ -61,6 +61,9 @@ class Target:
     replica: int = 0  # its index among them
     replicas: list[Target] = field(default_factory=list)  # every replica, this one first, when there are several
     gpu_share: SharedGpu | None = None  # replicas on one GPU: how they shared it
+    # one server over several nodes: the other ranks' RankServer actors (span.py) and every rank's record
+    followers: list[Any] = field(default_factory=list, repr=False, compare=False)
+    ranks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def base_urls(self) -> list[str]:
@@ -82,6 +85,8 @@ class Target:
                               "startup": r.startup, "pid": r.pid} for r in self.replicas]
         if self.gpu_share is not None:
             d["gpu_share"] = self.gpu_share.to_dict()
+        if self.ranks:
+            d["ranks"] = self.ranks
         return d
 
 
@@ -283,14 +288,21 @@ def _install_for_launch(engine: EngineSpec, adapter: EngineAdapter, say: Callabl
 
 @contextlib.contextmanager
 def serve(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None = None,
-          extra_env: dict[str, str] | None = None, term_grace_s: float = 15.0) -> Iterator[Target]:
+          extra_env: dict[str, str] | None = None, term_grace_s: float = 15.0, span: Any = None) -> Iterator[Target]:
     """Launch one configuration and yield its Target; the whole server tree is gone when the block ends.
 
     prefix wraps the command (e.g. `nsys profile ...`); give such a wrapper a long term_grace_s, since it
     writes its report after the server exits. knobs.replicas > 1: that many servers start at once, each pinned to
     its share of the devices (replica 0 logs into log_dir, replica i into its own sub-folder; prefix and extra_env
     go to replica 0 alone, so a profile is of replica 0), and the Target yielded is replica 0's with all of them in
-    .replicas."""
+    .replicas. span (span.Span, on a Ray node): one server over that placement group's nodes, rank 0 here."""
+    if span is not None:
+        from . import span as spans
+
+        with spans.serve(span, prep, knobs, Path(log_dir), _serve_one, launch_plan, prefix, extra_env,
+                         term_grace_s) as target:
+            yield target
+        return
     if knobs.replicas > 1 and prep.adapter.launches:
         with _serve_replicas(prep, knobs, Path(log_dir), prefix, extra_env, term_grace_s) as target:
             yield target

@@ -119,12 +119,12 @@ def fitting_nodes(spec: RunnerSpec, gpus: int) -> list[str]:
 
 
 def run(spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ...], gpus: int, where: str,
-        slot: int | None = None, on_line: Callable[[str], None] | None = None) -> Any:
+        slot: int | None = None, on_line: Callable[[str], None] | None = None, bundle: Any = None) -> Any:
     """fn(*args, tell) as a Ray task with gpus GPUs and spec.cpus_per_point CPUs, never retried (a point is measured
     once per attempt); slot: the task goes to the slot-th fitting node (mod their number) where it is alive, so that
-    configurations rotate over nodes from one repetition to the next; tell: a queue whose lines reach on_line here
-    as the task puts them (None without on_line). Its return value, or NodeLostError naming the node and when, where
-    Ray lost it."""
+    configurations rotate over nodes from one repetition to the next; bundle: a placement group's scheduling
+    strategy instead (a server over nodes, span.py); tell: a queue whose lines reach on_line here as the task puts
+    them (None without on_line). Its return value, or NodeLostError naming the node and when, where Ray lost it."""
     ray = ray_module()
     from ray.util.queue import Queue
 
@@ -132,7 +132,7 @@ def run(spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ...], gpus: i
     # as ActorUnavailableError from the queue, not as the point's node lost)
     tell = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": _here()}) if on_line is not None else None
     try:
-        return _run(ray, spec, fn, (*args, tell), gpus, where, slot, tell, on_line)
+        return _run(ray, spec, fn, (*args, tell), gpus, where, slot, tell, on_line, bundle)
     finally:
         if tell is not None:
             tell.shutdown()
@@ -145,11 +145,11 @@ def _drain(tell: Any, on_line: Callable[[str], None] | None) -> None:
 
 
 def _run(ray: Any, spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ...], gpus: int, where: str,
-         slot: int | None, tell: Any, on_line: Callable[[str], None] | None) -> Any:
+         slot: int | None, tell: Any, on_line: Callable[[str], None] | None, bundle: Any = None) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    fits = fitting_nodes(spec, gpus)
-    strategy = NodeAffinitySchedulingStrategy(fits[slot % len(fits)], soft=True) \
+    fits = fitting_nodes(spec, gpus) if bundle is None else []
+    strategy = bundle if bundle is not None else NodeAffinitySchedulingStrategy(fits[slot % len(fits)], soft=True) \
         if slot is not None and fits else "DEFAULT"
     task = ray.remote(fn).options(num_gpus=gpus, num_cpus=spec.cpus_per_point, max_retries=0,
                                   scheduling_strategy=strategy)
@@ -164,7 +164,7 @@ def _run(ray: Any, spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ..
     except (ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError, ray.exceptions.OwnerDiedError,
             ray.exceptions.LocalRayletDiedError, ray.exceptions.ActorDiedError,
             ray.exceptions.ActorUnavailableError) as e:
-        node = f" {strategy.node_id}" if slot is not None and fits else ""
+        node = f" {strategy.node_id}" if slot is not None and fits else " of the server's rank 0" if bundle else ""
         raise NodeLostError(f"{where}: the Ray node{node} running it was lost at {time.strftime('%H:%M:%S')} "
                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     except ray.exceptions.TaskCancelledError:

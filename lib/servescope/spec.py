@@ -106,7 +106,11 @@ class Knobs(_Spec):
     torch_compile: bool | None = None
     torch_compile_max_bs: int | None = Field(None, ge=1)
     tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
     dp: int = Field(1, ge=1)
+    # one server over this many nodes, its tp x pp x dp ranks split evenly, launched with the engine's own multi-node
+    # flags, a process per node (needs runner kind ray: the nodes are the cluster's)
+    nodes: int = Field(1, ge=1)
     attn_dp: int | None = Field(None, ge=1)
     ep: int | None = Field(None, ge=1)
     moe_backend: str | None = None
@@ -134,13 +138,24 @@ class Knobs(_Spec):
             raise ValueError("gpu_share puts replicas on the same GPU: it needs replicas > 1")
         if self.mps_active_thread_pct is not None and self.gpu_share != "mps":
             raise ValueError("mps_active_thread_pct is a share of MPS: it needs gpu_share='mps'")
+        if self.nodes > 1:
+            ranks = self.tp * self.pp * self.dp
+            if ranks % self.nodes:
+                raise ValueError(f"nodes={self.nodes} must divide the server's tp x pp x dp = {ranks} ranks evenly")
+            if self.replicas > 1 or self.gpu_share is not None:
+                raise ValueError("nodes spreads one server over nodes: it takes no replicas and no gpu_share")
         return self
 
     @property
+    def ranks_per_node(self) -> int:
+        """Devices one node of the server holds: its tp x pp x dp ranks over its nodes."""
+        return self.tp * self.pp * self.dp // self.nodes
+
+    @property
     def devices(self) -> int:
-        """Devices (GPUs, or cores on a CPU build) the configuration asks for at least: TP x DP ranks per replica,
-        times the replicas unless they share the same devices."""
-        return self.tp * self.dp * (1 if self.gpu_share else self.replicas)
+        """Devices (GPUs, or cores on a CPU build) the configuration asks for at least: TP x PP x DP ranks per replica
+        (over all its nodes), times the replicas unless they share the same devices."""
+        return self.tp * self.pp * self.dp * (1 if self.gpu_share else self.replicas)
 
     def label(self) -> str:
         """Short human label listing only the knobs that are set."""

@@ -187,6 +187,12 @@ class EngineAdapter(ABC):
         """What a request must resolve to on this engine, field by field (see state.expected_state)."""
         return expected_state(knobs)
 
+    def node_flags(self, install: EngineInstall, nodes: int, rank: int, addr: str, port: int) -> list[str]:
+        """The flags that make a launch rank `rank` of one server over `nodes` nodes, its rank 0 waiting for the
+        others at addr:port (the engine's own multi-node launch); KnobError where this engine or version has none."""
+        raise KnobError(f"{self.name} {install.version}: servescope knows no multi-node launch of this engine (one "
+                        "server over several nodes): nodes=1 only")
+
     def recommended_flags(self, knobs: Knobs, install: EngineInstall) -> list[str]:
         """A recommendation in this engine's own spelling (the flags that express knobs on this version)."""
         return self.knob_flags(knobs, install)
@@ -197,8 +203,10 @@ class EngineAdapter(ABC):
         launches: knobs the version cannot express, and more TP x DP ranks than GPUs visible (or, on a CPU build,
         than cores this process may use). Returns the flags."""
         flags = self.knob_flags(knobs, install)
+        if knobs.nodes > 1:  # the nodes are the cluster's (checked there): here only that the version can span them
+            self.node_flags(install, knobs.nodes, 0, "127.0.0.1", 1)
         ranks = knobs.devices
-        if ranks > 1:
+        if ranks > 1 and knobs.nodes == 1:
             have, what = visible_devices(install.platform, env or {})
             if have is not None and ranks > have:
                 per = f"{knobs.replicas} replicas of " if knobs.replicas > 1 and not knobs.gpu_share else ""
@@ -251,7 +259,7 @@ class EngineAdapter(ABC):
         sizes = [g.mem_total_mib for g in gpus if g.mem_total_mib]
         if w is None or not sizes:
             return
-        need = w / 2**20 / knobs.tp + REPLICA_OVERHEAD_MIB
+        need = w / 2**20 / (knobs.tp * knobs.pp) + REPLICA_OVERHEAD_MIB
         if need > min(sizes):
             per = f"{knobs.replicas} replicas of tp={knobs.tp}" if knobs.replicas > 1 else f"tp={knobs.tp}"
             raise KnobError(f"{per} does not fit: the weights ({w / 1e9:.1f} GB) over tp={knobs.tp} need "

@@ -214,6 +214,16 @@ class SglangAdapter(EngineAdapter):
             # else: piecewise is this version's default (auto-disable rules may still turn it off: thread 1)
 
     @override
+    def node_flags(self, install: EngineInstall, nodes: int, rank: int, addr: str, port: int) -> list[str]:
+        """SGLang's own multi-node launch: the same command on every node with its rank, rank 0 listening for the
+        others' process groups at --dist-init-addr and serving HTTP alone."""
+        f = _Flags(self.flag_set(install), install.version)
+        f.add("--nnodes", nodes, knob="nodes")
+        f.add("--node-rank", rank, knob="nodes")
+        f.add("--dist-init-addr", f"{addr}:{port}", knob="nodes")
+        return f.out
+
+    @override
     def default_graph_mode(self, install: EngineInstall) -> str | None:
         """Decode graphs always; prefill graphs (breakable) by default from 0.5.10 (knob catalogue, "Prefill graphs";
         0.5.17's defaults resolved decode=full prefill=breakable on the H200, data/reference/sglang-h200)."""
@@ -246,6 +256,8 @@ class SglangAdapter(EngineAdapter):
     def _parallel(f: _Flags, knobs: Knobs) -> None:
         if knobs.tp > 1:
             f.add("--tp-size", knobs.tp)
+        if knobs.pp > 1:
+            f.add("--pp-size", knobs.pp)
         if knobs.attn_dp is not None:
             if knobs.dp > 1:
                 raise KnobError(f"{f.v}: dp={knobs.dp} replicas together with attn_dp={knobs.attn_dp} is rejected "

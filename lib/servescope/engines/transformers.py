@@ -103,8 +103,9 @@ class TransformersAdapter(EngineAdapter):
         for knob, what in unsupported.items():
             if getattr(knobs, knob) not in (None, False):
                 raise KnobError(f"{v} serve has no knob for {what}")
-        if knobs.tp > 1 or knobs.dp > 1:
-            raise KnobError(f"{v} serve runs one process on one device: no tp/dp (run several servers for replicas)")
+        if knobs.tp > 1 or knobs.dp > 1 or knobs.pp > 1:
+            raise KnobError(f"{v} serve runs one process on one device: no tp/pp/dp (run several servers for "
+                            "replicas)")
         return out + list(knobs.extra_args)
 
     @override

@@ -259,6 +259,18 @@ class VllmAdapter(EngineAdapter):
         flags += self._parallel_flags(knobs, v)
         return flags + self._scheduler_flags(knobs, install, fs) + list(knobs.extra_args)
 
+    @override
+    def node_flags(self, install: EngineInstall, nodes: int, rank: int, addr: str, port: int) -> list[str]:
+        """vLLM's multiprocessing multi-node launch (--nnodes, --node-rank, --master-addr, --master-port): the same
+        command on every node, rank 0 serving the API and the others --headless; a version without --nnodes has
+        only its Ray executor for this, which servescope does not drive."""
+        fs = self._flags_if_readable(install)
+        if fs is not None and not all(fs.has(f) for f in ("--nnodes", "--node-rank", "--master-addr", "--headless")):
+            raise KnobError(f"vLLM {install.version} has no --nnodes/--node-rank (its multi-node launch is the Ray "
+                            "executor alone, which servescope does not drive): use a vLLM that has them")
+        flags = ["--nnodes", str(nodes), "--node-rank", str(rank), "--master-addr", addr, "--master-port", str(port)]
+        return flags + (["--headless"] if rank else [])
+
     def _compile_flags(self, knobs: Knobs, install: EngineInstall, fs: FlagSet | None) -> list[str]:
         """--enforce-eager, or --compilation-config with the compile mode and CUDA-graph mode asked for."""
         v = f"vLLM {install.version}"
@@ -303,6 +315,8 @@ class VllmAdapter(EngineAdapter):
         flags: list[str] = []
         if knobs.tp > 1:
             flags += ["--tensor-parallel-size", str(knobs.tp)]
+        if knobs.pp > 1:
+            flags += ["--pipeline-parallel-size", str(knobs.pp)]
         if knobs.dp > 1:
             flags += ["--data-parallel-size", str(knobs.dp)]
         if knobs.attn_dp is not None:
