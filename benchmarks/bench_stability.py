@@ -7,18 +7,28 @@ the front page's first line (verified or not, and the flags it names). Prints ea
 lines, then
 `stability: threads=N same_headline=K same_tier=K same_first_line=yes|no` last. Goal (issues 20, 34): K = N, yes.
 
+With --ray, the first run goes through the Ray runner on a local cluster of simulated nodes (Ray's own cluster
+utilities: a head with no CPUs and two nodes of one CPU and one simulated GPU; one point at a time, so both runs
+measure on the same quiet cores) and the second runs locally: the same comparison then says whether the suite gives
+the same answers through Ray as locally (issue 61).
+
 Usage: python benchmarks/bench_stability.py [--suite data/suites/default.yaml] [--keep DIR] [--first REPORT_DIR]
+       [--ray]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import html
 import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -67,14 +77,39 @@ def first_line(out_dir: Path) -> tuple[str, tuple[str, ...], str]:
         changes, f"scheduler: {tuned.group(1) if tuned else 'none'}"), line
 
 
+@contextlib.contextmanager
+def on_ray(suite: Path, work: Path) -> Iterator[Path]:
+    """A copy of suite whose points run through the Ray runner on a local cluster of simulated nodes, one at a time;
+    the cluster is shut down when the block ends."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1, num_gpus=1)
+    cluster.wait_for_nodes()
+    spec = yaml.safe_load(suite.read_text())
+    spec["runner"] = {"kind": "ray", "address": cluster.address, "parallel": False}
+    copy = work / f"ray-{suite.name}"
+    copy.write_text(yaml.safe_dump(spec, sort_keys=False))
+    try:
+        yield copy
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default=str(ROOT / "data" / "suites" / "default.yaml"))
     ap.add_argument("--keep", help="keep both stores and reports in this folder")
     ap.add_argument("--first", help="the rendered report of an earlier cold run of the same suite (make bench-report "
                     "ARGS='--keep DIR' leaves it in DIR/reports-cold/cold): it stands as the first run, one more runs")
+    ap.add_argument("--ray", action="store_true", help="the first run through the Ray runner on a local cluster of "
+                    "simulated nodes, the second locally")
     a = ap.parse_args()
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="servescope-bench-stability-"))
+    work.mkdir(parents=True, exist_ok=True)
     try:
         runs, lines = [], []
         if a.first:
@@ -82,7 +117,10 @@ def main() -> int:
             lines.append(first_line(Path(a.first)))
             print(f"run first: {a.first}\nrun first: first line: {lines[-1][2]}", flush=True)
         for tag in ("first", "second")[len(runs):]:
-            done, wall, n = run_cold(Path(a.suite), work, tag)
+            with on_ray(Path(a.suite), work) if a.ray and tag == "first" else contextlib.nullcontext(
+                    Path(a.suite)) as suite:
+                done, wall, n = run_cold(suite, work, tag)
+            tag += " (ray)" if a.ray and tag == "first" else ""
             print(f"run {tag}: wall_s={wall:.0f} launches={n['launches']} "
                   f"configurations_x_repetitions={n['configuration_repetitions']}", flush=True)
             runs.append(headlines(done.out_dir))
