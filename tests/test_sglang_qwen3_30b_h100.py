@@ -178,3 +178,28 @@ def test_04_says_only_one_server_fits_the_card_and_why():
     assert "tp=2: not available here" in why
     o = read_outcome(REF / "report" / "04_data_parallelism.findings.json")
     assert o.points_planned == 0 and o.status() == "ok"
+
+
+def test_offline_a_stored_setting_is_spelled_by_the_release_that_ran_it(tmp_path):
+    """Rendered here, where SGLang 0.5.17's interpreter (the GPU machine's) is absent, the search's settings showed
+    '(read from the store)' for their flags: they are spelled from that release's published flags (its wheel, cached
+    per user) as the run that launched them spelled them; a setting the store lacks stays unspelled and unasked."""
+    import shutil
+
+    from servescope import nb
+    from servescope.queries import expressible
+    from servescope.spec import Knobs
+    from servescope.study import Arm
+    from servescope.suite import load_suite
+
+    shutil.copytree(REF / "store", tmp_path / "store")
+    suite = load_suite(ROOT / "data" / "suites" / "sglang-qwen3-30b-h100.yaml")
+    (pt,) = [p for p in Store(REF / "store").points() if p.parts["knobs"].get("max_running_requests") == 32][:1]
+    ctx = nb.context(suite.engine, suite.model, pt.parts["load"], store_dir=str(tmp_path / "store"), offline=True,
+                     deployment=suite.deployment, telemetry=suite.telemetry)  # the search's load: its level
+    ctx = ctx.with_(pinned_start=pt.parts["machine_start"])  # a search point is its machine start's
+    stored = Knobs(**{k: v for k, v in pt.parts["knobs"].items() if k != "extra_args"})
+    ex = expressible(ctx, [Arm("mrr32", stored), Arm("mrr96", stored.model_copy(update={"max_running_requests": 96}))])
+    got = dict(zip(ex["arm"], ex["flags"], strict=True))
+    assert "--max-running-requests 32" in got["mrr32"] and got["mrr32"] in " ".join(pt.target["flags"])
+    assert got["mrr96"] == "" and not ex["asked"].any()

@@ -4,6 +4,7 @@ groups."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -145,10 +146,31 @@ def stored_row(ctx: RunContext, a: Arm, why: str) -> dict[str, Any]:
     key = store.key(point_parts(ctx, a.knobs, 0))
     # a launch the store saw die before it was ready was expressible: its death is what the store holds of it
     have = store.has(key) or store.recorded_death(key) is not None
-    return {"arm": a.name, "expressible": have, "flags": "(read from the store)" if have else "",
-            "flag_list": None,  # not spelled here: the engine was not asked
+    spelled = _spelled_as_stored(ctx, a, store.get(key).install) if store.has(key) else None
+    return {"arm": a.name, "expressible": have,
+            "flags": "" if not have else "(read from the store)" if spelled is None else
+            shlex.join(spelled) or "(none: the default)",
+            "flag_list": None,  # not asked of the engine: its stored launch's release spelled them, or nothing did
             "reason": "" if have else f"not in the store, and the engine is not here to ask ({why})",
             "asked": False}  # the engine was not asked: a setting missing here is not measured, not refused
+
+
+def _spelled_as_stored(ctx: RunContext, a: Arm, install: EngineInstall | None) -> list[str] | None:
+    """The arm's own flags as the release its stored launch ran spells them (the flags read from that release's
+    published source, cached per user, where the install is not here), or None where neither can be read."""
+    if install is None:
+        return None
+    for inst in (install, None):
+        try:
+            if inst is None:  # the published release of the version that ran (its wheel: the flags' source)
+                from .engines.source import fetch_wheel
+
+                inst = dataclasses.replace(install, source=str(fetch_wheel(ctx.adapter.distributions[0],
+                                                                            install.version)))
+            return ctx.adapter.knob_flags(a.knobs, inst)
+        except (ServescopeError, OSError, IndexError):
+            continue
+    return None
 
 
 def audit_for(ctx: RunContext, install: EngineInstall | None = None) -> pd.DataFrame:
