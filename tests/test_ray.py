@@ -395,3 +395,48 @@ def test_a_server_over_more_nodes_than_the_cluster_has_or_without_ray_is_refused
     with pytest.raises(ValueError, match=r"nodes=2 must divide the server's tp x pp x dp = 3 ranks"):
         Knobs(tp=3, nodes=2)
     assert our_processes("sglang.launch_server") == []
+
+
+def test_ctrl_c_on_the_driver_ends_every_rank_of_a_server_over_nodes(tmp_path, cluster, sglang_0517_site):
+    """Ctrl-C while a server over two nodes serves: rank 0's task is cancelled, the rank actors it owns die with it,
+    every rank's tree goes with its reaper, and the placement group is given back (a point that fits runs after)."""
+    import signal
+
+    c, _ = cluster
+    script = tmp_path / "driver.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+from servescope.experiment import Config, measure
+from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
+from servescope.store import Store
+try:
+    measure(EngineSpec(**{sglang_0517_site.model_dump()!r}), ModelSpec(path="org/moe", served_name="moe"),
+            [Config("over two", Knobs(tp=2, nodes=2))],
+            LoadSpec(concurrency=(1,), num_requests=400, input_len=8, output_len=64, warmup_requests=0,
+                     endpoint="generate"), repetitions=1, store=Store({str(tmp_path / 'st')!r}), say=lambda m: None,
+            runner={_runner(c)!r})
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+""")
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while len(our_processes("sglang.launch_server")) < 2:
+            assert time.monotonic() < deadline and driver.poll() is None, "the two ranks never started"
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGINT)
+        out, _ = driver.communicate(timeout=60)
+        assert driver.returncode == 130 and "interrupted" in out, (driver.returncode, out)
+    finally:
+        driver.kill()
+    deadline = time.monotonic() + 30
+    while our_processes("sglang.launch_server") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert our_processes("sglang.launch_server") == []
+    assert not Store(tmp_path / "st").keys()
+    res = measure(sglang_0517_site, SG_MODEL, [OVER_TWO], LoadSpec(concurrency=(1,), num_requests=2, input_len=8,
+                  output_len=4, warmup_requests=0, endpoint="generate"), repetitions=1, store=Store(tmp_path / "again"),
+                  say=lambda m: None, runner=_runner(c))
+    assert res.errors.empty, res.errors["summary"].tolist()
