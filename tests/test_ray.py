@@ -440,3 +440,17 @@ except KeyboardInterrupt:
                   output_len=4, warmup_requests=0, endpoint="generate"), repetitions=1, store=Store(tmp_path / "again"),
                   say=lambda m: None, runner=_runner(c))
     assert res.errors.empty, res.errors["summary"].tolist()
+
+
+def test_a_followers_gpus_stay_apart_from_rank_0s_in_one_servers_tables():
+    """Every node numbers its GPUs from 0: rank r's read 100 x r + their own index, and every row says its rank."""
+    import pandas as pd
+
+    from servescope.span import GPU_INDEX_PER_RANK, _ranked
+
+    gpu = pd.DataFrame({"gpu": [0, 1], "power_w": [300.0, 310.0]})
+    assert _ranked(gpu, 0)["gpu"].tolist() == [0, 1] and set(_ranked(gpu, 0)["node_rank"]) == {0}
+    one = _ranked(gpu, 1)
+    assert one["gpu"].tolist() == [GPU_INDEX_PER_RANK, GPU_INDEX_PER_RANK + 1] and set(one["node_rank"]) == {1}
+    assert gpu["gpu"].tolist() == [0, 1]  # the node's own frame is left as it was
+    assert _ranked(pd.DataFrame(), 1).empty
