@@ -454,3 +454,22 @@ def test_a_followers_gpus_stay_apart_from_rank_0s_in_one_servers_tables():
     assert one["gpu"].tolist() == [GPU_INDEX_PER_RANK, GPU_INDEX_PER_RANK + 1] and set(one["node_rank"]) == {1}
     assert gpu["gpu"].tolist() == [0, 1]  # the node's own frame is left as it was
     assert _ranked(pd.DataFrame(), 1).empty
+
+
+def test_a_repetition_of_two_servers_over_the_same_nodes_runs_them_one_at_a_time(tmp_path, cluster,
+                                                                                 sglang_0517_site, monkeypatch):
+    """Two configurations that each span both nodes, on a runner that runs a repetition's points at once: each takes
+    the nodes whole, so they run in turn, neither waiting on the other's placement group (at once, the second would
+    wait for the first to end: here, with a placement wait of 1 s, it would fail)."""
+    from servescope import span
+
+    monkeypatch.setattr(span, "PLACEMENT_TIMEOUT_S", 1.0)
+    c, _ = cluster
+    store = Store(tmp_path / "s")
+    cfgs = [OVER_TWO, Config("tp2 over 2 nodes, 8 running", Knobs(tp=2, nodes=2, max_running_requests=8))]
+    load = LoadSpec(concurrency=(1,), num_requests=2, input_len=8, output_len=4, warmup_requests=0, endpoint="generate")
+    res = measure(sglang_0517_site, SG_MODEL, cfgs, load, repetitions=1, store=store, say=lambda m: None,
+                  runner=_runner(c))
+    assert res.errors.empty, res.errors["summary"].tolist()
+    (sa, ea), (sb, eb) = [(m["started_unix"], m["ended_unix"]) for m in _manifests(store).values()]
+    assert ea <= sb or eb <= sa

@@ -538,7 +538,9 @@ def _points_of(loop: _Loop, rep: int, order: Sequence[Config]) -> list[str]:
     """One repetition's points: one after another, or at once on a Ray runner that asks for it (each point a task on
     a node of its own choosing; their order in the repetition then only orders their submission)."""
     r = loop.ctx.runner
-    if r.kind != "ray" or not r.parallel or len(order) < 2 or loop.ctx.offline:
+    # a server over several nodes takes them whole: its points go one at a time, never waiting on each other's nodes
+    spans = any(c.knobs.nodes > 1 for c in order)
+    if r.kind != "ray" or not r.parallel or len(order) < 2 or loop.ctx.offline or spans:
         return [loop.point(rep, cfg) for cfg in order]
     from concurrent.futures import ThreadPoolExecutor
 

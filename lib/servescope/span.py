@@ -56,7 +56,7 @@ def check_fits(spec: RunnerSpec, knobs: Knobs, gpus_per_node: int, where: str) -
 @contextlib.contextmanager
 def placement(spec: RunnerSpec, knobs: Knobs, gpus_per_node: int, where: str) -> Iterator[Span]:
     """A placement group of one bundle per node of the server (each on a node of its own), removed when the block
-    ends; one the cluster cannot give in PLACEMENT_TIMEOUT_S is a SpecError naming it."""
+    ends; one the cluster cannot give in PLACEMENT_TIMEOUT_S (others hold its nodes) fails the point, naming it."""
     from . import raypoints
 
     ray = raypoints.ray_module()
@@ -67,7 +67,7 @@ def placement(spec: RunnerSpec, knobs: Knobs, gpus_per_node: int, where: str) ->
     try:
         ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
         if not ready:
-            raise SpecError(f"{where}: the Ray cluster gave no {knobs.nodes} nodes of {bundle} at once within "
+            raise ServerError(f"{where}: the Ray cluster gave no {knobs.nodes} nodes of {bundle} at once within "
                             f"{PLACEMENT_TIMEOUT_S:.0f} s (other points hold them, or the cluster lacks them)")
         yield Span(pg, knobs.nodes, gpus_per_node, spec.cpus_per_point)
     finally:
