@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT
+from common import ROOT, local_cluster
 
 TESTS = ROOT / "tests"
 sys.path.insert(0, str(TESTS))
@@ -47,26 +47,15 @@ def main() -> int:
     ap.add_argument("--itl-ms", type=float, default=40.0, help="the stub's pace: a point's length is its load")
     a = ap.parse_args()
 
-    import ray
-    from ray.cluster_utils import Cluster
-
     configs = [Config(f"c{i}", Knobs(extra_args=("--itl-ms", f"{a.itl_ms + i:g}"))) for i in range(a.configs)]
     load = LoadSpec(concurrency=(1, 4), num_requests=8, output_len=16, warmup_requests=0)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    for _ in range(a.nodes):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            local_s, n_local = run(configs, load, a.reps, Path(d) / "local", None)
-            print(f"local runner: {n_local} points in {local_s:.1f} s", flush=True)
-            ray_s, n_ray = run(configs, load, a.reps, Path(d) / "ray", {"kind": "ray", "address": cluster.address})
-            print(f"ray runner ({a.nodes} nodes): {n_ray} points in {ray_s:.1f} s", flush=True)
-            if n_ray != n_local:
-                raise SystemExit(f"the runs hold different points: {n_local} against {n_ray}")
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+    with local_cluster(a.nodes) as address, tempfile.TemporaryDirectory() as d:
+        local_s, n_local = run(configs, load, a.reps, Path(d) / "local", None)
+        print(f"local runner: {n_local} points in {local_s:.1f} s", flush=True)
+        ray_s, n_ray = run(configs, load, a.reps, Path(d) / "ray", {"kind": "ray", "address": address})
+        print(f"ray runner ({a.nodes} nodes): {n_ray} points in {ray_s:.1f} s", flush=True)
+        if n_ray != n_local:
+            raise SystemExit(f"the runs hold different points: {n_local} against {n_ray}")
     print(f"ray_runner: local_s={local_s:.1f} ray_s={ray_s:.1f} nodes={a.nodes} points={n_ray} "
           f"speedup={local_s / ray_s:.2f}")
     return 0

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "lib"))
 
 from bench_report import run_cold  # noqa: E402
+from common import local_cluster  # noqa: E402
 
 from servescope.findings import Finding, read_findings  # noqa: E402
 from servescope.summary import tier  # noqa: E402
@@ -81,22 +82,12 @@ def first_line(out_dir: Path) -> tuple[str, tuple[str, ...], str]:
 def on_ray(suite: Path, work: Path) -> Iterator[Path]:
     """A copy of suite whose points run through the Ray runner on a local cluster of simulated nodes, one at a time;
     the cluster is shut down when the block ends."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1, num_gpus=1)
-    cluster.wait_for_nodes()
-    spec = yaml.safe_load(suite.read_text())
-    spec["runner"] = {"kind": "ray", "address": cluster.address, "parallel": False}
-    copy = work / f"ray-{suite.name}"
-    copy.write_text(yaml.safe_dump(spec, sort_keys=False))
-    try:
+    with local_cluster(2, gpus_per_node=1) as address:
+        spec = yaml.safe_load(suite.read_text())
+        spec["runner"] = {"kind": "ray", "address": address, "parallel": False}
+        copy = work / f"ray-{suite.name}"
+        copy.write_text(yaml.safe_dump(spec, sort_keys=False))
         yield copy
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def main() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +127,21 @@ def run_aiperf(python: str, base_url: str, model: str, tokenizer: Path, num_prom
     return {"request_throughput": out["request_throughput"]["avg"],
             "output_throughput": out["output_token_throughput"]["avg"], "failed": errors,
             "_cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)}
+
+
+@contextlib.contextmanager
+def local_cluster(nodes: int, gpus_per_node: int = 0) -> Iterator[str]:
+    """A local Ray cluster of simulated nodes (Ray's own cluster utilities: a head with no CPUs to give, each node one
+    CPU and gpus_per_node simulated GPUs); yields its address, shuts it down after."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    try:
+        for _ in range(nodes):
+            cluster.add_node(num_cpus=1, num_gpus=gpus_per_node)
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -559,11 +559,11 @@ def _points_of(loop: _Loop, rep: int, order: Sequence[Config]) -> list[str]:
 
 
 def point_gpus(knobs: Knobs, platform: str) -> int:
-    """The GPUs one point of knobs takes on its node: tp x dp per server, times its replicas unless they share a
-    GPU; none for a CPU build."""
+    """The GPUs one point of knobs takes on each of its nodes (Knobs.devices, over Knobs.nodes); none for a CPU
+    build."""
     if platform == "cpu":
         return 0
-    return knobs.tp * knobs.dp * (1 if knobs.gpu_share is not None else knobs.replicas)
+    return knobs.ranks_per_node if knobs.nodes > 1 else knobs.devices
 
 
 def _measure(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, cfg: Config, tag: str,
@@ -584,7 +584,6 @@ def _measure(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, c
         if cfg.knobs.nodes > 1:  # one server over nodes: a bundle per node, this point's task in bundle 0 (rank 0)
             from . import span as spans
 
-            gpus //= cfg.knobs.nodes
             spans.check_fits(ctx.runner, cfg.knobs, gpus, tag)
             span = stack.enter_context(spans.placement(ctx.runner, cfg.knobs, gpus, tag))
         else:

@@ -21,7 +21,7 @@ from .engines.envs import EngineEnvSpec, ensure_engine_env
 from .errors import KnobError, PortInUseError, ServescopeError, SpecError
 from .models import model_config, resolve_model
 from .mps import SharedGpu
-from .server import ManagedServer, free_port, replica_log_dir, write_resolved
+from .server import ManagedServer, ReadyCheck, free_port, replica_log_dir, write_resolved
 from .spec import EngineSpec, Knobs, ModelSpec
 from .util import redact_mapping
 
@@ -299,7 +299,7 @@ def serve(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None 
     if span is not None:
         from . import span as spans
 
-        with spans.serve(span, prep, knobs, Path(log_dir), _serve_one, launch_plan, prefix, extra_env,
+        with spans.serve(span, prep, knobs, Path(log_dir), _serve_one, rank_server, prefix, extra_env,
                          term_grace_s) as target:
             yield target
         return
@@ -394,6 +394,26 @@ def _tree(pid: int | None) -> list[int]:
 DEFAULT_STARTUP_S = 900.0
 
 
+def managed_server(prep: Prepared, plan: LaunchPlan, port: int, log_dir: Path, ready: ReadyCheck,
+                   prefix: list[str] | None = None, term_grace_s: float = 15.0) -> ManagedServer:
+    """The server process tree of one launch plan (not started), with how its engine's log tells its own deaths."""
+    adapter, engine = prep.adapter, prep.engine
+    return ManagedServer(command=[*(prefix or []), *plan.command], port=port, host=engine.host, log_dir=log_dir,
+                         model=prep.served_name, env=plan.env,
+                         startup_timeout_s=engine.startup_timeout_s or DEFAULT_STARTUP_S, ready=ready,
+                         term_grace_s=term_grace_s, package=adapter.package,
+                         teardown_patterns=adapter.teardown_patterns, raiser_patterns=adapter.raiser_patterns,
+                         stage_of=adapter.death_stage, socket_dir_env=adapter.socket_dir_env)
+
+
+def rank_server(prep: Prepared, knobs: Knobs, log_dir: Path) -> ManagedServer:
+    """One other rank of a server over several nodes (span.RankServer): its launch plan on a free port here, with
+    no readiness of its own (rank 0 serves for all)."""
+    port = free_port(prep.engine.host)
+    return managed_server(prep, launch_plan(prep, knobs, port), port, log_dir,
+                          ReadyCheck(health_path=None, models_path=None, generate_path=None))
+
+
 @contextlib.contextmanager
 def _serve_one(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | None = None,
                extra_env: dict[str, str] | None = None, term_grace_s: float = 15.0) -> Iterator[Target]:
@@ -413,14 +433,8 @@ def _serve_one(prep: Prepared, knobs: Knobs, log_dir: Path, prefix: list[str] | 
     for attempt in range(3):
         port = engine.port or free_port(engine.host)
         plan = launch_plan(prep, knobs, port, extra_env)
-        ready = dataclasses.replace(plan.ready, api_key=api_key)
-        server = ManagedServer(command=[*(prefix or []), *plan.command], port=port, host=engine.host,
-                               log_dir=Path(log_dir), model=prep.served_name, env=plan.env,
-                               startup_timeout_s=engine.startup_timeout_s or DEFAULT_STARTUP_S, ready=ready,
-                               term_grace_s=term_grace_s,
-                               package=adapter.package, teardown_patterns=adapter.teardown_patterns,
-                               raiser_patterns=adapter.raiser_patterns, stage_of=adapter.death_stage,
-                               socket_dir_env=adapter.socket_dir_env)
+        server = managed_server(prep, plan, port, Path(log_dir), dataclasses.replace(plan.ready, api_key=api_key),
+                                prefix, term_grace_s)
         try:
             server.start()
             break

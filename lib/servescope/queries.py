@@ -4,6 +4,7 @@ groups."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shlex
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from .context import RunContext
 from .engines.audit import graph_disable_audit
 from .engines.base import EngineInstall
 from .engines.matrix import source_tree as published_source
+from .engines.source import fetch_wheel
 from .errors import KnobError, ServescopeError, SpecError
 from .experiment import Results, point_parts, read_store
 from .findings import Failure
@@ -160,16 +162,11 @@ def _spelled_as_stored(ctx: RunContext, a: Arm, install: EngineInstall | None) -
     published source, cached per user, where the install is not here), or None where neither can be read."""
     if install is None:
         return None
-    for inst in (install, None):
-        try:
-            if inst is None:  # the published release of the version that ran (its wheel: the flags' source)
-                from .engines.source import fetch_wheel
-
-                inst = dataclasses.replace(install, source=str(fetch_wheel(ctx.adapter.distributions[0],
-                                                                            install.version)))
-            return ctx.adapter.knob_flags(a.knobs, inst)
-        except (ServescopeError, OSError, IndexError):
-            continue
+    with contextlib.suppress(ServescopeError, OSError):
+        return ctx.adapter.knob_flags(a.knobs, install)
+    with contextlib.suppress(ServescopeError, OSError, IndexError):  # the published release: its wheel's flags
+        wheel = fetch_wheel(ctx.adapter.distributions[0], install.version)
+        return ctx.adapter.knob_flags(a.knobs, dataclasses.replace(install, source=str(wheel)))
     return None
 
 

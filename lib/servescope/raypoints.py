@@ -107,6 +107,13 @@ def unpack(data: bytes, root: Path) -> list[str]:
         return sorted({m.name.split("/")[0] for m in tar.getmembers()})
 
 
+def lost_errors() -> tuple[type[BaseException], ...]:
+    """What Ray raises where the node, worker or actor a call depended on is gone."""
+    ex = ray_module().exceptions
+    return (ex.NodeDiedError, ex.WorkerCrashedError, ex.OwnerDiedError, ex.LocalRayletDiedError, ex.RayActorError,
+            ex.ActorUnavailableError)
+
+
 class NodeLostError(ServerError):
     """The node running a point left the cluster (or its worker died) before the point came back."""
 
@@ -161,9 +168,7 @@ def _run(ray: Any, spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ..
             _drain(tell, on_line)
         _drain(tell, on_line)
         return ray.get(ref)
-    except (ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError, ray.exceptions.OwnerDiedError,
-            ray.exceptions.LocalRayletDiedError, ray.exceptions.ActorDiedError,
-            ray.exceptions.ActorUnavailableError) as e:
+    except lost_errors() as e:
         node = f" {strategy.node_id}" if slot is not None and fits else " of the server's rank 0" if bundle else ""
         raise NodeLostError(f"{where}: the Ray node{node} running it was lost at {time.strftime('%H:%M:%S')} "
                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None

@@ -45,8 +45,7 @@ def check_fits(spec: RunnerSpec, knobs: Knobs, gpus_per_node: int, where: str) -
     from . import raypoints
 
     nodes = raypoints.connect(spec)["nodes"]
-    room = [n for n in nodes if n["Resources"].get("GPU", 0.0) >= gpus_per_node
-            and n["Resources"].get("CPU", 0.0) >= spec.cpus_per_point]
+    room = raypoints.fitting_nodes(spec, gpus_per_node)
     if len(room) < knobs.nodes:
         raise SpecError(f"{where} spans {knobs.nodes} nodes of {gpus_per_node} GPU(s) and {spec.cpus_per_point:g} "
                         f"CPU(s) each; the Ray cluster at {spec.address!r} has {len(room)} such node(s) of "
@@ -88,29 +87,21 @@ class RankServer:
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        self.dir = Path(tempfile.mkdtemp(prefix=f"servescope-rank{rank}-"))
+        # named as the point folder names it (rank<r>/), so its pack unpacks there as it is
+        self.dir = Path(tempfile.mkdtemp(prefix="servescope-rank-")) / f"rank{rank}"
         self.server: Any = None
         self.tel: Any = None
 
-    def start(self, prep: Any, knobs: Knobs, flags: list[str], launch_plan: Callable[..., Any]) -> dict[str, Any]:
-        """Launch this rank (launch_plan's command for knobs, as rank 0's, with its own node flags); started, not
-        waited on: the ranks meet each other inside the engine. Returns the rank's record: node, command,
-        environment, pid."""
+    def start(self, prep: Any, knobs: Knobs, flags: list[str], rank_server: Callable[..., Any]) -> dict[str, Any]:
+        """Launch this rank (rank_server: launch's server for knobs, as rank 0's command, with its own node flags);
+        started, not waited on: the ranks meet each other inside the engine. Returns the rank's record: node,
+        command, environment, pid."""
         from . import raypoints
-        from .server import ManagedServer, ReadyCheck, free_port
 
-        adapter = prep.adapter
         own = knobs.model_copy(update={"extra_args": (*knobs.extra_args, *flags)})
-        port = free_port(prep.engine.host)
-        plan = launch_plan(prep, own, port)
-        self.server = ManagedServer(command=plan.command, port=port, host=prep.engine.host,
-                                    log_dir=self.dir, model=prep.served_name, env=plan.env,
-                                    ready=ReadyCheck(health_path=None, models_path=None, generate_path=None),
-                                    package=adapter.package, teardown_patterns=adapter.teardown_patterns,
-                                    raiser_patterns=adapter.raiser_patterns, stage_of=adapter.death_stage,
-                                    socket_dir_env=adapter.socket_dir_env)
+        self.server = rank_server(prep, own, self.dir)
         self.server.start()
-        env = {**os.environ, **plan.env}
+        env = {**os.environ, **self.server.env}
         return {"rank": self.rank, **raypoints.node_words(), "command": self.server.shown_command,
                 "flags": flags, "env": {k: env[k] for k in RANK_ENV if k in env}, "pid": self.server.proc.pid}
 
@@ -152,18 +143,12 @@ class RankServer:
         return raypoints.pack(self.dir.parent, [self.dir.name])
 
 
-def _ray_errors() -> tuple[type[BaseException], ...]:
-    import ray
-
-    return (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.NodeDiedError)
-
-
 @contextlib.contextmanager
 def serve(span: Span, prep: Any, knobs: Knobs, log_dir: Path, serve_one: Callable[..., Any],
-          launch_plan: Callable[..., Any], prefix: list[str] | None = None, extra_env: dict[str, str] | None = None,
+          rank_server: Callable[..., Any], prefix: list[str] | None = None, extra_env: dict[str, str] | None = None,
           term_grace_s: float = 15.0) -> Iterator[Any]:
     """Rank 0 here (this task runs in bundle 0, through serve_one: launch's one-server block, prefix and extra_env
-    its alone) and a RankServer in every other bundle (launch_plan's command), all with the engine's node flags
+    its alone) and a RankServer in every other bundle (rank_server's process), all with the engine's node flags
     (rank 0 listens at this node's address); yields rank 0's Target with .followers (the actors) and .ranks (every
     rank's record); every rank is stopped, and its log brought into log_dir/rank<r>/, as it ends."""
     import ray
@@ -181,7 +166,7 @@ def serve(span: Span, prep: Any, knobs: Knobs, log_dir: Path, serve_one: Callabl
     records: list[dict[str, Any]] = []
     try:
         records = ray.get([f.start.remote(prep, knobs, adapter.node_flags(install, span.nodes, r, addr, port),
-                                          launch_plan) for r, f in enumerate(followers, start=1)])
+                                          rank_server) for r, f in enumerate(followers, start=1)])
         flags0 = adapter.node_flags(install, span.nodes, 0, addr, port)
         own = knobs.model_copy(update={"extra_args": (*knobs.extra_args, *flags0)})
         with serve_one(prep, own, log_dir, prefix, extra_env, term_grace_s) as target:
@@ -191,7 +176,7 @@ def serve(span: Span, prep: Any, knobs: Knobs, log_dir: Path, serve_one: Callabl
             head = dataclasses.replace(target, knobs=knobs, followers=followers, ranks=[rank0, *records])
             head.check_alive = _checker(target.check_alive, followers, records)
             yield head
-    except _ray_errors() as e:
+    except raypoints.lost_errors() as e:
         raise ServerError(f"a rank of the server over {span.nodes} nodes was lost at {time.strftime('%H:%M:%S')} "
                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     finally:
@@ -203,6 +188,8 @@ def _checker(own: Callable[[], None] | None, followers: list[Any], records: list
     """Rank 0's liveness check, then every other rank's: a rank that died (or whose node left) fails the point."""
     import ray
 
+    from . import raypoints
+
     def check() -> None:
         if own is not None:
             own()
@@ -210,7 +197,7 @@ def _checker(own: Callable[[], None] | None, followers: list[Any], records: list
             where = f"rank {rec['rank']} on node {rec['node_id'][:12]} ({rec['node_ip']})"
             try:
                 why = ray.get(f.alive.remote(), timeout=30)
-            except _ray_errors() as e:
+            except raypoints.lost_errors() as e:
                 raise ServerError(f"{where} was lost at {time.strftime('%H:%M:%S')}: {type(e).__name__}") from None
             if why:
                 raise ServerError(f"{where} died: {why}")
@@ -223,17 +210,10 @@ def _stop(followers: list[Any], log_dir: Path) -> None:
 
     from . import raypoints
 
-    for r, f in enumerate(followers, start=1):
+    for f in followers:
         try:
-            data = ray.get(f.stop.remote(), timeout=120)
-            folder = log_dir / f"rank{r}"
-            with tempfile.TemporaryDirectory() as tmp:
-                names = raypoints.unpack(data, Path(tmp))
-                if names:
-                    import shutil
-
-                    shutil.copytree(Path(tmp) / names[0], folder, dirs_exist_ok=True)
-        except (*_ray_errors(), ray.exceptions.GetTimeoutError):
+            raypoints.unpack(ray.get(f.stop.remote(), timeout=120), log_dir)  # as log_dir/rank<r>
+        except (*raypoints.lost_errors(), ray.exceptions.GetTimeoutError):
             pass  # its node is gone: the reaper there takes its tree down with the actor
         finally:
             ray.kill(f)
