@@ -77,6 +77,8 @@ class StubAdapter(EngineAdapter):
         # STUB_ITL_MS: the base gap between tokens (1 ms); a timing test whose effect must outweigh a 2-core host's
         # hiccups (a few hundred ms under the full suite) sets it longer
         flags = self._flags(knobs, float(extra_env.get("STUB_ITL_MS", 1.0)))
+        if extra_env.get("STUB_AS_OFF") and extra_env["STUB_AS_OFF"] == knobs.cuda_graph:  # as fast as graphs off
+            flags[flags.index("--itl-ms") + 1] = f"{GRAPH_SPEED['off'] * float(extra_env.get('STUB_ITL_MS', 1.0)):g}"
         once = extra_env.get("STUB_FAST_ONCE", "")  # the first server asking for batch tokens is 4x faster, once
         if once and knobs.chunked_prefill_size is not None:
             flags += ["--fast-once", once]

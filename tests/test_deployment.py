@@ -108,15 +108,18 @@ def test_a_launch_that_timed_out_is_a_death_and_is_not_launched_again(tmp_path, 
 def test_outputs_are_checked_on_every_point_and_a_perturbed_configuration_is_never_recommended(tmp_path, stub_engine):
     """Known answer on the stub: every launch answers the check set alone and batched; 'full' answers as 'off' does
     (within the batch jitter), 'piecewise' is fault-injected (STUB_PERTURB) and is caught, so 02 never picks it
-    although it is the fastest."""
+    although it is the fastest, and names it as changing outputs whether or not its speed is resolved. An
+    oversubscribed host can starve one repetition's client (a CI run here: off read 75 tok/s beside 276 and 295):
+    the plan goes on up to 6 repetitions while the headline is unresolved, as a user's would."""
     from servescope.threads import graph_modes as t02
 
     engine = {**stub_engine, "env": {"STUB_PERTURB": "piecewise"}}
-    ctx = context(engine, {"path": "stub"}, LOAD, repetitions=3, store=Store(tmp_path), progress=False)
+    ctx = context(engine, {"path": "stub"}, LOAD, repetitions=3, max_repetitions=6, store=Store(tmp_path),
+                  progress=False)
     gs = t02.run(ctx, ceiling=False)
     checks = gs.study.results.output_checks
     assert set(checks["config"]) >= {"off", "full", "piecewise"} and set(checks["pass"]) == {"alone", "batched"}
-    assert set(checks["rep"]) == {0, 1, 2}
+    assert set(checks["rep"]) >= {0, 1, 2}
     same = gs.study.output_verdict("full", "off")
     assert same.status == "same" and 0 < same.floor < 1e-4, same
     wrong = gs.study.output_verdict("piecewise", "off")
@@ -130,6 +133,20 @@ def test_outputs_are_checked_on_every_point_and_a_perturbed_configuration_is_nev
     assert any(x.outputs for x in bad.failures)
     good = next(f for f in fs if f.title.startswith("CUDA graphs full"))
     assert "answers as off does" in good.detail
+
+
+def test_a_mode_that_changes_outputs_fails_whatever_its_speed(tmp_path, stub_engine):
+    """Known answer on the stub: piecewise answers wrongly and is as fast as off (its effect unresolved, equivalent
+    or, by a hair, slower): it is named as changing outputs, a failure with no change, not a plain effect."""
+    from servescope.threads import graph_modes as t02
+
+    engine = {**stub_engine, "env": {"STUB_PERTURB": "piecewise", "STUB_AS_OFF": "piecewise"}}
+    ctx = context(engine, {"path": "stub"}, LOAD, repetitions=3, store=Store(tmp_path), progress=False)
+    fs = t02.findings(t02.run(ctx, ceiling=False, only=["piecewise"]))
+    bad = next((f for f in fs if f.title.endswith("piecewise changes outputs")), None)
+    assert bad is not None, [f.title for f in fs]
+    assert bad.kind == "failure" and bad.change is None and "never recommended" in bad.headline
+    assert fs[0].change is None and fs[0].title != "Use CUDA graphs: piecewise"
 
 
 def test_output_verdicts_need_a_noise_floor_and_say_when_they_cannot_be_made():

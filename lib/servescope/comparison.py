@@ -284,8 +284,9 @@ class Comparison:
         advice = self._advice(knobs, direction, conf, deployed) if knobs is not None else None
         ov = self.study.output_verdict(self.treatment, self.baseline) if len(self.study.results.output_checks) \
             else None
-        wrong = self.study.output_failure(self.treatment, self.baseline, ov) \
-            if ov is not None and direction == "better" else None
+        # a side that changes outputs fails whatever its speed: faster, slower or not told apart, it is a defect the
+        # reader must see, not an effect
+        wrong = self.study.output_failure(self.treatment, self.baseline, ov) if ov is not None else None
         return replace(base, outcome="changes outputs" if wrong is not None else "effect", direction=direction,
                        confidence=conf, lopsided=lopsided, stalled_at=stalled, advice=advice, outputs=ov, wrong=wrong)
 
@@ -330,10 +331,11 @@ class Comparison:
             detail += " Failed: " + "; ".join(f"{x.config} {x.words()}" for x in v.failures) + "."
         if v.outputs is not None:
             ev["outputs"] = v.outputs.row() | {"words": v.outputs.words()}
-        if v.wrong is not None and v.outputs is not None:  # the faster side changes outputs: never recommended
+        if v.wrong is not None and v.outputs is not None:  # the treatment changes outputs: never recommended
             return Finding(thread=thread, kind="failure", title=f"{subject}: {self.treatment} changes outputs",
-                           **sentences(f"{self.treatment} is faster than {self.baseline} ({v.effect.text()}) but "
-                                       f"{v.outputs.words()}: never recommended", detail + note),
+                           **sentences(f"{self.treatment} {_speed_words(v.direction)} {self.baseline} "
+                                       f"({v.effect.text()}) but {v.outputs.words()}: never recommended",
+                                       detail + note),
                            effect=v.effect, confidence=v.confidence, direction="", evidence=ev,
                            reason=f"{self.treatment} changes outputs", failures=[*v.failures, v.wrong])
         if v.outputs is not None:
@@ -561,6 +563,12 @@ def _direction(h: Headline, levels: pd.DataFrame) -> Direction:
     if h.status in ("better", "worse", "no change"):
         return h.status
     return "unresolved"
+
+
+def _speed_words(direction: Direction) -> str:
+    """How the side that changes outputs compares on speed, before the baseline's name."""
+    return {"better": "is faster than", "worse": "is slower than", "no change": "is as fast as"}.get(
+        direction, "is not told apart in speed from")
 
 
 def _direction_words(h: Headline, levels: pd.DataFrame, direction: Direction) -> str:
