@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 import uuid
 
 import psutil
@@ -36,6 +38,18 @@ def our_processes(*needles: str) -> list[psutil.Process]:
     """Live processes this test session started (they carry its mark) whose command line holds one of the needles:
     `make test` runs two sessions at once (pytest-xdist), and one must not count the other's servers as left over."""
     return _marked(lambda p: any(n in " ".join(p.info["cmdline"] or []) for n in needles))
+
+
+def watchdog_of(pid: int) -> psutil.Process:
+    """pid's one _reaper.py child, once it has its SIGTERM handler (a TERM before that kills it the default way)."""
+    (dog,) = [c for c in psutil.Process(pid).children() if any(a.endswith("_reaper.py") for a in c.cmdline())]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        caught = next(int(line.split()[1], 16) for line in open(f"/proc/{dog.pid}/status") if line.startswith("SigCgt"))
+        if caught & (1 << (signal.SIGTERM - 1)):
+            return dog
+        time.sleep(0.05)
+    raise AssertionError(f"watchdog {dog.pid} never caught SIGTERM")
 
 
 def vllm_processes() -> list[str]:

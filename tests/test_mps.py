@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import watchdog_of
+
 from servescope import mps
 from servescope.mps import GpuFacts, MpsDaemon, MpsError
 
@@ -99,8 +101,10 @@ def test_a_daemon_that_does_not_start_is_refused_with_nothing_left(stub_path, mo
         MpsDaemon(active_thread_pct=0).start()
 
 
-def test_a_killed_launcher_leaves_no_daemon(stub_path, tmp_path):
-    """The launching process (a notebook kernel) killed outright: the watchdog ends the daemon and its folder."""
+@pytest.mark.parametrize("how", ["kill", "pkill"])
+def test_a_killed_launcher_leaves_no_daemon(stub_path, tmp_path, how):
+    """The launching process (a notebook kernel) killed outright: the watchdog ends the daemon and its folder; pkill:
+    the launcher and its watchdog TERMed together, as `pkill -f servescope` does."""
     code = ("import sys, time; from servescope.mps import MpsDaemon; d = MpsDaemon().start(); "
             "print(d.root, d.pid, flush=True); time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
@@ -108,7 +112,12 @@ def test_a_killed_launcher_leaves_no_daemon(stub_path, tmp_path):
     assert child.stdout is not None
     root, pid = child.stdout.readline().split()
     assert _alive(int(pid)) and Path(root).is_dir()
-    child.kill()
+    if how == "pkill":
+        watchdog = watchdog_of(child.pid)
+        child.terminate()
+        watchdog.terminate()
+    else:
+        child.kill()
     child.wait()
     assert _gone(int(pid), Path(root), within_s=15)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -14,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import stub_command
+from conftest import stub_command, watchdog_of
 from servescope.errors import PortInUseError, ServerExitedError, ServerStartTimeout
 from servescope.server import ManagedServer, ReadyCheck, free_port, port_is_free, redact_command
 
@@ -122,8 +123,11 @@ def test_port_in_use_refused_before_launch(tmp_path):
         assert srv.proc is None
 
 
-def test_reaper_kills_server_when_launcher_dies(tmp_path):
-    """A notebook kernel killed outright cannot run `finally`; the watchdog must still end the server."""
+@pytest.mark.parametrize("how", ["kill", "pkill"])
+def test_reaper_kills_server_when_launcher_dies(tmp_path, how):
+    """A notebook kernel killed outright cannot run `finally`; the watchdog must still end the server. pkill: the
+    launcher and its watchdog TERMed together (what `pkill -f servescope` does): the watchdog ends the server on the
+    way out."""
     pid_file = tmp_path / "pids"
     port = free_port()
     script = textwrap.dedent(f"""
@@ -139,11 +143,17 @@ def test_reaper_kills_server_when_launcher_dies(tmp_path):
         time.sleep(600)
     """)
     launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
     try:
         said, sockets = launcher.stdout.readline().split()
         assert said == "ready" and Path(sockets).is_dir()
         pids = _pids(pid_file)
-        launcher.kill()
+        if how == "pkill":
+            watchdog = watchdog_of(launcher.pid)
+            launcher.terminate()
+            watchdog.terminate()
+        else:
+            launcher.kill()
         launcher.wait()
         deadline = time.monotonic() + 20
         while not (_gone(pids) and not Path(sockets).exists()) and time.monotonic() < deadline:
@@ -152,6 +162,9 @@ def test_reaper_kills_server_when_launcher_dies(tmp_path):
         assert not Path(sockets).exists()  # the launch's socket folder went with its tree
     finally:
         launcher.kill()
+        for pid in pids:  # what a failed watchdog left: not for the next test to trip over
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_launch_gets_a_socket_folder_of_its_own_removed_with_its_tree(tmp_path):

@@ -15,6 +15,15 @@ import sys
 import time
 
 
+# set by SIGTERM: `pkill -f servescope` (or a host's shutdown) TERMs this watchdog with its launcher, which leaves the
+# server group behind unless the watchdog takes it down on the way out
+_TOLD = [False]
+
+
+def _on_term(signum: int, frame: object) -> None:
+    _TOLD[0] = True
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -32,7 +41,8 @@ def _mps(root: str, control: str, parent: int) -> None:
     import subprocess
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while os.getppid() == parent and os.path.isdir(root):
+    signal.signal(signal.SIGTERM, _on_term)
+    while os.getppid() == parent and os.path.isdir(root) and not _TOLD[0]:
         time.sleep(0.5)
     if not os.path.isdir(root):
         return
@@ -62,6 +72,7 @@ def main() -> None:
     scratch = sys.argv[3] if len(sys.argv) > 3 else ""
     parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_term)
     try:
         _reap(pgid, grace_s, parent)
     finally:
@@ -75,7 +86,7 @@ def _reap(pgid: int, grace_s: float, parent: int) -> None:
     while True:
         if not _group_alive(pgid):
             return
-        if os.getppid() != parent:
+        if os.getppid() != parent or _TOLD[0]:
             break
         time.sleep(0.5)
     try:
