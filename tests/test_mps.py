@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from conftest import watchdog_of
-
 from servescope import mps
 from servescope.mps import GpuFacts, MpsDaemon, MpsError
 

@@ -14,7 +14,6 @@ import signal
 import sys
 import time
 
-
 # set by SIGTERM: `pkill -f servescope` (or a host's shutdown) TERMs this watchdog with its launcher, which leaves the
 # server group behind unless the watchdog takes it down on the way out
 _TOLD = [False]
