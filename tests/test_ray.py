@@ -411,11 +411,12 @@ from servescope.experiment import Config, measure
 from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
 from servescope.store import Store
 try:
-    measure(EngineSpec(**{sglang_0517_site.model_dump()!r}), ModelSpec(path="org/moe", served_name="moe"),
+    res = measure(EngineSpec(**{sglang_0517_site.model_dump()!r}), ModelSpec(path="org/moe", served_name="moe"),
             [Config("over two", Knobs(tp=2, nodes=2))],
             LoadSpec(concurrency=(1,), num_requests=400, input_len=8, output_len=64, warmup_requests=0,
                      endpoint="generate"), repetitions=1, store=Store({str(tmp_path / 'st')!r}), say=lambda m: None,
             runner={_runner(c)!r})
+    print("finished:", res.errors["summary"].tolist() if len(res.errors) else "no error", flush=True)
 except KeyboardInterrupt:
     print("interrupted", flush=True)
     sys.exit(130)
@@ -424,7 +425,9 @@ except KeyboardInterrupt:
     try:
         deadline = time.monotonic() + 90
         while len(our_processes("sglang.launch_server")) < 2:
-            assert time.monotonic() < deadline and driver.poll() is None, "the two ranks never started"
+            if driver.poll() is not None:
+                raise AssertionError(f"the driver ended before both ranks were seen: {driver.communicate()[0]}")
+            assert time.monotonic() < deadline, "the two ranks never started"
             time.sleep(0.2)
         driver.send_signal(signal.SIGINT)
         out, _ = driver.communicate(timeout=60)
@@ -459,11 +462,23 @@ def test_a_followers_gpus_stay_apart_from_rank_0s_in_one_servers_tables():
 def test_a_repetition_of_two_servers_over_the_same_nodes_runs_them_one_at_a_time(tmp_path, cluster,
                                                                                  sglang_0517_site, monkeypatch):
     """Two configurations that each span both nodes, on a runner that runs a repetition's points at once: each takes
-    the nodes whole, so they run in turn, neither waiting on the other's placement group (at once, the second would
-    wait for the first to end: here, with a placement wait of 1 s, it would fail)."""
+    the nodes whole, so they run in turn, neither asking for its placement group while the other holds one (at once,
+    the second would ask at the same time and wait on the first: its wait would overlap the first's hold)."""
+    import contextlib
+
     from servescope import span
 
-    monkeypatch.setattr(span, "PLACEMENT_TIMEOUT_S", 1.0)
+    held: list[tuple[float, float]] = []
+    real = span.placement
+
+    @contextlib.contextmanager
+    def watched(*args, **kwargs):  # from asking for the nodes until they are given back
+        asked = time.monotonic()
+        with real(*args, **kwargs) as s:
+            yield s
+        held.append((asked, time.monotonic()))
+
+    monkeypatch.setattr(span, "placement", watched)
     c, _ = cluster
     store = Store(tmp_path / "s")
     cfgs = [OVER_TWO, Config("tp2 over 2 nodes, 8 running", Knobs(tp=2, nodes=2, max_running_requests=8))]
@@ -471,5 +486,7 @@ def test_a_repetition_of_two_servers_over_the_same_nodes_runs_them_one_at_a_time
     res = measure(sglang_0517_site, SG_MODEL, cfgs, load, repetitions=1, store=store, say=lambda m: None,
                   runner=_runner(c))
     assert res.errors.empty, res.errors["summary"].tolist()
+    (_, first_back), (second_asked, _) = sorted(held)
+    assert first_back <= second_asked, held
     (sa, ea), (sb, eb) = [(m["started_unix"], m["ended_unix"]) for m in _manifests(store).values()]
     assert ea <= sb or eb <= sa
