@@ -146,6 +146,8 @@ def test_a_mode_that_changes_outputs_fails_whatever_its_speed(tmp_path, stub_eng
     bad = next((f for f in fs if f.title.endswith("piecewise changes outputs")), None)
     assert bad is not None, [f.title for f in fs]
     assert bad.kind == "failure" and bad.change is None and "never recommended" in bad.headline
+    assert bad.headline.startswith("piecewise is ") and " off (" in bad.headline and ") and changes outputs" in \
+        bad.headline, bad.headline
     assert fs[0].change is None and fs[0].title != "Use CUDA graphs: piecewise"
 
 

@@ -334,7 +334,8 @@ class Comparison:
         if v.wrong is not None and v.outputs is not None:  # the treatment changes outputs: never recommended
             return Finding(thread=thread, kind="failure", title=f"{subject}: {self.treatment} changes outputs",
                            **sentences(f"{self.treatment} {_speed_words(v.direction)} {self.baseline} "
-                                       f"({v.effect.text()}) but {v.outputs.words()}: never recommended",
+                                       f"({v.effect.text()}) {'but' if v.direction == 'better' else 'and'} "
+                                       f"{v.outputs.words()}: never recommended",
                                        detail + note),
                            effect=v.effect, confidence=v.confidence, direction="", evidence=ev,
                            reason=f"{self.treatment} changes outputs", failures=[*v.failures, v.wrong])
