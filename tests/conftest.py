@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -50,6 +51,18 @@ def watchdog_of(pid: int) -> psutil.Process:
             return dog
         time.sleep(0.05)
     raise AssertionError(f"watchdog {dog.pid} never caught SIGTERM")
+
+
+def end_launcher(launcher: subprocess.Popen, how: str) -> None:
+    """End a process that launched something under a watchdog: 'kill' SIGKILLs it alone (a kernel killed outright),
+    'pkill' TERMs it and its watchdog together (what `pkill -f servescope` does)."""
+    if how == "pkill":
+        dog = watchdog_of(launcher.pid)
+        launcher.terminate()
+        dog.terminate()
+    else:
+        launcher.kill()
+    launcher.wait()
 
 
 def vllm_processes() -> list[str]:

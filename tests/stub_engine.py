@@ -76,9 +76,10 @@ class StubAdapter(EngineAdapter):
     def plan(self, *, install, model_path, served_name, host, port, knobs, extra_env):
         # STUB_ITL_MS: the base gap between tokens (1 ms); a timing test whose effect must outweigh a 2-core host's
         # hiccups (a few hundred ms under the full suite) sets it longer
-        flags = self._flags(knobs, float(extra_env.get("STUB_ITL_MS", 1.0)))
-        if extra_env.get("STUB_AS_OFF") and extra_env["STUB_AS_OFF"] == knobs.cuda_graph:  # as fast as graphs off
-            flags[flags.index("--itl-ms") + 1] = f"{GRAPH_SPEED['off'] * float(extra_env.get('STUB_ITL_MS', 1.0)):g}"
+        # STUB_AS_OFF: this graph mode serves as fast as graphs off
+        paced = knobs.model_copy(update={"cuda_graph": "off"}) \
+            if knobs.cuda_graph and extra_env.get("STUB_AS_OFF") == knobs.cuda_graph else knobs
+        flags = self._flags(paced, float(extra_env.get("STUB_ITL_MS", 1.0)))
         once = extra_env.get("STUB_FAST_ONCE", "")  # the first server asking for batch tokens is 4x faster, once
         if once and knobs.chunked_prefill_size is not None:
             flags += ["--fast-once", once]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import watchdog_of
+from conftest import end_launcher
 from servescope import mps
 from servescope.mps import GpuFacts, MpsDaemon, MpsError
 
@@ -111,13 +111,7 @@ def test_a_killed_launcher_leaves_no_daemon(stub_path, tmp_path, how):
     assert child.stdout is not None
     root, pid = child.stdout.readline().split()
     assert _alive(int(pid)) and Path(root).is_dir()
-    if how == "pkill":
-        watchdog = watchdog_of(child.pid)
-        child.terminate()
-        watchdog.terminate()
-    else:
-        child.kill()
-    child.wait()
+    end_launcher(child, how)
     assert _gone(int(pid), Path(root), within_s=15)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import stub_command, watchdog_of
+from conftest import end_launcher, stub_command
 from servescope.errors import PortInUseError, ServerExitedError, ServerStartTimeout
 from servescope.server import ManagedServer, ReadyCheck, free_port, port_is_free, redact_command
 
@@ -148,13 +148,7 @@ def test_reaper_kills_server_when_launcher_dies(tmp_path, how):
         said, sockets = launcher.stdout.readline().split()
         assert said == "ready" and Path(sockets).is_dir()
         pids = _pids(pid_file)
-        if how == "pkill":
-            watchdog = watchdog_of(launcher.pid)
-            launcher.terminate()
-            watchdog.terminate()
-        else:
-            launcher.kill()
-        launcher.wait()
+        end_launcher(launcher, how)
         deadline = time.monotonic() + 20
         while not (_gone(pids) and not Path(sockets).exists()) and time.monotonic() < deadline:
             time.sleep(0.2)
