@@ -151,3 +151,20 @@ def test_a_kill_from_outside_is_told_apart_from_the_engines_teardown():
     cause = cause_of("INFO serving\nINFO still serving\n", [root])
     assert cause.teardown == "outside" and "no engine teardown line" in cause.teardown_evidence
     assert cause_of("INFO serving\n", [], killed_by_us="") is None
+
+
+@pytest.mark.parametrize("innermost,said", [
+    ("torch/_dynamo/symbolic_convert.py:2177 in jump", "torch/_dynamo/symbolic_convert.py:2177 in jump, inside "
+     "torch.compile compiling the call at sglang/srt/layers/rotary.py:83 in forward"),
+    ("triton/runtime/jit.py:40 in run", "triton/runtime/jit.py:40 in run, called from sglang/srt/layers/rotary.py:83 in "
+     "forward"),
+    ("sglang/srt/layers/rotary.py:83 in forward", "sglang/srt/layers/rotary.py:83 in forward"),
+    ("", "sglang/srt/layers/rotary.py:83 in forward"),
+])
+def test_where_an_exception_was_raised_names_the_library_beneath_the_engine(innermost, said):
+    """An assert inside torch.compile's tracer is the compiler's fault on that call of the engine, not the engine's
+    line: both are named, the raiser first."""
+    from servescope.deaths import EngineException
+
+    e = EngineException("AssertionError", "", "sglang/srt/layers/rotary.py:83 in forward", innermost, "Scheduler")
+    assert e.where() == said and e.headline() == f"the Scheduler raised AssertionError (no message) ({said})"

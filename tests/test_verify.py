@@ -446,8 +446,26 @@ def test_the_search_refuses_settings_that_cannot_change_anything():
     assert "at most 32 are in flight" in f.refused("max_running_requests=64")[1]
     assert f.refused("max_running_requests=16") is None and f.refused("chunked_prefill_size=512") is None
     assert f.refused("chunked_prefill_size=512 + num_continuous_decode_steps=2")[0] == "not read"  # a pair
-    lifted = _Frame(32, 100.0, default_cap=8)
+    lifted = _Frame(32, 100.0, defaults={"max_running_requests": 8})
     assert lifted.refused("max_running_requests=32") is None
+
+
+@pytest.mark.parametrize("engine,reference", [("sglang", "sglang-qwen3-30b-h100"), ("vllm", "vllm-qwen3-30b")])
+def test_the_search_does_not_launch_the_value_the_reference_already_runs_with(engine, reference):
+    """Both engines resolve the prefill chunk to 8,192 tokens at real size on an H100 (their recorded server info):
+    the grid's 8,192 is the reference launched once more, so it is said and not launched; 2,048 is launched."""
+    from servescope.engines import get_engine
+    from servescope.threads.verify import _Frame
+
+    root = Path(__file__).resolve().parents[1] / "data" / "reference" / reference / "store"
+    pt = next(p for p in Store(root).points() if not (p.parts["knobs"].get("chunked_prefill_size")
+                                                      or p.parts["knobs"].get("max_running_requests")))
+    facts = get_engine(engine).resolved_state(pt.resolved_config).facts
+    assert facts["chunked_prefill_size"] == 8192
+    f = _Frame(128, 100.0, defaults={"chunked_prefill_size": facts["chunked_prefill_size"]})
+    state, why = f.refused("chunked_prefill_size=8192")
+    assert state == "the default" and "already runs with chunked_prefill_size 8192" in why
+    assert f.refused("chunked_prefill_size=2048") is None
 
 
 def test_the_search_pairs_the_best_settings_of_its_two_best_knobs():

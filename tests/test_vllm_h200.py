@@ -238,7 +238,10 @@ def test_thread07_verifies_02s_graphs_and_04s_mps_replicas_together(offline_run)
     # the H200 run's lead, max_running_requests=32 at c=32, was a cap that cannot bind there (its verification then
     # read -12.3%): the grid now stays below the level, and of the settings that run measured none beats the spread
     assert not any(k.startswith("max_running_requests=32") or k.startswith("max_running_requests=64") for k in rows)
-    assert len(measured) == 6 and round(measured["chunked_prefill_size=8192"]) == -19
+    # the run launched chunked_prefill_size=8192 once and read -19%: vLLM had resolved the reference's
+    # max_num_batched_tokens to 8,192, so that was the reference launched again, and its "lead" the noise between
+    # launches; a render now says so instead of a measured setting
+    assert len(measured) == 5 and rows["chunked_prefill_size=8192"]["state"] == "the default"
     assert max(measured.values()) < 15 and "tuned_setting" not in t.evidence
     assert t.title == "Scheduler tuning: no setting beat the recommended changes combined"
     assert rows["max_running_requests=8"]["status"] == "not tried by the measuring run"
@@ -246,10 +249,11 @@ def test_thread07_verifies_02s_graphs_and_04s_mps_replicas_together(offline_run)
     (row,) = [r for r in ranked.evidence["ranked"] if r["finding"].startswith("Scheduler tuning")]
     assert row["tier"] == "Measured, no change" and not row["change"]
     outcome = json.loads((offline_run / "07_verified_changes.outcome.json").read_text())
-    assert (outcome["points_planned"], outcome["points_measured"], outcome["points_failed"]) == (18, 18, 0)
+    # 18 stored; the prefill chunk the reference already ran with is not read as a setting
+    assert (outcome["points_planned"], outcome["points_measured"], outcome["points_failed"]) == (17, 17, 0)
     row = re.search(r'<tr class="status-(\w+)">\s*<td><a href="07_verified_changes.html">', page)
     assert row is not None and row.group(1) == "ok"
-    assert "18 of 18 points measured" in page[row.end():row.end() + 600]
+    assert "17 of 17 points measured" in page[row.end():row.end() + 600]
     docs = sorted((offline_run / "changes").glob("*.md"))
     assert [d.name for d in docs] == ["01-compilation-config-cudagraph-mode-full-and-piecewise.md",
                                       "02-2-replicas-on-1-gpu-with-mps-least-outstanding.md"]

@@ -291,6 +291,10 @@ _TRACEBACK = "Traceback (most recent call last):"
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 
 
+# torch.compile's own code: Dynamo traces the engine's Python, Inductor and AOTAutograd compile what it caught
+COMPILER_FRAMES = ("torch/_dynamo/", "torch/_inductor/", "torch/_functorch/")
+
+
 @dataclass
 class EngineException:
     """An exception a server process raised, as its log shows it: type, message, the innermost frame in the engine's
@@ -306,8 +310,17 @@ class EngineException:
     def headline(self) -> str:
         """'the Scheduler raised ValueError: Invalid forward mode ... (sglang/srt/x.py:12 in replay)'."""
         who = f"the {self.process}" if self.process else "a server process"
-        where = f" ({self.frame or self.innermost})" if self.frame or self.innermost else ""
+        where = f" ({self.where()})" if self.frame or self.innermost else ""
         return f"{who} raised {self.said()[:300]}{where}"
+
+    def where(self) -> str:
+        """The engine's own frame, and the library frame that raised beneath it where that is another package's:
+        inside torch.compile, the fault is the compiler's on that call of the engine, not the engine's code."""
+        if not self.frame or not self.innermost or self.innermost == self.frame:
+            return self.frame or self.innermost
+        if self.innermost.startswith(COMPILER_FRAMES):
+            return f"{self.innermost}, inside torch.compile compiling the call at {self.frame}"
+        return f"{self.innermost}, called from {self.frame}"
 
     def said(self) -> str:
         """'ValueError: Invalid forward mode ...', or 'AssertionError (no message)' for a bare assert."""

@@ -783,7 +783,7 @@ def error_row(config: str, rep: int, key: str, e: BaseException) -> dict[str, An
             "death": (cause.text() if cause is not None and cause.headline() else "")
             or (deaths[0].text() if deaths else ""),
             "exception": exc.said()[:400] if exc is not None else "",
-            "frame": (exc.frame or exc.innermost) if exc is not None else "",
+            "frame": exc.where() if exc is not None else "",
             "teardown": cause.teardown if cause is not None else "",
             "stage": cause.stage if cause is not None else "",
             "before_ready": isinstance(e, (ServerExitedError, ServerStartTimeout)) or bool(getattr(e, "before_ready", 0)),
@@ -799,6 +799,9 @@ def recorded_failure(folder: Path, manifest: dict[str, Any]) -> RecordedFailure:
     cause = DeathCause.from_dict(manifest.get("cause") or {})
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(manifest.get("ended_unix") or 0))
     first = str(manifest.get("error", "")).splitlines()[0] if manifest.get("error") else ""
+    stored = (manifest.get("cause") or {}).get("headline") or ""
+    if stored and cause.headline():  # the cause as this version names it (where it was raised, ...), not as then
+        first = first.replace(stored, cause.headline())
     return RecordedFailure(f"{first or cause.headline()} [recorded {when} in _failed/{folder.name}; not launched "
                            "again: a forced run retries it]", cause, f"_failed/{folder.name} ({when})")
 

@@ -98,7 +98,7 @@ def stored_failures(ctx: RunContext) -> list[Failure]:
         out[name] = Failure(config=name, knobs=ctx.deployment.relative(parts.get("knobs") or {}), flags=list(flags),
                             summary=str(man.get("error", "")).splitlines()[0][:400] if man.get("error") else "",
                             exception=exc.said()[:400] if exc is not None else "",
-                            frame=(exc.frame or exc.innermost) if exc is not None else "",
+                            frame=exc.where() if exc is not None else "",
                             stage=cause.stage if cause is not None else "",
                             teardown=cause.teardown if cause is not None else "",
                             before_ready=man.get("error_type") in ("ServerExitedError", "ServerStartTimeout",

@@ -384,7 +384,8 @@ class SglangAdapter(EngineAdapter):
             st.dtype = short_dtype(given) if given and given != "auto" else st.config_dtype
             keys = ("attention_backend", "deepep_mode", "moe_a2a_backend", "enable_torch_compile",
                     "disaggregation_mode", "enable_two_batch_overlap", "pp_size", "cuda_graph_max_bs",
-                    "max_running_requests", "moe_runner_backend", "version", "enable_dp_attention")
+                    "max_running_requests", "chunked_prefill_size", "moe_runner_backend", "version",
+                    "enable_dp_attention")
             st.facts = {k: r[k] for k in keys if k in r}
         self._from_log(st, log_text)
         no_info = "no /server_info answer (0.4.x serves /get_server_info; servescope asks both)"

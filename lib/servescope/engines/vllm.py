@@ -472,6 +472,7 @@ class VllmAdapter(EngineAdapter):
         if isinstance(vc, dict):
             cc, mc = vc.get("compilation_config") or {}, vc.get("model_config") or {}
             pc, kc = vc.get("parallel_config") or {}, vc.get("kernel_config") or {}
+            sc = vc.get("scheduler_config") or {}
             comp = mode_name(COMPILE_MODES, cc.get("mode"))
             st.compile = None if comp is None else ("off" if comp == "NONE" else "on")
             st.compile_mode = comp
@@ -491,7 +492,10 @@ class VllmAdapter(EngineAdapter):
             st.config_dtype = config_dtype(str(mc.get("model") or ""))
             st.facts = {"device": st.device, "enforce_eager": st.eager, "compilation_mode": cc.get("mode"),
                         "cudagraph_capture_sizes": cc.get("cudagraph_capture_sizes"),
-                        "TORCH_COMPILE_DISABLE": (resolved.get("vllm_env") or {}).get("TORCH_COMPILE_DISABLE")}
+                        "TORCH_COMPILE_DISABLE": (resolved.get("vllm_env") or {}).get("TORCH_COMPILE_DISABLE"),
+                        # the scheduler knobs as resolved, under the suite's names (07's search skips their values)
+                        "max_running_requests": sc.get("max_num_seqs"),
+                        "chunked_prefill_size": sc.get("max_num_batched_tokens")}
         lines = analyze_log(log_text, self.log_patterns()) if log_text else None
         if lines is not None and len(lines):
             for fld, name in (("moe_backend", "moe_backend"), ("attention_backend", "attention_backend")):

@@ -84,8 +84,8 @@ def piecewise_exclusion(study: Study) -> Exclusion:
     rows: list[dict[str, Any]] = []
     install = study.install
     if install is None:
-        return Exclusion("not verified", "nothing was measured, so the engine version is unknown",
-                         _with_audit(study, rows))
+        return Exclusion("not verified", "not asked: no point of the comparison was measured, and the probes ask the "
+                         "engine install those points ran on", _with_audit(study, rows))
     ld = study.ctx.load
     level = min(ld.concurrency) if ld.mode == "closed" else 1
     probe_load = ld.model_copy(update={"concurrency": (level,), "num_requests": max(4, 2 * level), "duration_s": None})

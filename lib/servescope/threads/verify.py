@@ -59,7 +59,7 @@ FIELDS = ("compile", "eager", "graph_decode", "graph_prefill", "tp", "dp")
 
 # how a search setting ended: launched (measured or failed), or not launched and why
 SearchState = Literal["measured", "failed", "not measured", "not expressible", "budget spent", "count reached",
-                      "run budget spent", "not tried by the measuring run", "not read", "cannot bind",
+                      "run budget spent", "not tried by the measuring run", "not read", "cannot bind", "the default",
                       "other machine start"]
 LAUNCHED: tuple[SearchState, ...] = ("measured", "failed", "other machine start")
 # the words of the states a measuring run keeps in the store for an offline render (and earlier runs kept)
@@ -90,7 +90,7 @@ class SearchRow:
     @property
     def status(self) -> str:
         """The state in words: 'measured', 'failed: why', 'not tried: search budget spent', ..."""
-        if self.state in ("not read", "cannot bind"):
+        if self.state in ("not read", "cannot bind", "the default"):
             return f"not launched: {self.reason}"
         if self.state == "other machine start":
             return f"shown apart: {self.reason}"
@@ -794,18 +794,24 @@ class _Frame:
     ref_tok: float
     ref_starts: frozenset[str] = frozenset()
     unread: dict[str, str] = field(default_factory=dict)
-    default_cap: int | None = None  # the running-request cap the reference resolved to, where its engine says
+    # the searched knobs' values the reference resolved to, where its engine says (the running-request cap, the
+    # prefill chunk, ...)
+    defaults: dict[str, int] = field(default_factory=dict)
 
     def refused(self, setting: str) -> tuple[SearchState, str] | None:
-        """Why a setting is not launched at all (a knob the version never reads, a cap that cannot bind), or
-        None."""
+        """Why a setting is not launched at all (a knob the version never reads, the value the reference already
+        runs with, a cap that cannot bind), or None."""
+        cap = self.defaults.get("max_running_requests")
         for one in setting.split(PAIR):
             knob, _, value = one.partition("=")
             if knob in self.unread:
                 return "not read", f"no effect: {self.unread[knob]}"
+            if str(self.defaults.get(knob)) == value:  # one launch of it is one more launch of the reference
+                return "the default", (f"the reference already runs with {knob} {value} (what its engine resolved "
+                                       "it to): the same launch")
             # a cap at or above the level holds nothing back, unless it lifts a lower cap the engine chose itself
             if knob == "max_running_requests" and self.level and int(value) >= self.level and not (
-                    self.default_cap is not None and self.default_cap < self.level):
+                    cap is not None and cap < self.level):
                 return "cannot bind", (f"a cap of {value} running requests cannot bind at c={self.level}: at most "
                                        f"{self.level} are in flight")
         return None
@@ -835,8 +841,9 @@ def _how_searched(level: int | None, count: int, budget_s: float, ref_note: str)
 def _frame_of(ref: Study, study: Study | None, level: int | None, ref_tok: float) -> _Frame:
     """The search's frame from its reference (the verification's combined arm, or a launch of its own)."""
     arm = COMBINED if ref is study else f"tune {COMBINED}"
-    cap = st.facts.get("max_running_requests") if (st := ref.states.get(arm)) is not None else None
-    return _Frame(level, ref_tok, _starts(ref, arm), default_cap=cap if isinstance(cap, int) else None)
+    facts = st.facts if (st := ref.states.get(arm)) is not None else {}
+    defaults = {k: v for k in SEARCH if isinstance(v := facts.get(k), int) and not isinstance(v, bool)}
+    return _Frame(level, ref_tok, _starts(ref, arm), defaults=defaults)
 
 
 def _starts(study: Study, arm: str) -> frozenset[str]:
