@@ -100,6 +100,8 @@ class StubAdapter(EngineAdapter):
             flags += ["--max-running", extra_env["STUB_MAX_RUNNING"]]
         if extra_env.get("STUB_READY_AFTER"):  # seconds before it answers /health: a launch of known length
             flags += ["--ready-after", extra_env["STUB_READY_AFTER"]]
+        if extra_env.get("STUB_NEVER_READY") == "compiled" and knobs.torch_compile:  # its compiled launches hang
+            flags += ["--ready-after", "3600"]
         if extra_env.get("STUB_PERTURB") and knobs.cuda_graph == extra_env["STUB_PERTURB"]:  # answers wrongly
             flags += ["--perturb-outputs", "0.5"]
         if extra_env.get("STUB_FAIL_EVERY"):

@@ -105,6 +105,33 @@ def test_a_launch_that_timed_out_is_a_death_and_is_not_launched_again(tmp_path, 
     assert "not ready after 2 s" in res2.errors["summary"].iloc[0]
 
 
+def test_a_configuration_whose_only_partner_died_is_not_launched_again(tmp_path, stub_engine, capsys):
+    """Thread 05 at real size: compiled died at capture (minutes into its launch), and eager's next two launches
+    would have measured a side with nothing to compare it with. Compiled never becomes ready here; eager is launched
+    once (other threads read it), not three times, and the run says why it stopped; a later run reads both from the
+    store and launches nothing."""
+    from servescope.study import Arm, run_study
+
+    engine = {**stub_engine, "startup_timeout_s": 2, "env": {"STUB_NEVER_READY": "compiled"}}
+    arms = [Arm("compiled", Knobs(torch_compile=True)), Arm("eager", Knobs(torch_compile=False))]
+
+    def launched() -> list[str]:
+        return [ln.split(": launching")[0].split()[-1] for ln in capsys.readouterr().out.splitlines()
+                if ": launching" in ln]
+
+    capsys.readouterr()
+    st = run_study("05_torch_compile", _ctx(tmp_path, engine, reps=3), arms)
+    assert launched() == ["compiled/3", "eager/3"]
+    assert st.results.points["config"].tolist() == ["eager"]
+    assert st.results.stopped == ("eager not launched again: every configuration it is compared with died before it "
+                                  "was ready, so another launch would compare nothing")
+    st2 = run_study("05_torch_compile", _ctx(tmp_path, engine, reps=3), arms)
+    assert launched() == [] and st2.results.points["config"].tolist() == ["eager"]
+    # with a partner alive the rule does not apply: both are repeated as planned
+    run_study("05_torch_compile", _ctx(tmp_path / "b", stub_engine, reps=2), arms)
+    assert len(launched()) == 4
+
+
 def test_outputs_are_checked_on_every_point_and_a_perturbed_configuration_is_never_recommended(tmp_path, stub_engine):
     """Known answer on the stub: every launch answers the check set alone and batched; 'full' answers as 'off' does
     (within the batch jitter), 'piecewise' is fault-injected (STUB_PERTURB) and is caught, so 02 never picks it

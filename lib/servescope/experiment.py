@@ -488,19 +488,29 @@ def _stop_reason(loop: _Loop, rep: int, until: Until | None, t0: float, rep_s: f
 
 
 def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None = None,
-                say: Callable[[str], None] = _say) -> Results:
+                say: Callable[[str], None] = _say, partners: dict[str, set[str]] | None = None) -> Results:
     """Each repetition launches every configuration once, alternating their order (ABBA...) so drift cancels; past
     the plan's minimum, a repetition runs only the configurations `until` names, and the loop ends when it names
     none, at the plan's maximum, or when the next repetition would not fit the time budget (Results.stopped says
-    which). Completed points come from the store; a failing point is recorded and the rest go on."""
+    which). Completed points come from the store; a failing point is recorded and the rest go on. partners: the
+    configurations each is compared with; one whose partners all died before they were ready is not launched
+    again (nothing is left to compare it with), though its stored repetitions are read."""
     if len({c.name for c in configs}) != len(configs):
         raise ServescopeError("configuration names must be unique")
     plan, loop = ctx.plan, _Loop(ctx, configs, say)
     t0, rep_s, rep, active, stopped = time.monotonic(), 0.0, 0, list(configs), ""
     gone: set[str] = set()  # offline: configurations whose next repetition the store does not hold
+    dead: set[str] = set()  # died before they were ready, the same way each launch
+    alone: list[str] = []  # stopped because every configuration they are compared with is dead
     while rep < plan.max_reps:
         if rep >= plan.min_reps:
             active, stopped = _stop_reason(loop, rep, until, t0, rep_s)
+            active = [c for c in active if c.name not in gone]
+            if not active:
+                break
+        if rep and partners and (left := _partnerless(ctx, rep, active, partners, dead)):
+            alone += left
+            gone |= set(left)
             active = [c for c in active if c.name not in gone]
             if not active:
                 break
@@ -510,6 +520,7 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
         # a shorter run of one configuration must not hide the repetitions the store holds of the others; a
         # configuration that died before it was ready is not launched again
         gone |= {c.name for c, how in zip(order, hows, strict=True) if how in ("missing", "dead", "late")}
+        dead |= {c.name for c, how in zip(order, hows, strict=True) if how == "dead"}
         active = [c for c in active if c.name not in gone]
         if not active:
             break
@@ -526,12 +537,24 @@ def run_configs(ctx: RunContext, configs: Sequence[Config], until: Until | None 
     if late:
         stopped = (f"the run's budget (--budget-s) ended before {', '.join(late)} could launch: a later run goes on "
                    "from the store")
+    elif alone:
+        they = "it is" if len(alone) == 1 else "they are"
+        stopped = (f"{', '.join(alone)} not launched again: every configuration {they} compared with died before it "
+                   "was ready, so another launch would compare nothing")
     elif gone - {r["config"] for r in loop.acc.errors if r["before_ready"] and r["exception"]}:
         stopped = _held(loop, configs)
     res = loop.acc.results(loop.planned)
     res.stopped = _keep_stopped(ctx, configs, rep, stopped, unlaunched, said)
     res.deployment = deployment_words(ctx, configs)
     return res
+
+
+def _partnerless(ctx: RunContext, rep: int, active: Sequence[Config], partners: dict[str, set[str]],
+                 dead: set[str]) -> list[str]:
+    """The active configurations whose partners all died before they were ready and whose next repetition the store
+    lacks: launching it would cost a startup and compare nothing (a stored one is read, as any other)."""
+    return [c.name for c in active if c.name not in dead and (ps := partners.get(c.name)) and ps <= dead
+            and not is_stored(ctx, c.knobs, rep)]
 
 
 def _points_of(loop: _Loop, rep: int, order: Sequence[Config]) -> list[str]:

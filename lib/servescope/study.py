@@ -85,7 +85,11 @@ def run_study(thread: str, ctx: RunContext, arms: Sequence[Arm],
                 need |= {b, t}
         return need
 
-    res = run_configs(ctx, [Config(a.name, a.knobs) for a in arms], until=until)
+    partners: dict[str, set[str]] = {}
+    for b, t in pairs:
+        partners.setdefault(b, set()).add(t)
+        partners.setdefault(t, set()).add(b)
+    res = run_configs(ctx, [Config(a.name, a.knobs) for a in arms], until=until, partners=partners)
     return Study(thread, ctx, list(arms), res)
 
 
