@@ -4,6 +4,8 @@ sources in test_engine_versions)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from servescope.context import context
@@ -163,8 +165,9 @@ def test_outputs_are_checked_on_every_point_and_a_perturbed_configuration_is_nev
 
 
 def test_a_mode_that_changes_outputs_fails_whatever_its_speed(tmp_path, stub_engine):
-    """Known answer on the stub: piecewise answers wrongly and is as fast as off (its effect unresolved, equivalent
-    or, by a hair, slower): it is named as changing outputs, a failure with no change, not a plain effect."""
+    """Known answer on the stub: piecewise answers wrongly and is paced as off is (its effect unresolved, equivalent,
+    or resolved either way by a few percent: a CI run read it +2.5%, 90% CI +1.5..+3.4%): whatever its speed it is
+    named as changing outputs, a failure with no change, never a plain effect, its words fitting its direction."""
     from servescope.threads import graph_modes as t02
 
     engine = {**stub_engine, "env": {"STUB_PERTURB": "piecewise", "STUB_AS_OFF": "piecewise"}}
@@ -173,8 +176,10 @@ def test_a_mode_that_changes_outputs_fails_whatever_its_speed(tmp_path, stub_eng
     bad = next((f for f in fs if f.title.endswith("piecewise changes outputs")), None)
     assert bad is not None, [f.title for f in fs]
     assert bad.kind == "failure" and bad.change is None and "never recommended" in bad.headline
-    assert bad.headline.startswith("piecewise is ") and " off (" in bad.headline and ") and changes outputs" in \
-        bad.headline, bad.headline
+    said = re.match(r"piecewise (is faster than|is slower than|is as fast as|is not told apart in speed from) off "
+                    r"\(.*\) (but|and) changes outputs", bad.headline)
+    assert said is not None, bad.headline
+    assert (said.group(2) == "but") == (said.group(1) == "is faster than"), bad.headline
     assert fs[0].change is None and fs[0].title != "Use CUDA graphs: piecewise"
 
 
