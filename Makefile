@@ -70,11 +70,9 @@ browser:
 	  $$APT apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$APT apt-get install -y -qq chromium >/dev/null; }
 
 # two pytest workers, a test file each at a time (module fixtures render a reference once): the 2-core machine's
-# cores both busy while one worker waits on a server; TEST_WORKERS=0 runs in one process. Files are handed out in
-# tests/conftest.py's order: xdist's default reorders them by test count, which left the one-test end-to-end file
-# (the longest) to start last, alone at the end of the run
+# cores both busy while one worker waits on a server; TEST_WORKERS=0 runs in one process
 TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test: model lint browser
 	$(PY) -m pytest $(XDIST) --durations=25 $(ARGS)
