@@ -310,7 +310,7 @@ class EngineException:
     def headline(self) -> str:
         """'the Scheduler raised ValueError: Invalid forward mode ... (sglang/srt/x.py:12 in replay)'."""
         who = f"the {self.process}" if self.process else "a server process"
-        where = f" ({self.where()})" if self.frame or self.innermost else ""
+        where = f" ({w})" if (w := self.where()) else ""
         return f"{who} raised {self.said()[:300]}{where}"
 
     def where(self) -> str:
@@ -435,6 +435,15 @@ class DeathCause:
                 "first_death": self.first_death.as_dict() if self.first_death else None,
                 "teardown": self.teardown, "teardown_evidence": self.teardown_evidence, "stage": self.stage,
                 "headline": self.headline()}
+
+
+def recorded_error_line(manifest: dict[str, Any]) -> str:
+    """A failed attempt's first error line ('' where it has none), its cause worded as this version words it (where
+    it was raised, ...), not as the version that recorded it did."""
+    first = str(manifest.get("error", "")).splitlines()[0] if manifest.get("error") else ""
+    stored = (manifest.get("cause") or {}).get("headline") or ""
+    now = DeathCause.from_dict(manifest["cause"]).headline() if stored else ""
+    return first.replace(stored, now) if now else first
 
 
 def cause_of(text: str, deaths: list[ProcessDeath], package: str = "", teardown: list[re.Pattern[str]] | None = None,

@@ -817,14 +817,11 @@ def error_row(config: str, rep: int, key: str, e: BaseException) -> dict[str, An
 def recorded_failure(folder: Path, manifest: dict[str, Any]) -> RecordedFailure:
     """The failure an earlier attempt recorded, raised again instead of launching the same configuration to die the
     same way."""
-    from .deaths import DeathCause
+    from .deaths import DeathCause, recorded_error_line
 
     cause = DeathCause.from_dict(manifest.get("cause") or {})
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(manifest.get("ended_unix") or 0))
-    first = str(manifest.get("error", "")).splitlines()[0] if manifest.get("error") else ""
-    stored = (manifest.get("cause") or {}).get("headline") or ""
-    if stored and cause.headline():  # the cause as this version names it (where it was raised, ...), not as then
-        first = first.replace(stored, cause.headline())
+    first = recorded_error_line(manifest)
     return RecordedFailure(f"{first or cause.headline()} [recorded {when} in _failed/{folder.name}; not launched "
                            "again: a forced run retries it]", cause, f"_failed/{folder.name} ({when})")
 

@@ -82,7 +82,7 @@ def _error_type(man: dict[str, Any]) -> str:
 def stored_failures(ctx: RunContext) -> list[Failure]:
     """Every configuration of this engine and model whose attempt the store kept as failed (_failed/), one per
     configuration (the newest), with the engine's exception where its log had one."""
-    from .deaths import DeathCause
+    from .deaths import DeathCause, recorded_error_line
     from .experiment import point_label
 
     out: dict[str, Failure] = {}
@@ -96,7 +96,7 @@ def stored_failures(ctx: RunContext) -> list[Failure]:
         flags = (man.get("target") or {}).get("flags") or []
         # the knobs the thread asked for, not the deployment's under them: a change is matched against those
         out[name] = Failure(config=name, knobs=ctx.deployment.relative(parts.get("knobs") or {}), flags=list(flags),
-                            summary=str(man.get("error", "")).splitlines()[0][:400] if man.get("error") else "",
+                            summary=recorded_error_line(man)[:400],
                             exception=exc.said()[:400] if exc is not None else "",
                             frame=exc.where() if exc is not None else "",
                             stage=cause.stage if cause is not None else "",
