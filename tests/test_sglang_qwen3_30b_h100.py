@@ -31,11 +31,12 @@ def test_every_point_ran_on_the_h100_and_the_graphed_ones_on_one_machine_start()
     pts = list(Store(REF / "store").points())
     full = [pt for pt in pts if len(pt.parts["load"]["concurrency"]) == 3]  # 02's launches; the search's hold c=128
     modes = sorted(pt.parts["knobs"]["cuda_graph"] for pt in full)
-    assert modes == ["off"] * 3 + ["piecewise"] * 3
+    assert modes == ["decode_only"] * 3 + ["off"] * 3 + ["piecewise"] * 3
     assert {pt.card for pt in pts} == {CARD}
-    # the first session's graphed launches and second off in one machine start, the third off in a later one
+    # the first session's graphed launches and second off in one machine start, the third off in a later one, the
+    # decode-only launches (05's eager arm, then 02's two more) in a seventh session's
     starts = {pt.machine_start for pt in full if pt.machine_start}
-    assert len([pt for pt in full if pt.machine_start]) == 5 and len(starts) == 2
+    assert len([pt for pt in full if pt.machine_start]) == 8 and len(starts) == 3
     # the search: its reference and five settings in one machine start of a later session (and one graphs-off launch
     # of `--only 07` before the fix that renders 07's inputs first: 07 had combined nothing), then its reference and
     # three settings again in the next session's start (06's profiled launch in that start too), then its reference,
@@ -62,7 +63,25 @@ def test_three_pairs_resolve_the_gain_at_every_level():
     assert levels["output_tok_s@c=1"]["ci_low_pct"] > 1000 and levels["output_tok_s@c=128"]["ci_low_pct"] > 50
     assert all(v["confidence"] == "high" for v in levels.values())
     o = read_outcome(REF / "report" / "02_piecewise_cuda_graphs.findings.json")
-    assert (o.points_planned, o.points_measured, o.points_unmeasured) == (6, 6, 0)
+    assert (o.points_planned, o.points_measured, o.points_unmeasured) == (9, 9, 0)
+
+
+def test_02_decode_graphs_alone_help_and_are_not_told_apart_from_piecewise():
+    """Decode graphs alone (prefill eager: 05's eager arm, then two more launches in the same machine start) against
+    the deployment: +354%, high at every level; against piecewise (prefill graphs too) +23% in piecewise's favour,
+    not resolved (the interval holds 0) and its sides never on one machine start, so the pick follows the fixed rule:
+    the engine's default, piecewise."""
+    fs = {f.title: f for f in _findings("02_piecewise_cuda_graphs")}
+    dec = fs["CUDA graphs decode_only: decode_only vs off"]
+    assert dec.confidence == "high" and dec.effect.n == 3 and dec.effect.ci_low_pct > 200
+    levels = {k: v for k, v in dec.evidence["effects"].items() if k.startswith("output_tok_s@")}
+    assert len(levels) == 3 and all(v["confidence"] == "high" and v["ci_low_pct"] > 50 for v in levels.values())
+    assert "decode_only answers as off does" in dec.detail
+    head = fs["Use CUDA graphs: piecewise"]
+    assert head.evidence["tied"] == ["piecewise", "decode_only"] and head.evidence["chosen_by"]
+    (h2h,) = head.evidence["head_to_head"]
+    assert h2h["confidence"] == "low" and h2h["effect"]["ci_low_pct"] < 0 < h2h["effect"]["value_pct"]
+    assert h2h["words"].endswith("low, the sides never on one machine start")
 
 
 def test_07_verifies_the_change_from_02s_launches_and_no_scheduler_setting_beats_it():
@@ -109,7 +128,7 @@ def test_graphs_off_is_host_bound_at_the_top_level():
 
 def test_03s_timeline_is_one_panel_per_configuration_from_its_first_launch(tmp_path):
     """Issue 59: forty runs laid end to end with overlapping labels were not read at a glance. One panel per
-    configuration, its first launch only, from the load's start: 24 points of 11 configurations (06's profiled launch
+    configuration, its first launch only, from the load's start: 27 points of 13 configurations (06's profiled launch
     of the deployment is one of its own) give the first 8 panels (the rest named as not drawn), each under a minute
     and a half of load except the deployment's three levels (its first launch: 02's sweep, not the search's one level
     under the same name), each level named once."""
@@ -128,7 +147,7 @@ def test_03s_timeline_is_one_panel_per_configuration_from_its_first_launch(tmp_p
     assert [ax.get_title(loc="left") for ax in axes[:2]] == ["the deployment (the first of 4 launches)",
                                                             "cuda_graph=piecewise (the first of 6 launches)"]
     assert len(axes) == 8 and len({ax.get_title(loc="left") for ax in axes}) == 8
-    assert axes[-1].get_xlabel().endswith("; 3 more configurations not drawn")
+    assert axes[-1].get_xlabel().endswith("; 5 more configurations not drawn")
     labels = [[t.get_text() for t in ax.texts] for ax in axes]
     assert labels[0] == ["c=1", "c=16", "c=128"] and all(lab == ["c=128"] for lab in labels[2:])
     ends = [max(line.get_xdata().max() for line in ax.lines) for ax in axes]
@@ -215,20 +234,24 @@ def test_offline_a_stored_setting_is_spelled_by_the_release_that_ran_it(tmp_path
 def test_05_names_compiles_crash_inside_torch_compile_at_real_size():
     """torch.compile with decode graphs (the compiled arm) dies while SGLang captures decode graphs at real size as on
     the toy: an assert inside Dynamo's tracer on the call at SGLang's multi-platform op dispatch (the rotary
-    embedding), then SGLang's own teardown. The page names both frames, the compiler's first. The eager arm was not
-    launched (the call's budget), so nothing was measured: the thread says so and the piecewise probes were not
-    asked."""
+    embedding), then SGLang's own teardown. The page names both frames, the compiler's first. The eager arm (decode
+    graphs alone) was launched once in a later session (what it is compared with is dead), and both probes (compile
+    with each piecewise form) died the same way: whether compile excludes piecewise graphs is not told, instead of
+    reading the probes' deaths as an exclusion."""
     head, excl = _findings("05_torch_compile")
-    assert head.title == "torch.compile: compiled dies before it is ready on this engine version"
+    assert head.title == "torch.compile: compiled dies before it is ready on sglang 0.5.17"
     assert head.confidence == "high" and head.effect is None
     assert "(during the target decode CUDA-graph capture): AssertionError (no message) (at " \
         "torch/_dynamo/symbolic_convert.py:2177 in jump, inside torch.compile compiling the call at " \
         "sglang/srt/layers/utils/multi_platform.py:83 in forward)" in head.claim
-    assert excl.title == "torch.compile with piecewise CUDA graphs: not verified" and excl.claim.startswith("Not asked")
+    assert excl.title == "torch.compile with piecewise CUDA graphs: not verified (compile dies without them too)"
+    assert excl.confidence == "none" and not excl.applies
+    assert "the compiled arm (decode_only graphs) and the probes (piecewise, compiled_piecewise) each dies" in excl.claim
     o = read_outcome(REF / "report" / "05_torch_compile.findings.json")
-    assert (o.points_planned, o.points_measured, o.points_failed, o.points_unmeasured) == (2, 0, 1, 1)
-    assert o.status() == "failed"  # it measured nothing: never 'ok'
-    (failed,) = (REF / "store" / "_failed").iterdir()
-    log = (failed / "server.stderr.log").read_text()
-    assert "torch/_dynamo/symbolic_convert.py\", line 2177, in jump" in log and "--enable-torch-compile" in \
-        (failed / "command.txt").read_text()
+    assert (o.points_planned, o.points_measured, o.points_failed) == (2, 1, 1) and o.status() == "partial"
+    eager = [pt for pt in Store(REF / "store").points() if pt.parts["knobs"].get("torch_compile") is False]
+    assert len(eager) == 1 and eager[0].parts["knobs"]["cuda_graph"] == "decode_only"
+    failed = sorted((REF / "store" / "_failed").iterdir())
+    assert len(failed) == 3  # the compiled arm and the two probes
+    for f in failed:
+        assert "torch/_dynamo/symbolic_convert.py\", line 2177, in jump" in (f / "server.stderr.log").read_text()

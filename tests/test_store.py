@@ -125,5 +125,5 @@ def test_a_first_search_launch_is_judged_by_its_own_graphs_at_the_levels_it_asks
         max(p.manifest["ended_unix"] - p.manifest["started_unix"] for p in own))
     assert ref.longest_point_s(top) < 200
     # with no launch of those graphs in the store, the engine and model's longest still judges it
-    eager = {**top, "knobs": {**graphed.parts["knobs"], "cuda_graph": "decode_only"}}
-    assert ref.longest_point_s(eager) > 480
+    full = {**top, "knobs": {**graphed.parts["knobs"], "cuda_graph": "full"}}
+    assert ref.longest_point_s(full) > 480

@@ -23,6 +23,7 @@ from .analysis.ab import (
     paired_effects,
     verdict,
 )
+from .analysis.engines import machines
 from .engines.audit import explain_state
 from .engines.logs import analyze_log
 from .findings import METRIC_WORDS, Change, Confidence, Direction, Effect, Failure, Finding, capped, sentences
@@ -455,13 +456,19 @@ class Comparison:
             out += (f" The host was oversubscribed at {len(starved)} of {len(study.results.client_health())} "
                     "points, so latencies there include scheduling delay (evidence.client_starved)."
                     + self._starved_intervals())
+        starts = study.results.machine_starts([self.baseline, self.treatment])
+        apart = machines(starts[self.baseline], starts[self.treatment])
+        if apart == "different machine starts":  # a constant difference between machines hides in the effect
+            out += (f" The sides never ran on one machine start ({self.baseline}: {len(starts[self.baseline])}, "
+                    f"{self.treatment}: {len(starts[self.treatment])}): a difference between the machines (host CPU, "
+                    "card) is inside the effect, not its interval, so a few percent of it may be the machines'.")
         checks = {side: study.graph_check(side) for side in (self.baseline, self.treatment)}
         seen = {side: c for side, c in checks.items() if c[1] and c[0] != "no profile"}
         if seen:
             differs = [w for st, w in seen.values() if st == "differs"]
             out += (f" The trace contradicts the graph state asked for: {'; '.join(differs)}." if differs else
                     f" Graph use in the traces: {'; '.join(w for _, w in seen.values())}.")
-        return out, {"short_outputs": short, "client_warnings": client, "client_starved": starved,
+        return out, {"short_outputs": short, "client_warnings": client, "client_starved": starved, "machines": apart,
                      "graph_checks": {side: {"status": st, "words": w} for side, (st, w) in checks.items()}}
 
     def _client_stall(self, h: Headline, measured: Direction, words: str,

@@ -167,6 +167,14 @@ class Results:
         reps = sorted(r for c, r in self.stored if c == config and (rep is None or r == rep))
         return self.stored[(config, reps[0])] if reps else None
 
+    def machine_starts(self, configs: Sequence[str]) -> dict[str, set[str]]:
+        """Per configuration of configs, the machine starts its stored points ran on ('' for one not recorded)."""
+        out: dict[str, set[str]] = {c: set() for c in configs}
+        for (c, _), pt in self.stored.items():
+            if c in out:
+                out[c].add(pt.machine_start)
+        return out
+
     def cards(self, configs: Sequence[str]) -> dict[str, set[str]]:
         """Per configuration of configs, the GPU models its stored points ran on (none named for a CPU build)."""
         out: dict[str, set[str]] = {c: set() for c in configs}

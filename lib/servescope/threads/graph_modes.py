@@ -370,7 +370,9 @@ def _versus(h: Finding) -> str:
     """One head-to-head in words: 'piecewise against decode_only: +2.4% output_tok_s (90% CI ...), low'."""
     if h.effect is None:
         return f"{h.title}: {h.headline}"
-    return f"{h.effect.treatment} against {h.effect.baseline}: {h.effect.text()}, {h.confidence}"
+    apart = ", the sides never on one machine start" if h.evidence.get("machines") == "different machine starts" \
+        else ""
+    return f"{h.effect.treatment} against {h.effect.baseline}: {h.effect.text()}, {h.confidence}{apart}"
 
 
 def _pick(gs: GraphStudy, per_mode: list[Finding], top: Finding) -> Pick:

@@ -70,7 +70,7 @@ PIECEWISE_FORMS = {"piecewise": PROBE, "compiled_piecewise": "compiled+compiled_
 class Exclusion:
     """Whether compile excludes piecewise CUDA graphs on this engine version, and the evidence."""
 
-    verdict: str  # 'excludes', 'coexist', 'dies', 'not expressible', 'not verified'
+    verdict: str  # 'excludes', 'coexist', 'dies', 'dies without piecewise too', 'not expressible', 'not verified'
     words: str
     evidence: pd.DataFrame
     failures: list[Failure] = field(default_factory=list)
@@ -120,18 +120,32 @@ def piecewise_exclusion(study: Study) -> Exclusion:
     probe = run_study(THREAD, one, arms)
     verdicts = [_probe_verdict(probe, a, rows) for a in arms]
     said = "; ".join(f"{a.knobs.cuda_graph}: {w}" for a, (_, w) in zip(arms, verdicts, strict=True))
-    kinds = [v for v, _ in verdicts]
-    if "coexist" in kinds:
-        verdict = "coexist"
-    elif kinds and all(k == "excludes" for k in kinds):
-        verdict = "excludes"
-    elif "excludes" in kinds:
-        verdict = "excludes"
-    elif "dies" in kinds:
-        verdict = "dies"
-    else:
-        verdict = "not verified"
+    verdict, said = _verdict([v for v, _ in verdicts], said, study.failure(TREATMENT), probe)
     return Exclusion(verdict, said, _with_audit(study, rows), probe.failures())
+
+
+def _verdict(kinds: list[str], said: str, alone: Failure | None, probe: Study) -> tuple[str, str]:
+    """The probes' verdicts as one, in words; a death is not read as an exclusion where compile died without
+    piecewise graphs too (alone: the compiled arm's failure)."""
+    if "coexist" in kinds:
+        return "coexist", said
+    if "excludes" in kinds:
+        return "excludes", said
+    if "dies" not in kinds:
+        return "not verified", said
+    if alone is None or not alone.before_ready:
+        return "dies", said
+    # the probes' death says nothing about piecewise when compile dies without it: the question stays open
+    dead = [f for f in probe.failures() if f.before_ready]
+    graphs = alone.knobs.get("cuda_graph", "its own")
+    if all(f.frame == alone.frame and f.exception == alone.exception for f in dead):
+        said = (f"not told: compile dies here with or without piecewise graphs: the compiled arm ({graphs} "
+                f"graphs) and the probes ({', '.join(f.knobs.get('cuda_graph', f.config) for f in dead)}) each "
+                f"{alone.words()}")
+    else:
+        said = (f"not told: compile dies here without piecewise graphs too (the compiled arm, {graphs} graphs, "
+                f"{alone.words()}); " + said)
+    return "dies without piecewise too", said + "; so whether compile excludes piecewise graphs cannot be told here"
 
 
 def _probe_verdict(probe: Study, arm: Arm, rows: list[dict[str, Any]]) -> tuple[str, str]:
@@ -197,7 +211,9 @@ def findings(cs: CompileStudy) -> list[Finding]:
     known = exclusion.verdict in ("excludes", "coexist", "dies")
     title = {"excludes": "torch.compile excludes piecewise CUDA graphs here",
              "coexist": "torch.compile and piecewise CUDA graphs run together here",
-             "dies": "torch.compile with piecewise CUDA graphs dies at capture here"}.get(
+             "dies": "torch.compile with piecewise CUDA graphs dies at capture here",
+             "dies without piecewise too": "torch.compile with piecewise CUDA graphs: not verified (compile dies "
+                                           "without them too)"}.get(
         exclusion.verdict, f"torch.compile with piecewise CUDA graphs: {exclusion.verdict}")
     said = sentences(exclusion.words[0].upper() + exclusion.words[1:])
     # the rule as data: what thread 07 leaves out of a combination (never read from this finding's words)
