@@ -69,9 +69,10 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then APT=; else APT=sudo; fi; \
 	  $$APT apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$APT apt-get install -y -qq chromium >/dev/null; }
 
-# two pytest workers, a test file each at a time (module fixtures render a reference once): the 2-core machine's
-# cores both busy while one worker waits on a server; TEST_WORKERS=0 runs in one process
-TEST_WORKERS ?= 2
+# three pytest workers, a test file each at a time (module fixtures render a reference once): with two, this 2-core
+# machine's cores sat 20-40% idle while workers waited on servers starting (docs/testing.md); TEST_WORKERS=0 runs in
+# one process
+TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 test: model lint browser

@@ -115,7 +115,7 @@ def wheel_install():
     return make
 
 
-# `make test` hands whole files to two workers (--dist loadfile), and pytest-xdist 3.8 deals them out by their number
+# `make test` hands whole files to three workers (--dist loadfile), and pytest-xdist 3.8 deals them out by their number
 # of tests, most first (its --loadscope-reorder default); this order only breaks ties. So the one-test end-to-end file
 # (the default suite on the real engine) starts near the end, among the other one-test files, after the real-engine
 # files (15 and 14 tests). Dealing it out first instead (--no-loadscope-reorder) measured no faster on a fresh clone

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -136,6 +138,27 @@ def test_an_unread_version_takes_its_real_help_as_the_truth(monkeypatch):
     assert set(check["flag"]) >= {"--format", "--non-blocking"}
 
 
+def _templates(key: str, extract: Callable[[], list[str]]) -> list[str]:
+    """A published wheel's logged message templates, kept per user under the wheel and the code that extracts them:
+    parsing every file of an engine is most of the test's time, the wheel never changes, and any change to the
+    extraction (engines/logs.py, engines/source.py) reads it again."""
+    import hashlib
+
+    from servescope.engines import logs, source
+    from servescope.paths import cache_root
+
+    code = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (logs, source))).hexdigest()[:16]
+    path = cache_root() / "test-cache" / "log-templates" / f"{key}-{code}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    got = extract()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(got))
+    tmp.replace(path)  # whole or absent: a run stopped mid-write leaves nothing half-read
+    return got
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("key", ["sglang-0.4.10", "sglang-0.5.9", "sglang-0.5.23", "vllm-0.32.0",
                                  "transformers-5.17.0"])
@@ -147,7 +170,7 @@ def test_log_patterns_match_the_engines_own_message_templates(wheel_install, key
 
     engine = key.split("-")[0]
     tree = get_engine(engine).source_tree(wheel_install(key))
-    lines = [example_line(t) for t in logged_messages(tree)["template"]]
+    lines = [example_line(t) for t in _templates(key, lambda: logged_messages(tree)["template"].tolist())]
     version = key.split("-")[1]
     named = [p for p in patterns_for(engine) if version in p.versions.split()]
     assert len(named) >= (2 if engine == "transformers" else 5)

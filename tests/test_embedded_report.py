@@ -1,5 +1,5 @@
 """The default suite end to end on the embedded engine (vLLM CPU build): slow, skipped by `make test-fast`. A module
-of its own, so that `make test`'s two workers (a file each at a time) share the real-engine tests between them."""
+of its own, so that `make test`'s workers (a file each at a time) share the real-engine tests between them."""
 
 from __future__ import annotations
 

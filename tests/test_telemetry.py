@@ -186,7 +186,7 @@ def test_host_sampler_finds_a_pinned_thread_in_a_real_process_tree():
     procs, threads = pd.DataFrame(h.proc_rows), pd.DataFrame(h.thread_rows)
     assert procs["pid"].nunique() == 2
     top = host_by_point(procs, threads).set_index("phase").loc["load"]
-    # the burning thread's share is the scheduler's to give: make test runs two workers on two cores, so the bar is
+    # the burning thread's share is the scheduler's to give: make test runs three workers on two cores, so the bar is
     # well above an idle tree's ~0% rather than a whole core
     assert top["busiest_thread_cpu_pct_p50"] > 25 and top["server_cpu_pct_p50"] > 10
 
