@@ -384,9 +384,21 @@ class Comparison:
                        headline=f"{dead.config} ({Knobs(**dead.knobs).label()}) {dead.words()}"
                        + ("; the engine then tore its own process tree down" if dead.teardown == "engine" else ""),
                        detail=(f"Seen in an earlier attempt, {dead.recorded}, and not launched again. "
-                               if dead.recorded else "") + "No effect can be measured for it.",
+                               if dead.recorded else "") + "No effect can be measured for it." + self._alive(dead),
                        applies=True, confidence="high", reason=dead.words(), failures=v.failures,
                        evidence={"errors": v.errors, "resolved": {k: x.to_dict() for k, x in v.states.items()}})
+
+    def _alive(self, dead: Failure) -> str:
+        """What the side that lives served, per level (median output tok/s over its launches); '' where it has none."""
+        alive = self.baseline if dead.config == self.treatment else self.treatment
+        s = self.study.results.summary
+        s = s[s["config"] == alive] if len(s) and "config" in s else s
+        if s.empty:
+            return ""
+        per = s.groupby("concurrency")["output_tok_s"].median()
+        n = s["rep"].nunique()
+        return (f" {alive[:1].upper() + alive[1:]} served: " + ", ".join(f"c={c:g} {v:,.0f}" for c, v in per.items())
+                + f" output tok/s ({'median of ' + str(n) + ' launches' if n > 1 else 'one launch'}).")
 
     def _not_measured(self, subject: str, states: dict[str, ResolvedState], errs: list[dict[str, Any]]) -> Finding:
         first = next((x for x in errs if x.get("signal")), errs[0] if errs else None)
