@@ -169,18 +169,18 @@ class Results:
 
     def machine_starts(self, configs: Sequence[str]) -> dict[str, set[str]]:
         """Per configuration of configs, the machine starts its stored points ran on ('' for one not recorded)."""
-        out: dict[str, set[str]] = {c: set() for c in configs}
-        for (c, _), pt in self.stored.items():
-            if c in out:
-                out[c].add(pt.machine_start)
-        return out
+        return self._per_config(configs, lambda pt: pt.machine_start)
 
     def cards(self, configs: Sequence[str]) -> dict[str, set[str]]:
         """Per configuration of configs, the GPU models its stored points ran on (none named for a CPU build)."""
+        return {c: seen - {""} for c, seen in self._per_config(configs, lambda pt: pt.card or "").items()}
+
+    def _per_config(self, configs: Sequence[str], of: Callable[[Point], str]) -> dict[str, set[str]]:
+        """Per configuration of configs, the values of(point) over its stored points."""
         out: dict[str, set[str]] = {c: set() for c in configs}
         for (c, _), pt in self.stored.items():
-            if c in out and pt.card:
-                out[c].add(pt.card)
+            if c in out:
+                out[c].add(of(pt))
         return out
 
     def engine_default_configs(self) -> set[str]:
