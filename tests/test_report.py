@@ -794,3 +794,40 @@ def test_the_kernels_own_error_log_stays_out_of_the_terminal(tmp_path, capfd):
     out, err = capfd.readouterr()
     assert run.error == "" and "  the cell ran" in out
     assert "KeyboardInterrupt" not in out + err, out + err
+
+
+@pytest.mark.parametrize("deaths, ran", [(1, True), (3, False)])
+def test_a_kernel_that_dies_before_it_starts_is_started_again(tmp_path, capfd, monkeypatch, deaths, ran):
+    """A kernel that dies before it replies (jupyter_client chose a port another process took first: "Address already
+    in use", once in a CI run, a notebook failed in 2 s) is started again, up to three starts: here a real kernelspec
+    whose first `deaths` starts exit at once, then ipykernel itself."""
+    import sys
+
+    import nbformat
+
+    from servescope import report
+    spec = tmp_path / "kernels" / "flaky"
+    spec.mkdir(parents=True)
+    (tmp_path / "flaky.py").write_text(
+        "import pathlib, sys\n"
+        f"n = pathlib.Path({str(tmp_path / 'starts')!r})\n"
+        "k = int(n.read_text()) + 1 if n.exists() else 1\n"
+        "n.write_text(str(k))\n"
+        f"if k <= {deaths}:\n    sys.exit(1)\n"
+        "from ipykernel import kernelapp\nkernelapp.launch_new_instance()\n")
+    (spec / "kernel.json").write_text(json.dumps({"argv": [sys.executable, str(tmp_path / "flaky.py"), "-f",
+                                                           "{connection_file}"], "display_name": "flaky",
+                                                  "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('the cell ran')")]
+    file = tmp_path / "k.ipynb"
+    nbformat.write(nb, file)
+    with report._Interrupts() as stop:
+        run = report._run_notebook("k", file, {}, tmp_path, stop, "flaky", False, True, echo=sys.stdout)
+    out, _ = capfd.readouterr()
+    assert ("  the cell ran" in out) == ran and (run.error == "") == ran, (run.error, out)
+    assert out.count("died before it started") == min(deaths, 2), out
+    assert (tmp_path / "starts").read_text() == str(min(deaths + 1, 3))
+    if not ran:
+        assert "Kernel died before replying to kernel_info" in run.error and run.status != "ok"

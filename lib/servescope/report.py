@@ -9,6 +9,7 @@ import platform
 import shlex
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -371,14 +372,7 @@ def _run_notebook(nb_id: str, file: Path, params: dict[str, Any], out_dir: Path,
     executed = out_dir / f"{nb_id}.ipynb"
     raised = False
     try:
-        pm.execute_notebook(str(file), str(executed), parameters=params, cwd=str(file.parent), kernel_name=kernel_name,
-                            progress_bar=progress, log_output=False, report_mode=hide_code,
-                            stdout_file=_Indented(echo) if echo is not None else None,
-                            # the kernel's own log went to the terminal between the progress lines: a warning per
-                            # notebook ("running over TCP without encryption") and, now and then, an error from the
-                            # SIGINT jupyter_client sends every kernel it shuts down ("KeyboardInterrupt caught in
-                            # kernel"); a kernel that dies is told by nbclient, in the notebook's failure
-                            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+        _execute(file, executed, params, kernel_name, progress, hide_code, echo)
     except (Exception, KeyboardInterrupt) as e:  # a failing notebook is reported, the others still run
         raised = True
         run.error = _error_excerpt(e) if isinstance(e, Exception) else "interrupted"
@@ -399,6 +393,34 @@ def _run_notebook(nb_id: str, file: Path, params: dict[str, Any], out_dir: Path,
         run.outcome = read_outcome(fpath)
     run.status = notebook_status(raised, run.outcome, run.findings)
     return run
+
+
+# jupyter_client picks a kernel's ports free, then the kernel binds them: another process may take one between
+# (pytest workers starting kernels at once did: "Address already in use", the kernel dead before it replied), so a
+# kernel that never started is started again; nothing of the notebook ran
+_NEVER_STARTED = "Kernel died before replying to kernel_info"
+_KERNEL_STARTS = 3
+
+
+def _execute(file: Path, executed: Path, params: dict[str, Any], kernel_name: str | None, progress: bool,
+             hide_code: bool, echo: TextIO | None) -> None:
+    """papermill over one notebook, on a fresh kernel where the last one died before it started."""
+    for start in range(1, _KERNEL_STARTS + 1):
+        try:
+            pm.execute_notebook(str(file), str(executed), parameters=params, cwd=str(file.parent),
+                                kernel_name=kernel_name, progress_bar=progress, log_output=False,
+                                report_mode=hide_code, stdout_file=_Indented(echo) if echo is not None else None,
+                                # the kernel's own log went to the terminal between the progress lines: a warning
+                                # per notebook ("running over TCP without encryption") and, now and then, an error
+                                # from the SIGINT jupyter_client sends every kernel it shuts down; a kernel that
+                                # dies is told by nbclient, in the notebook's failure
+                                extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+            return
+        except RuntimeError as e:
+            if _NEVER_STARTED not in str(e) or start == _KERNEL_STARTS:
+                raise
+            print(f"  its kernel died before it started (start {start} of {_KERNEL_STARTS}); starting another",
+                  file=echo or sys.stdout, flush=True)
 
 
 class _Interrupts:
