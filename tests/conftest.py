@@ -115,12 +115,9 @@ def wheel_install():
     return make
 
 
-# `make test` hands whole files to three workers (--dist loadfile), and pytest-xdist 3.8 deals them out by their number
-# of tests, most first (its --loadscope-reorder default); this order only breaks ties. So the one-test end-to-end file
-# (the default suite on the real engine) starts near the end, among the other one-test files, after the real-engine
-# files (15 and 14 tests). Dealing it out first instead (--no-loadscope-reorder) measured no faster on a fresh clone
-# (1,090 s against 1,115 s: both cores are busy either way) and ran the stub's timing tests beside its vLLM server,
-# where one starved repetition failed a known-answer test: docs/testing.md
+# `make test` runs the end-to-end file in a pytest of its own beside the rest (Makefile) and hands the other files to
+# three workers (--dist loadfile), which pytest-xdist 3.8 deals out by their number of tests, most first (its
+# --loadscope-reorder default); this order only breaks ties there, and orders a one-process run: docs/testing.md
 LONGEST_FIRST = ("test_embedded_report.py",)
 REAL_ENGINE_LAST = ("test_embedded_engine.py", "test_ray.py")
 

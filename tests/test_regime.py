@@ -6,14 +6,12 @@ change) on stated evidence."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from servescope.analysis import regime as rg
 from servescope.analysis.telemetry import dcgm_by_point, gpu_by_point, gpu_points, host_by_point
@@ -213,20 +211,14 @@ def test_dcgm_exporter_fields_stand_in_for_gpm():
     assert r.regime == "memory-bandwidth-bound"
 
 
-def test_thread_03_renders_the_h200_store_offline(tmp_path):
+def test_thread_03_renders_the_h200_store_offline(tmp_path_factory):
     """Thread 03 over the H200 reference store (fifteen points since thread 04's shared-GPU points joined): nothing
     launched, a regime per point, energy per output token from the GPU's counter, the launch-bound profiled level
     recommending graphs in transformers' spelling."""
-    from servescope.report import run_suite
+    from renders import rendered
 
-    store = tmp_path / "store"
-    shutil.copytree(ROOT / "data" / "reference" / "h200" / "store", store)
-    suite = yaml.safe_load((ROOT / "data" / "suites" / "transformers-gpu.yaml").read_text())
-    suite["notebooks"] = [{"id": "03_clocks_power"}]
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump(suite))
-    done = run_suite(tmp_path / "s.yaml", offline=True, reports_dir=tmp_path / "r", store_dir=store, run_id="h",
-                     progress=False)
-    assert [r.status for r in done.runs] == ["ok"]
+    done = rendered(tmp_path_factory, "h200")  # the whole suite's render, once per session
+    assert done.status["03_clocks_power"] == "ok"
     fs = json.loads((done.out_dir / "03_clocks_power.findings.json").read_text())
     head, *rest = fs
     assert head["title"] == "Not throttled: most load levels host-bound (42 of 59)" and head["confidence"] == "high"

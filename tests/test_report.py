@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 from answers import check_answers
+from renders import rendered
 from servescope.cli import main
 from servescope.errors import SpecError
 from servescope.report import run_suite
 from servescope.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE_STORE = ROOT / "data" / "reference" / "store"
 DEFAULT_SUITE = yaml.safe_load((ROOT / "data" / "suites" / "default.yaml").read_text())
 
 
@@ -62,14 +62,9 @@ def test_default_suite_is_valid():
 
 @pytest.fixture(scope="module")
 def offline_run(tmp_path_factory) -> Path:
-    """The default suite's 05 rendered offline from the recorded reference store, plus a notebook that fails."""
-    tmp = tmp_path_factory.mktemp("report")
-    store = tmp / "store"
-    shutil.copytree(REFERENCE_STORE, store)
-    fails = {"id": "98_fails", "path": str(ROOT / "tests" / "fixtures" / "notebooks" / "98_fails.ipynb"),
-             "parameters": {"message": "boom from the fixture"}}
-    suite = _suite(tmp, [fails, *DEFAULT_SUITE["notebooks"]])
-    return run_suite(suite, offline=True, reports_dir=tmp / "reports", store_dir=store, run_id="r1").out_dir
+    """The default suite rendered offline from the recorded reference store, after a notebook that fails (once per
+    test session: tests/renders.py)."""
+    return rendered(tmp_path_factory, "default").out_dir
 
 
 def test_the_reference_store_renders_the_recorded_answers(offline_run):
@@ -193,13 +188,24 @@ def test_failed_notebook_still_rendered(offline_run):
 
 
 def test_hide_code(tmp_path):
-    store = tmp_path / "store"
-    shutil.copytree(REFERENCE_STORE, store)
-    # one notebook shows it: rendering the whole suite again cost CI a minute
-    out = run_suite(_suite(tmp_path, DEFAULT_SUITE["notebooks"]), only=("05",), offline=True, hide_code=True,
-                    reports_dir=tmp_path / "reports", store_dir=store).out_dir
-    html = (out / "05_torch_compile.html").read_text()
-    assert "t05.run(" not in html and "data:image/png;base64" in html
+    """--hide-code keeps a notebook's outputs (a figure) and drops its code: shown on a notebook of its own (the
+    committed references render once per session, with their code: tests/renders.py)."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell('findings_path: str = "x.json"', metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\n"
+                                          "plt.show()  # the_code_itself")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "96_plot.ipynb")
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({"name": "h", "notebooks": [{"id": "96_plot", "path": str(tmp_path / "96_plot.ipynb")}]}))
+    out = run_suite(suite, hide_code=True, reports_dir=tmp_path / "reports", store_dir=tmp_path / "s",
+                    progress=False).out_dir
+    html = (out / "96_plot.html").read_text()
+    assert "the_code_itself" not in html and "data:image/png;base64" in html
+    shown = run_suite(suite, reports_dir=tmp_path / "r2", store_dir=tmp_path / "s", progress=False).out_dir
+    assert "the_code_itself" in (shown / "96_plot.html").read_text()
 
 
 def test_only_a_reader_renders_the_notebooks_before_it_from_the_store(tmp_path, monkeypatch):
@@ -372,7 +378,7 @@ def test_threads_02_05_on_real_transformers_serve_cpu_offline(tmp_path):
 H200 = ROOT / "data" / "reference" / "h200"
 
 
-def test_h200_suite_renders_offline_as_measured(tmp_path):
+def test_h200_suite_renders_offline_as_measured(tmp_path_factory):
     """The whole H200 run of transformers serve 5.17 (data/suites/transformers-gpu.yaml, data/reference/h200),
     rendered here from its store alone. It holds two repetitions per arm (the device time of that session), and two
     resolve nothing however one-sided: thread 02 saw CUDA graphs help in both at every level, both sides verified,
@@ -381,12 +387,9 @@ def test_h200_suite_renders_offline_as_measured(tmp_path):
     already grouped, with the GPU ceiling probe kept in the store. The second recording (run2, three repetitions)
     resolves 02: test_a_second_cold_h200_recording_ranks_the_same_first_change. The offline findings are the ones in
     report/ (the H200 run's, rendered again from the store when points were added or the rules changed)."""
-    store = tmp_path / "store"
-    shutil.copytree(H200 / "store", store)
-    done = run_suite(ROOT / "data" / "suites" / "transformers-gpu.yaml", offline=True, reports_dir=tmp_path / "r",
-                     store_dir=store, run_id="h", progress=False)
+    done = rendered(tmp_path_factory, "h200")  # once per test session: tests/renders.py
     check_answers(done.out_dir, "h200")
-    status = {r.id: r.status for r in done.runs}
+    status = done.status
     for nb in ("01_cuda_graph_disable_reason", "02_piecewise_cuda_graphs", "05_torch_compile",
                "06_grouped_gemm", "03_clocks_power", "99_summary"):
         assert status[nb] == "ok", (nb, status)

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
 from answers import check_answers
+from renders import rendered
 from servescope.deaths import cause_of, deaths_in_log
 from servescope.engines import get_engine
 from servescope.findings import read_findings
-from servescope.report import run_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT / "data" / "reference" / "sglang-h200"
@@ -63,11 +62,7 @@ def test_interrupted_attempts_are_not_failures():
 @pytest.fixture(scope="module")
 def offline_run(tmp_path_factory):
     """Threads 01, 02, 04, 05, 06, 07 and 99 of the suite rendered offline from a copy of the H200 store."""
-    tmp = tmp_path_factory.mktemp("sglang-h200")
-    shutil.copytree(REF / "store", tmp / "store")
-    done = run_suite(SUITE, only=["01", "02", "04", "05", "06", "07", "99"], offline=True, inputs=False, reports_dir=tmp / "r",
-                     store_dir=tmp / "store", run_id="t", progress=False)
-    return done.out_dir
+    return rendered(tmp_path_factory, "sglang-h200").out_dir  # once per test session: tests/renders.py
 
 
 def test_the_h200_store_renders_the_recorded_answers(offline_run):

@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from renders import rendered
 from servescope.findings import read_findings
-from servescope.report import run_suite
 from servescope.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,12 +28,7 @@ MODES = {"off": "NONE", "decode_only": "FULL_DECODE_ONLY", "full": "FULL", "piec
 @pytest.fixture(scope="module")
 def offline_run(tmp_path_factory):
     """Threads 01, 02, 05, 06, 04, 07, 03 and the summary rendered offline from a copy of the H200 store."""
-    tmp = tmp_path_factory.mktemp("vllm-h200")
-    shutil.copytree(REF / "store", tmp / "store")
-    done = run_suite(SUITE, only=["01", "02", "05", "06", "04", "07", "03", "99"], offline=True, inputs=False,
-                     reports_dir=tmp / "r", store_dir=tmp / "store",
-                     run_id="t", progress=False)
-    return done.out_dir
+    return rendered(tmp_path_factory, "vllm-h200").out_dir  # once per test session: tests/renders.py
 
 
 def test_every_point_ran_on_vllm_0_26_on_the_h200_and_resolved_as_asked():
