@@ -10,10 +10,12 @@ lines, then
 With --ray, the first run goes through the Ray runner on a local cluster of simulated nodes (Ray's own cluster
 utilities: a head with no CPUs and two nodes of one CPU and one simulated GPU; one point at a time, so both runs
 measure on the same quiet cores) and the second runs locally: the same comparison then says whether the suite gives
-the same answers through Ray as locally (issue 61).
+the same answers through Ray as locally (issue 61). With --locals 2 a third run goes locally too, and each thread
+says whether its answer through Ray is one the two local runs gave (`ray_as_local: K of N`): where the local runs
+disagree with each other, the host's noise decides the answer, not the runner.
 
 Usage: python benchmarks/bench_stability.py [--suite data/suites/default.yaml] [--keep DIR] [--first REPORT_DIR]
-       [--ray]
+       [--ray [--locals 2]]
 """
 
 from __future__ import annotations
@@ -90,6 +92,20 @@ def on_ray(suite: Path, work: Path) -> Iterator[Path]:
         yield copy
 
 
+def _ray_as_local(runs: list[dict], lines: list[tuple], threads: list[str]) -> None:
+    """Per thread, whether the Ray run's (the first) answer is one of the two local runs' answers, and whether
+    those two agree."""
+    as_local = 0
+    for t in threads:
+        ray, locals_ = runs[0].get(t), [runs[1].get(t), runs[2].get(t)]
+        one = ray is not None and ray in locals_
+        as_local += one
+        print(f"{t}: ray {'as a local run' if one else 'UNLIKE both local runs'}; the local runs "
+              f"{'agree' if locals_[0] == locals_[1] else 'differ'}: {ray} | {locals_[0]} | {locals_[1]}")
+    line = "yes" if lines[0][:2] in (lines[1][:2], lines[2][:2]) else "no"
+    print(f"ray_as_local: {as_local} of {len(threads)} threads, first_line={line}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default=str(ROOT / "data" / "suites" / "default.yaml"))
@@ -98,6 +114,7 @@ def main() -> int:
                     "ARGS='--keep DIR' leaves it in DIR/reports-cold/cold): it stands as the first run, one more runs")
     ap.add_argument("--ray", action="store_true", help="the first run through the Ray runner on a local cluster of "
                     "simulated nodes, the second locally")
+    ap.add_argument("--locals", type=int, default=1, choices=(1, 2), help="with --ray: local runs after it")
     a = ap.parse_args()
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="servescope-bench-stability-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -107,7 +124,7 @@ def main() -> int:
             runs.append(headlines(Path(a.first)))
             lines.append(first_line(Path(a.first)))
             print(f"run first: {a.first}\nrun first: first line: {lines[-1][2]}", flush=True)
-        for tag in ("first", "second")[len(runs):]:
+        for tag in ("first", "second", "third")[len(runs):3 if a.ray and a.locals == 2 else 2]:
             with on_ray(Path(a.suite), work) if a.ray and tag == "first" else contextlib.nullcontext(
                     Path(a.suite)) as suite:
                 done, wall, n = run_cold(suite, work, tag)
@@ -129,6 +146,8 @@ def main() -> int:
         same_line = "yes" if lines[0][:2] == lines[1][:2] else "no"
         print(f"stability: threads={len(threads)} same_headline={same_head} same_tier={same_tier} "
               f"same_first_line={same_line}")
+        if len(runs) == 3:
+            _ray_as_local(runs, lines, threads)
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
