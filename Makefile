@@ -75,9 +75,9 @@ browser:
 TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-# the end-to-end run's known answer is a measurement on this machine's two cores (compile against eager), and the other
-# workers' load beside it left it unresolved once in CI: a plain `make test` runs it in a pytest of its own at normal
-# priority while the rest run at nice 10, so they take only the CPU it leaves (docs/testing.md)
+# the end-to-end run measures compile against eager on this machine's two cores, and the other workers' load beside it
+# is its noise: a plain `make test` starts it first, in a pytest of its own at normal priority, while the rest run at
+# nice 10 and yield to it (docs/testing.md)
 E2E := tests/test_embedded_report.py
 SPLIT := $(and $(XDIST),$(if $(strip $(ARGS)),,yes))
 

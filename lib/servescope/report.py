@@ -372,7 +372,7 @@ def _run_notebook(nb_id: str, file: Path, params: dict[str, Any], out_dir: Path,
     executed = out_dir / f"{nb_id}.ipynb"
     raised = False
     try:
-        _execute(file, executed, params, kernel_name, progress, hide_code, echo)
+        _execute(file, executed, params, kernel_name, progress, hide_code, echo, stop)
     except (Exception, KeyboardInterrupt) as e:  # a failing notebook is reported, the others still run
         raised = True
         run.error = _error_excerpt(e) if isinstance(e, Exception) else "interrupted"
@@ -403,8 +403,9 @@ _KERNEL_STARTS = 3
 
 
 def _execute(file: Path, executed: Path, params: dict[str, Any], kernel_name: str | None, progress: bool,
-             hide_code: bool, echo: TextIO | None) -> None:
-    """papermill over one notebook, on a fresh kernel where the last one died before it started."""
+             hide_code: bool, echo: TextIO | None, stop: _Interrupts) -> None:
+    """papermill over one notebook, on a fresh kernel where the last one died before it started (not after an
+    interrupt: the run is stopping)."""
     for start in range(1, _KERNEL_STARTS + 1):
         try:
             pm.execute_notebook(str(file), str(executed), parameters=params, cwd=str(file.parent),
@@ -417,7 +418,7 @@ def _execute(file: Path, executed: Path, params: dict[str, Any], kernel_name: st
                                 extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
             return
         except RuntimeError as e:
-            if _NEVER_STARTED not in str(e) or start == _KERNEL_STARTS:
+            if _NEVER_STARTED not in str(e) or start == _KERNEL_STARTS or stop.signal:
                 raise
             print(f"  its kernel died before it started (start {start} of {_KERNEL_STARTS}); starting another",
                   file=echo or sys.stdout, flush=True)
