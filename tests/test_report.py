@@ -29,6 +29,18 @@ def _suite(tmp_path: Path, notebooks: list[dict], **over) -> Path:
     return p
 
 
+def _notebook(path: Path, *sources: str, parameters: str = "") -> Path:
+    """A small notebook at path: a parameters cell where given, then one code cell per source (python3 kernel)."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = ([nbformat.v4.new_code_cell(parameters, metadata={"tags": ["parameters"]})] if parameters else []) + \
+        [nbformat.v4.new_code_cell(src) for src in sources]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
 @pytest.mark.parametrize("content,msg", [
     (None, "does not exist"),
     ("name: [unclosed", "not valid YAML"),
@@ -190,16 +202,10 @@ def test_failed_notebook_still_rendered(offline_run):
 def test_hide_code(tmp_path):
     """--hide-code keeps a notebook's outputs (a figure) and drops its code: shown on a notebook of its own (the
     committed references render once per session, with their code: tests/renders.py)."""
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell('findings_path: str = "x.json"', metadata={"tags": ["parameters"]}),
-                nbformat.v4.new_code_cell("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\n"
-                                          "plt.show()  # the_code_itself")]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, tmp_path / "96_plot.ipynb")
+    nb = _notebook(tmp_path / "96_plot.ipynb", "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\n"
+                   "plt.show()  # the_code_itself", parameters='findings_path: str = "x.json"')
     suite = tmp_path / "s.yaml"
-    suite.write_text(yaml.safe_dump({"name": "h", "notebooks": [{"id": "96_plot", "path": str(tmp_path / "96_plot.ipynb")}]}))
+    suite.write_text(yaml.safe_dump({"name": "h", "notebooks": [{"id": "96_plot", "path": str(nb)}]}))
     out = run_suite(suite, hide_code=True, reports_dir=tmp_path / "reports", store_dir=tmp_path / "s",
                     progress=False).out_dir
     html = (out / "96_plot.html").read_text()
@@ -784,14 +790,9 @@ def test_the_kernels_own_error_log_stays_out_of_the_terminal(tmp_path, capfd):
     kernel logs at ERROR stays out of the terminal; the notebook's own output does not."""
     import sys
 
-    import nbformat
-
     from servescope import report
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("get_ipython().kernel.log.error('KeyboardInterrupt caught in kernel.')\n"
-                                          "print('the cell ran')")]
-    file = tmp_path / "k.ipynb"
-    nbformat.write(nb, file)
+    file = _notebook(tmp_path / "k.ipynb", "get_ipython().kernel.log.error('KeyboardInterrupt caught in kernel.')\n"
+                     "print('the cell ran')")
     with report._Interrupts() as stop:
         run = report._run_notebook("k", file, {}, tmp_path, stop, "python3", False, True, echo=sys.stdout)
     out, err = capfd.readouterr()
@@ -805,8 +806,6 @@ def test_a_kernel_that_dies_before_it_starts_is_started_again(tmp_path, capfd, m
     in use", once in a CI run, a notebook failed in 2 s) is started again, up to three starts, but not once the run
     was interrupted: here a real kernelspec whose first `deaths` starts exit at once, then ipykernel itself."""
     import sys
-
-    import nbformat
 
     from servescope import report
     spec = tmp_path / "kernels" / "flaky"
@@ -822,10 +821,7 @@ def test_a_kernel_that_dies_before_it_starts_is_started_again(tmp_path, capfd, m
                                                            "{connection_file}"], "display_name": "flaky",
                                                   "language": "python"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("print('the cell ran')")]
-    file = tmp_path / "k.ipynb"
-    nbformat.write(nb, file)
+    file = _notebook(tmp_path / "k.ipynb", "print('the cell ran')")
     with report._Interrupts() as stop:
         stop.signal = "SIGINT" if interrupted else ""
         run = report._run_notebook("k", file, {}, tmp_path, stop, "flaky", False, True, echo=sys.stdout)

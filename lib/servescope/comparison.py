@@ -23,7 +23,7 @@ from .analysis.ab import (
     paired_effects,
     verdict,
 )
-from .analysis.engines import machines
+from .analysis.engines import APART, machines
 from .engines.audit import explain_state
 from .engines.logs import analyze_log
 from .findings import METRIC_WORDS, Change, Confidence, Direction, Effect, Failure, Finding, capped, sentences
@@ -470,7 +470,7 @@ class Comparison:
                     + self._starved_intervals())
         starts = study.results.machine_starts([self.baseline, self.treatment])
         apart = machines(starts[self.baseline], starts[self.treatment])
-        if apart == "different machine starts":  # a constant difference between machines hides in the effect
+        if apart == APART:  # a constant difference between machines hides in the effect
             out += (f" The sides never ran on one machine start ({self.baseline}: {len(starts[self.baseline])}, "
                     f"{self.treatment}: {len(starts[self.treatment])}): a difference between the machines (host CPU, "
                     "card) is inside the effect, not its interval, so a few percent of it may be the machines'.")

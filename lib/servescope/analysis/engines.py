@@ -70,6 +70,10 @@ def _best(g: pd.DataFrame) -> tuple[str, np.ndarray, int, set[str]] | None:
     return best, enough[best]["output_tok_s"].to_numpy(), len(enough), set(enough[best]["machine_start"])
 
 
+# machines()'s word for sides that never shared a machine start: a comparison's evidence carries it, and readers test it
+APART = "different machine starts"
+
+
 def machines(a: set[str], b: set[str]) -> str:
     """How two sides' repetitions relate to the machines they ran on: 'one machine start' when every repetition of
     both ran on one boot, 'different machine starts' when the sides share none, 'not recorded' where a start is unknown,
@@ -78,7 +82,7 @@ def machines(a: set[str], b: set[str]) -> str:
         return "not recorded"
     if len(a | b) == 1:
         return "one machine start"
-    return "different machine starts" if not a & b else "partly shared"
+    return APART if not a & b else "partly shared"
 
 
 def side_by_side(stores: Store | Sequence[Store], model: ModelSpec | None = None,

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from .. import plots, probes
+from ..analysis.engines import APART
 from ..comparison import Comparison
 from ..context import RepetitionPlan, RunContext
 from ..engines.audit import explain_state
@@ -370,8 +371,7 @@ def _versus(h: Finding) -> str:
     """One head-to-head in words: 'piecewise against decode_only: +2.4% output_tok_s (90% CI ...), low'."""
     if h.effect is None:
         return f"{h.title}: {h.headline}"
-    apart = ", the sides never on one machine start" if h.evidence.get("machines") == "different machine starts" \
-        else ""
+    apart = ", the sides never on one machine start" if h.evidence.get("machines") == APART else ""
     return f"{h.effect.treatment} against {h.effect.baseline}: {h.effect.text()}, {h.confidence}{apart}"
 
 
