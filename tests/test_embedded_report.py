@@ -24,8 +24,8 @@ def test_report_end_to_end_on_vllm(tmp_path):
     more than the noise, so 05 resolves it and 07 verifies dropping `--enforce-eager` against the eager baseline, with
     its interval, and writes the improvement document; the front page opens with it. Beside `make test`'s other
     workers this 2-core host is not idle: one CI run read compile against eager unresolved after six repetitions (low),
-    another ran out of time at the sixth. There the honest page is the other known answer: 05's estimate still
-    favours compile, unresolved, and nothing is verified or documented (_headline)."""
+    another ran out of time at the sixth. There the honest page is the other known answer: 05 unresolved, nothing
+    verified or documented (_headline)."""
     suite = yaml.safe_load((ROOT / "data" / "suites" / "default.yaml").read_text())
     suite["load"] |= {"concurrency": [1, 4], "num_requests": 12, "input_len": 32, "output_len": 32}
     suite["telemetry"] = {"host_hz": 20, "metrics_hz": 10}
@@ -124,8 +124,8 @@ def test_report_end_to_end_on_vllm(tmp_path):
 
 def _headline(out: Path, index: str) -> dict:
     """The front page's first line and 07's verification, as 05 decided: verified with its interval and document
-    where 05 resolved compile's gain, else (this host too loaded to resolve it) nothing verified and 05's estimate
-    still for compile. 07's first finding."""
+    where 05 resolved compile's gain, else (this host too loaded to resolve it) nothing verified. 07's first
+    finding."""
     line = re.search(r'id="verified" class="verified"><b>(.*?)</b>', index, re.S).group(1)
     finding, _ = json.loads((out / "05_torch_compile.findings.json").read_text())
     # where it fails, what 05 said is what tells host noise from a defect
@@ -133,7 +133,8 @@ def _headline(out: Path, index: str) -> dict:
     head, _ = json.loads((out / "07_verified_changes.findings.json").read_text())
     if finding["confidence"] not in ("high", "medium"):
         print(f"05 did not resolve compile against eager on this host: {said05}")
-        assert finding["direction"] == "unresolved" and finding["effect"]["value_pct"] > 0, said05
+        # not even its sign holds there: a CI run read +49, +45, -42, -34% per repetition (-4.3%, 90% CI -47..+72%)
+        assert finding["direction"] == "unresolved" and finding["claim"].startswith("torch.compile is not resolved")
         assert line.startswith("Not verified: this run recommends no change to verify"), (line, said05)
         assert head["title"] == "Nothing to verify: no recommended change", head
         assert not list((out / "changes").glob("*.md"))
