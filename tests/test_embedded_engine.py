@@ -59,7 +59,9 @@ def test_an_eager_bfloat16_server_answers_the_probe_then_tokens_and_leaves_nothi
         load = LoadSpec(concurrency=(1,), num_requests=1, output_len=8, input_len=16)
         (rec,) = run_level(t.base_url, prep.served_name, load, 1, random_prompts(tok, 1, 16, 8, 0), progress=False)
         assert rec.status == "ok", rec.error
-        assert rec.output_tokens == 8 and rec.input_tokens == 16 and rec.ttft_ms > 0 and len(rec.itl_ms) == 7
+        # a gap per chunk after the first: under load the server sent two tokens in one chunk once (CI: 7 chunks)
+        assert rec.output_tokens == 8 and rec.input_tokens == 16 and rec.ttft_ms > 0
+        assert len(rec.itl_ms) == rec.chunks - 1 and 2 <= rec.chunks <= 8, rec
         port = int(t.base_url.rsplit(":", 1)[1])
     deadline = time.monotonic() + 5
     while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree) and time.monotonic() < deadline:
