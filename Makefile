@@ -75,22 +75,8 @@ browser:
 TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-# the end-to-end run measures compile against eager on this machine's two cores, and the other workers' load beside it
-# is its noise: a plain `make test` starts it first, in a pytest of its own at normal priority, while the rest run at
-# nice 10 and yield to it (docs/testing.md)
-E2E := tests/test_embedded_report.py
-SPLIT := $(and $(XDIST),$(if $(strip $(ARGS)),,yes))
-
 test: model lint browser
-ifeq ($(SPLIT),yes)
-	@log=$$(mktemp); $(PY) -m pytest $(E2E) -p no:cacheprovider --durations=3 >$$log 2>&1 & e2e=$$!; \
-	  trap 'kill $$e2e 2>/dev/null' INT TERM; \
-	nice -n 10 $(PY) -m pytest $(XDIST) --ignore=$(E2E) --durations=25; rest=$$?; \
-	wait $$e2e; e2e_rc=$$?; echo "== $(E2E): its own pytest at normal priority, beside the rest =="; \
-	cat $$log; rm -f $$log; echo "exit: the rest $$rest, $(E2E) $$e2e_rc"; [ $$rest = 0 ] && [ $$e2e_rc = 0 ]
-else
 	$(PY) -m pytest $(XDIST) --durations=25 $(ARGS)
-endif
 
 test-fast: venv lint browser
 	$(PY) -m pytest $(XDIST) -m "not slow" $(ARGS)
