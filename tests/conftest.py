@@ -115,9 +115,9 @@ def wheel_install():
     return make
 
 
-# `make test` runs the end-to-end file in a pytest of its own beside the rest (Makefile) and hands the other files to
-# three workers (--dist loadfile), which pytest-xdist 3.8 deals out by their number of tests, most first (its
-# --loadscope-reorder default); this order only breaks ties there, and orders a one-process run: docs/testing.md
+# `make test` hands whole files to three workers (--dist loadfile), which pytest-xdist 3.8 deals out by their number
+# of tests, most first (its --loadscope-reorder default); this order only breaks ties there, and orders a one-process
+# run: docs/testing.md
 LONGEST_FIRST = ("test_embedded_report.py",)
 REAL_ENGINE_LAST = ("test_embedded_engine.py", "test_ray.py")
 
