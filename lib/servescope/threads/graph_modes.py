@@ -323,9 +323,11 @@ def findings(gs: GraphStudy) -> list[Finding]:
             why, more = f"{mode} gave the largest verified throughput gain over graphs off: {chosen.effect.text()}", ""
         else:
             why = f"{mode} against graphs off: {chosen.effect.text()}"
+            ahead = [h for h in pick.head_to_head if h.resolved_as("better")]
             more = (f" The modes that gain most are not told apart here "
-                    f"({'; '.join(_versus(h) for h in pick.head_to_head)}), so the pick among {', '.join(pick.tied)} "
-                    f"follows a fixed rule, not this run's noise: {mode}, {pick.because}.")
+                    f"({'; '.join(_versus(h) for h in pick.head_to_head if h not in ahead)}), so the pick among "
+                    f"{', '.join(pick.tied)} follows a fixed rule, not this run's noise: {mode}, {pick.because}."
+                    + (f" Told apart head to head: {'; '.join(_versus(h) for h in ahead)}." if ahead else ""))
         for f in per_mode:  # the modes the thread did not pick rank after its pick, whatever their point estimates
             if f.effect is not None and f.effect.treatment != mode and f.change is not None:
                 f.change.alternative_to = mode
