@@ -82,6 +82,8 @@ def test_thread01_names_the_launchs_own_flag_and_recommends_a_mode_that_served(o
     assert f.recommended_flags == ["--cuda-graph-backend-decode", "full", "--cuda-graph-backend-prefill", "breakable"]
     assert [x.config for x in f.failures] == ["cuda_graph=full"]
     assert "full dies before it is ready (during the target prefill CUDA-graph capture): ValueError" in f.claim
+    # the mode recommended served: only the one that died is named as not to use
+    assert "(piecewise). Not full, which died here: full dies before it is ready" in f.claim
 
 
 def test_thread02_says_full_dies_at_capture_and_picks_piecewise(offline_run):

@@ -338,7 +338,8 @@ def findings(ds: DisableStudy) -> list[Finding]:
     if on and not len(crashed):
         detail += _turn_on(on, on_mode, own, rules)
     if failed:
-        detail += " Not recommended, because they died here: " + "; ".join(
+        # the modes that died, by name: the mode recommended above is one that served
+        detail += f" Not {', '.join(failed)}, which died here: " + "; ".join(
             f"{m} {f.words()}" for m, f in failed.items()) + "."
     if state.graphs == "off" and state.eager and not own:
         detail += " The server was started with the engine's eager switch, which turns graphs off: drop it."
