@@ -9,7 +9,8 @@ launches; its scheduler search at c=128 (a fourth session: the reference and fiv
 fifth: the reference and three of them again in another) finds no setting ahead of the combination, the three
 launched in both starts behind it in both; 06 (the fifth session) finds SGLang's Triton fused MoE and its share from
 an nsys window of its own; 04 finds that only one server fits the card; 03 finds the graphs-off deployment host-bound
-at c=128; 99 sets SGLang beside vLLM on the H100 through the suite's compare_with."""
+at c=128; 99 sets SGLang beside vLLM on the H100 through the suite's compare_with. An eighth session recorded 02's
+last two modes: full dies at prefill graph capture, compiled piecewise helps as piecewise does."""
 
 from __future__ import annotations
 
