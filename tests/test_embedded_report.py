@@ -37,13 +37,13 @@ def test_report_end_to_end_on_vllm(tmp_path):
             # for its eager side alone) left no room for the 4th a noisy host may need: a CI run read +78%, +14%,
             # +24% per repetition, not resolved, "time budget spent: 178 s of budget_s=230". Six repetitions did
             # not outvote the loaded host either (a CI run: unresolved; another: past pytest's 900 s at the 6th).
-            # Three, the suite's plan: a 4th pair was two more launches (about 75 s) at the end of make test, where
-            # this test runs alone, and either answer the host allows is checked (_headline)
-            nb["parameters"] |= {"budget_s": 0, "max_repetitions": 3}
+            # Capped at three (2026-12-07), a CI run read +80% (90% CI -2.6..+234%), up in every repetition, low: a
+            # third answer; the 4th repetition the suite allows stays
+            nb["parameters"] |= {"budget_s": 0}
         if nb["id"] == "07_verified_changes":
             # no search here (its launches are the reference store's, recorded from a real cold run): CI time. Its
-            # repetitions are 05's (it reads 05's launches)
-            nb["parameters"] |= {"search_budget_s": 0, "max_repetitions": 3}
+            # other parameters stay the suite's (max_repetitions 4, 05's: it reads 05's launches)
+            nb["parameters"] |= {"search_budget_s": 0}
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump(suite))
     out = run_suite(path, reports_dir=tmp_path / "reports", store_dir=tmp_path / "store").out_dir
