@@ -73,7 +73,7 @@ browser:
 # machine's cores sat 20-40% idle while workers waited on servers starting (docs/testing.md); TEST_WORKERS=0 runs in
 # one process
 TEST_WORKERS ?= 3
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: model lint browser
 	$(PY) -m pytest $(XDIST) --durations=25 $(ARGS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -115,15 +116,19 @@ def wheel_install():
     return make
 
 
-# `make test` hands whole files to three workers (--dist loadfile), which pytest-xdist 3.8 deals out by their number
-# of tests, most first (its --loadscope-reorder default); this order only breaks ties there, and orders a one-process
-# run: docs/testing.md
-LONGEST_FIRST = ("test_embedded_report.py",)
-REAL_ENGINE_LAST = ("test_embedded_engine.py", "test_ray.py")
+# `make test` hands whole files to three workers (--dist loadfile --no-loadscope-reorder), which take them in the
+# order below: the files with most tests first (xdist's own order), except the one-test end-to-end file, dealt fourth
+# so that it starts behind the first file to finish instead of running alone at the end (docs/testing.md)
+END_TO_END = "test_embedded_report.py"
+END_TO_END_AT = 3
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The end-to-end file first, the other real-engine files last, the rest between (within xdist's dealing by test
-    count, and in a one-process run)."""
-    items.sort(key=lambda item: 0 if item.path.name in LONGEST_FIRST else 2 if item.path.name in REAL_ENGINE_LAST
-               else 1)
+    """Files by their number of tests, most first, with the end-to-end file fourth; a file's tests keep their order."""
+    counts = collections.Counter(item.path for item in items)
+    files = sorted(counts, key=lambda path: -counts[path])  # stable: ties keep the collection's order
+    e2e = [path for path in files if path.name == END_TO_END]
+    files = [path for path in files if path.name != END_TO_END]
+    files[END_TO_END_AT:END_TO_END_AT] = e2e
+    rank = {path: i for i, path in enumerate(files)}
+    items.sort(key=lambda item: rank[item.path])

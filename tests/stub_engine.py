@@ -19,7 +19,7 @@ from servescope.state import GRAPH_PHASES, ResolvedState
 STUB = Path(__file__).with_name("stub_server.py")
 # the stub's inter-token gap factor per graph mode (a known answer for thread 2: piecewise is best); an unset mode
 # (engine default) keeps the 1 ms gap, so thread 5's recommendation reads --itl-ms 1
-GRAPH_SPEED = {"off": 8.0, "decode_only": 6.0, "full": 4.0, "piecewise": 2.0}
+GRAPH_SPEED = {"off": 16.0, "decode_only": 8.0, "full": 4.0, "piecewise": 2.0}
 
 
 def stub_command(port: int, *args: str) -> list[str]:

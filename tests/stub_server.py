@@ -19,6 +19,11 @@ import zlib
 from aiohttp import web
 
 
+async def _until(deadline: float) -> None:
+    """Sleep until a time.monotonic() deadline (at once when it has passed)."""
+    await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+
+
 def build_app(a: argparse.Namespace, worker: subprocess.Popen | None = None) -> web.Application:
     t0 = time.monotonic()
     counter = {"n": 0}
@@ -108,9 +113,12 @@ def build_app(a: argparse.Namespace, worker: subprocess.Popen | None = None) -> 
         if a.log_prompts:  # what it was asked, one line a request (prompt reuse is visible to tests)
             with open(a.log_prompts, "a") as f:
                 f.write(json.dumps({"prompt": text, "max_tokens": n}) + "\n")
+        # tokens are paced to a schedule from the first one, not by gaps that each add the host's own lateness: on a
+        # loaded 2-core host a 2 ms sleep can take 10, which shrinks the known effects the tests check toward nothing
+        start = time.monotonic()
         for i in range(n):
             if i and a.itl_ms:
-                await asyncio.sleep(a.itl_ms / 1e3)
+                await _until(start + i * a.itl_ms / 1e3)
             piece = "" if i == 1 else "x"  # a token that decodes to no text (special token, half a character)
             delta = {"delta": {"content": piece}} if chat else {"text": piece}
             await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, **delta}]}).encode() + b"\n\n")
@@ -134,9 +142,10 @@ def build_app(a: argparse.Namespace, worker: subprocess.Popen | None = None) -> 
         if a.ttft_ms:
             await asyncio.sleep(a.ttft_ms / 1e3)
         done = 0
+        start = time.monotonic()
         while done < n:
             if done and a.itl_ms:
-                await asyncio.sleep(a.itl_ms / 1e3 * a.chunk_tokens)
+                await _until(start + (done - 1 + a.chunk_tokens) * a.itl_ms / 1e3)
             done = min(n, done + (1 if done == 0 else a.chunk_tokens))
             chunk = {"text": "x" * done, "meta_info": {"prompt_tokens": prompt_tokens, "completion_tokens": done}}
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
