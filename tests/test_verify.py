@@ -390,6 +390,38 @@ def test_points_an_offline_render_lacks_are_not_in_the_store_not_failed():
     assert Outcome(thread="t", points_planned=2, points_unmeasured=2, findings_answering=1).status() == "failed"
 
 
+def test_a_configuration_that_dies_at_launch_with_its_cause_stated_is_an_answer_not_a_gap():
+    """A point whose configuration died before it was ready with the engine's own exception, stated by a finding,
+    leaves the thread ok (that configuration cannot run here: the answer for it); a failure no finding explains, or
+    one while serving, leaves it partial."""
+    import pandas as pd
+
+    from servescope.experiment import Results
+    from servescope.findings import Failure, Finding, Outcome
+
+    errors = pd.DataFrame([{"config": "full", "rep": 1, "error_type": "RecordedFailure", "summary": "died",
+                            "signal": ""}, {"config": "eager", "rep": 1, "error_type": "ServerDiedError",
+                                            "summary": "SIGILL", "signal": "SIGILL"}])
+    res = Results(summary=pd.DataFrame(), requests=pd.DataFrame(), startup=pd.DataFrame(),
+                  points=pd.DataFrame({"config": ["off", "piecewise"]}), errors=errors, planned=4)
+
+    def said(*failures: Failure) -> list[Finding]:
+        return [Finding(thread="t", kind="failure", title="full dies", headline="full dies", failures=list(failures))]
+
+    died = Failure(config="full", before_ready=True, exception="ValueError: Invalid forward mode")
+    o = res.outcome("t", said(died))
+    assert (o.points_failed, o.points_died) == (2, 1) and o.status() == "partial"  # eager's death is not explained
+    res.errors = errors[errors["config"] == "full"]
+    o = res.outcome("t", said(died))
+    assert (o.points_failed, o.points_died, o.status()) == (1, 1, "ok")
+    assert o.summary() == "2 of 4 points measured, 1 died at launch with the engine's own error (a finding)"
+    for unexplained in (Failure(config="full", before_ready=True), Failure(config="full", exception="ValueError: x"),
+                        Failure(config="piecewise", before_ready=True, exception="ValueError: x")):
+        assert res.outcome("t", said(unexplained)).status() == "partial", unexplained
+    assert Outcome(thread="t", points_planned=2, points_failed=2, points_died=2, findings_answering=1).status() == \
+        "failed"  # nothing measured is failed whatever the cause
+
+
 def test_a_search_stopped_by_the_runs_budget_says_so_and_goes_on_in_a_later_run(tmp_path, stub_engine, monkeypatch):
     """A setting the run's budget (--budget-s) left unlaunched is neither failed nor 'not tried by the measuring run':
     the search says the run's budget ended first and, run again online, launches it."""

@@ -310,6 +310,9 @@ class Outcome(BaseModel):
     # asked for, but an offline render found no stored point (never launched by the run that recorded the store):
     # not a failure, and not measured either
     points_unmeasured: int = Field(0, ge=0)
+    # failed points whose configuration died before it was ready with the engine's own exception, which a finding
+    # states: the answer for that configuration (it cannot run here), not a gap in the thread's measurement
+    points_died: int = Field(0, ge=0)
     first_error: str = ""
     first_signal: str = ""  # 'SIGILL' when the first failure was a process dying from a signal
     findings_total: int = 0
@@ -317,12 +320,13 @@ class Outcome(BaseModel):
 
     def status(self) -> Status:
         """failed: planned points and none measured; no result: no finding states an answer; partial: an answer,
-        but some points failed or are not in the store; ok otherwise."""
+        but some points failed (other than configurations that die at launch, which a finding answers) or are not in
+        the store; ok otherwise."""
         if self.points_planned and not self.points_measured:
             return "failed"
         if not self.findings_answering:
             return "no result"
-        if self.points_failed or self.points_unmeasured:
+        if self.points_failed > self.points_died or self.points_unmeasured:
             return "partial"
         return "ok"
 
@@ -331,7 +335,9 @@ class Outcome(BaseModel):
         if not self.points_planned:
             return ""
         s = f"{self.points_measured} of {self.points_planned} points measured"
-        return s + (f", {self.points_failed} failed" if self.points_failed else "") + \
+        lost = self.points_failed - self.points_died
+        died = f"{self.points_died} died at launch with the engine's own error (a finding)" if self.points_died else ""
+        return s + (f", {lost} failed" if lost else "") + (f", {died}" if died else "") + \
             (f", {self.points_unmeasured} not in the store" if self.points_unmeasured else "")
 
 

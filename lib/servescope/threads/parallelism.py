@@ -103,7 +103,7 @@ class ParallelStudy:
         p = self.tp_profile.results.outcome(THREAD, [])
         return o.model_copy(update={
             "points_planned": o.points_planned + p.points_planned, "points_measured": o.points_measured + p.points_measured,
-            "points_failed": o.points_failed + p.points_failed,
+            "points_failed": o.points_failed + p.points_failed, "points_died": o.points_died + p.points_died,
             "points_unmeasured": o.points_unmeasured + p.points_unmeasured,
             "first_error": o.first_error or p.first_error, "first_signal": o.first_signal or p.first_signal})
 

@@ -334,7 +334,7 @@ class Verification:
             f"search {unmeasured[0].setting}: {unmeasured[0].status}" if unmeasured else ""
         return Outcome(thread=THREAD, points_planned=sum(o.points_planned for o in parts) + len(unmeasured),
                        points_measured=sum(o.points_measured for o in parts),
-                       points_failed=sum(o.points_failed for o in parts),
+                       points_failed=sum(o.points_failed for o in parts), points_died=sum(o.points_died for o in parts),
                        points_unmeasured=sum(o.points_unmeasured for o in parts) + len(unmeasured),
                        first_error=error, first_signal=first.first_signal if first else "",
                        findings_total=len(fs), findings_answering=sum(f.answers for f in fs))
