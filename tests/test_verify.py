@@ -390,34 +390,36 @@ def test_points_an_offline_render_lacks_are_not_in_the_store_not_failed():
     assert Outcome(thread="t", points_planned=2, points_unmeasured=2, findings_answering=1).status() == "failed"
 
 
-def test_a_configuration_that_dies_at_launch_with_its_cause_stated_is_an_answer_not_a_gap():
-    """A point whose configuration died before it was ready with the engine's own exception, stated by a finding,
-    leaves the thread ok (that configuration cannot run here: the answer for it); a failure no finding explains, or
-    one while serving, leaves it partial."""
+def test_a_configuration_that_dies_at_launch_with_the_engines_exception_is_an_answer_not_a_gap():
+    """A point whose server died before it was ready with the engine's own exception leaves the thread ok (that
+    configuration cannot run here: the answer for it, which its findings state); a death while serving, or one before
+    ready without the engine's exception (a hang, a kill), leaves it partial; notebooks say it without the red block."""
     import pandas as pd
 
-    from servescope.experiment import Results
-    from servescope.findings import Failure, Finding, Outcome
+    from servescope.experiment import ERROR_COLUMNS, Results
+    from servescope.findings import Outcome
 
-    errors = pd.DataFrame([{"config": "full", "rep": 1, "error_type": "RecordedFailure", "summary": "died",
-                            "signal": ""}, {"config": "eager", "rep": 1, "error_type": "ServerDiedError",
-                                            "summary": "SIGILL", "signal": "SIGILL"}])
+    def row(config: str, error_type: str, before_ready: bool, exception: str) -> dict:
+        return {**dict.fromkeys(ERROR_COLUMNS, ""), "config": config, "rep": 1, "error_type": error_type,
+                "summary": f"{error_type}: x", "before_ready": before_ready, "exception": exception}
+
+    capture = row("full", "RecordedFailure", True, "ValueError: Invalid forward mode")
     res = Results(summary=pd.DataFrame(), requests=pd.DataFrame(), startup=pd.DataFrame(),
-                  points=pd.DataFrame({"config": ["off", "piecewise"]}), errors=errors, planned=4)
-
-    def said(*failures: Failure) -> list[Finding]:
-        return [Finding(thread="t", kind="failure", title="full dies", headline="full dies", failures=list(failures))]
-
-    died = Failure(config="full", before_ready=True, exception="ValueError: Invalid forward mode")
-    o = res.outcome("t", said(died))
-    assert (o.points_failed, o.points_died) == (2, 1) and o.status() == "partial"  # eager's death is not explained
-    res.errors = errors[errors["config"] == "full"]
-    o = res.outcome("t", said(died))
-    assert (o.points_failed, o.points_died, o.status()) == (1, 1, "ok")
-    assert o.summary() == "2 of 4 points measured, 1 died at launch with the engine's own error (a finding)"
-    for unexplained in (Failure(config="full", before_ready=True), Failure(config="full", exception="ValueError: x"),
-                        Failure(config="piecewise", before_ready=True, exception="ValueError: x")):
-        assert res.outcome("t", said(unexplained)).status() == "partial", unexplained
+                  points=pd.DataFrame({"config": ["off", "piecewise"]}), errors=pd.DataFrame([capture]), planned=3)
+    o = res.outcome("t", [])
+    assert (o.points_failed, o.points_died, o.status()) == (1, 1, "no result")  # no finding answers yet
+    o = o.model_copy(update={"findings_answering": 1})
+    assert o.status() == "ok"
+    assert o.summary() == "2 of 3 points measured, 1 died at launch with the engine's own error (a finding)"
+    said = nb.show_measured(res).data
+    assert said.startswith("2 of 3 points measured, 1 died at launch") and "First error" not in said
+    for other in (row("eager", "ServerDiedError", False, "RuntimeError: x"),  # while serving
+                  row("full", "ServerStartTimeout", True, ""),  # a hang before ready: no exception of the engine's
+                  row("full", "NotMeasuredError", True, "ValueError: x")):  # offline, not in the store
+        res.errors = pd.DataFrame([capture, other])
+        o = res.outcome("t", []).model_copy(update={"findings_answering": 1})
+        assert o.points_died == 1 and o.status() == "partial", other["error_type"]
+        assert nb.show_measured(res).data.startswith("**Partly measured:")
     assert Outcome(thread="t", points_planned=2, points_failed=2, points_died=2, findings_answering=1).status() == \
         "failed"  # nothing measured is failed whatever the cause
 

@@ -149,14 +149,18 @@ class Results:
         """Points planned, measured and failed, the first error (and signal), and how many findings answer."""
         first = self.errors.iloc[0] if len(self.errors) else None
         gaps = int(self.errors["error_type"].isin(UNMEASURED).sum()) if len(self.errors) else 0
-        dead = {x.config for f in findings for x in f.failures if x.before_ready and x.exception}
-        died = int((~self.errors["error_type"].isin(UNMEASURED) & self.errors["config"].isin(dead)).sum()) \
-            if len(self.errors) else 0
+        died = int(self.died_at_launch().sum()) if len(self.errors) else 0
         return Outcome(thread=thread, points_planned=self.planned, points_measured=len(self.points),
                        points_failed=len(self.errors) - gaps, points_unmeasured=gaps, points_died=died,
                        first_error="" if first is None else f"{first['config']} {rep_label(first['rep'])}: {first['summary']}",
                        first_signal="" if first is None else str(first.get("signal") or ""),
                        findings_total=len(findings), findings_answering=sum(f.answers for f in findings))
+
+    def died_at_launch(self) -> pd.Series:
+        """Per failed point: whether its server died before it was ready with the engine's own exception (the
+        configuration cannot run here: the thread's answer for it, stated as a finding, not a gap)."""
+        e = self.errors
+        return ~e["error_type"].isin(UNMEASURED) & e["before_ready"].astype(bool) & e["exception"].astype(bool)
 
     def why_unmeasured(self) -> str:
         """Where every point asked for went unmeasured for one reason: 'budget' (the run's --budget-s left them

@@ -310,8 +310,8 @@ class Outcome(BaseModel):
     # asked for, but an offline render found no stored point (never launched by the run that recorded the store):
     # not a failure, and not measured either
     points_unmeasured: int = Field(0, ge=0)
-    # failed points whose configuration died before it was ready with the engine's own exception, which a finding
-    # states: the answer for that configuration (it cannot run here), not a gap in the thread's measurement
+    # failed points whose configuration died before it was ready with the engine's own exception (the thread's
+    # findings state it): the answer for that configuration (it cannot run here), not a gap in its measurement
     points_died: int = Field(0, ge=0)
     first_error: str = ""
     first_signal: str = ""  # 'SIGILL' when the first failure was a process dying from a signal
@@ -320,8 +320,8 @@ class Outcome(BaseModel):
 
     def status(self) -> Status:
         """failed: planned points and none measured; no result: no finding states an answer; partial: an answer,
-        but some points failed (other than configurations that die at launch, which a finding answers) or are not in
-        the store; ok otherwise."""
+        but some points failed (other than configurations that die at launch with the engine's own exception) or
+        are not in the store; ok otherwise."""
         if self.points_planned and not self.points_measured:
             return "failed"
         if not self.findings_answering:
