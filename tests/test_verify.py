@@ -410,7 +410,7 @@ def test_a_configuration_that_dies_at_launch_with_the_engines_exception_is_an_an
     assert (o.points_failed, o.points_died, o.status()) == (1, 1, "no result")  # no finding answers yet
     o = o.model_copy(update={"findings_answering": 1})
     assert o.status() == "ok"
-    assert o.summary() == "2 of 3 points measured, 1 died at launch with the engine's own error (a finding)"
+    assert o.summary() == "2 of 3 points measured, 1 died at launch (a finding)"
     said = nb.show_measured(res).data
     assert said.startswith("2 of 3 points measured, 1 died at launch") and "First error" not in said
     for other in (row("eager", "ServerDiedError", False, "RuntimeError: x"),  # while serving

@@ -336,7 +336,7 @@ class Outcome(BaseModel):
             return ""
         s = f"{self.points_measured} of {self.points_planned} points measured"
         lost = self.points_failed - self.points_died
-        died = f"{self.points_died} died at launch with the engine's own error (a finding)" if self.points_died else ""
+        died = f"{self.points_died} died at launch (a finding)" if self.points_died else ""
         return s + (f", {lost} failed" if lost else "") + (f", {died}" if died else "") + \
             (f", {self.points_unmeasured} not in the store" if self.points_unmeasured else "")
 
