@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -37,7 +38,15 @@ def cluster():
     """A head that runs no point (no CPUs to give) and two worker nodes of one CPU and one (simulated) GPU each; the
     tests' own modules (the stub engine) importable on every node's workers."""
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    from servescope.server import free_port
+
+    # the head also serves Ray's client (a driver on another machine); its runtime-env agent on a port of its own,
+    # since the client server's proxy asks it for each driver's environment (left at port 0, it never answered)
+    client_port = free_port()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
+                                                      "ray_client_server_port": client_port,
+                                                      "runtime_env_agent_port": free_port()})
+    c.client_address = f"ray://{c.head_node.node_ip_address}:{client_port}"  # type: ignore[attr-defined]
     nodes = [c.add_node(num_cpus=1, num_gpus=1) for _ in range(2)]
     c.wait_for_nodes()
     yield c, nodes
@@ -242,6 +251,42 @@ def test_the_embedded_engine_measures_a_point_on_a_worker_node(tmp_path, cluster
     assert m["runner"]["node_id"] in {n.node_id for n in nodes} and m["runner"]["node_id"] != c.head_node.node_id
     assert m["resolved"]["eager"] is True and m["resolved"]["device"] == "cpu", m["resolved"]
     assert vllm_processes() == []
+
+
+def test_a_driver_attached_through_rays_client_measures_on_the_nodes_into_its_own_store(tmp_path, cluster):
+    """A laptop's driver: not a node of the cluster, attached through Ray's client (ray://head:port). Its points run
+    on the worker nodes, each finished level and each line reach it through the queue it drains, and its store holds
+    what a local run writes, with the worker node each point ran on."""
+    c, nodes = cluster
+    address = c.client_address
+    script = tmp_path / "driver.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+import conftest  # noqa: F401  (the stub engine)
+from servescope.experiment import Config, measure
+from servescope.spec import EngineSpec, Knobs, LoadSpec, ModelSpec
+from servescope.store import Store
+import ray
+res = measure(EngineSpec(name="stub", python=sys.executable, startup_timeout_s=60), ModelSpec(path="stub"),
+              [Config("compiled", Knobs()), Config("eager", Knobs(torch_compile=False))],
+              LoadSpec(concurrency=(1, 2), num_requests=4, output_len=4, warmup_requests=0), repetitions=1,
+              store=Store({str(tmp_path / "st")!r}), say=print, runner={{"kind": "ray", "address": {address!r}}})
+print("client mode:", ray.util.client.ray.is_connected(), flush=True)
+print("failed:", res.errors["summary"].tolist() if len(res.errors) else [], flush=True)
+""")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "client mode: True" in out.stdout and "failed: []" in out.stdout, out.stdout
+    assert out.stdout.count("level c=2 written") == 2  # the nodes' lines, said on the driver as they came
+    store = Store(tmp_path / "st")
+    manifests = _manifests(store)
+    assert len(manifests) == 2 and not any((store.root / "_partial").iterdir())  # every level went in its point
+    workers = {n.node_id for n in nodes}
+    for key, m in manifests.items():
+        assert m["runner"]["address"] == address and m["runner"]["node_id"] in workers, m["runner"]
+        assert sorted(pd.read_parquet(store.root / key / "summary.parquet")["concurrency"]) == [1, 2]
+    assert our_processes("stub_server") == []
 
 
 def test_ctrl_c_on_the_driver_ends_every_remote_point_and_its_server(tmp_path, cluster):

@@ -616,7 +616,6 @@ def _measure(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, c
 
     gpus = point_gpus(cfg.knobs, prep.install.platform)
     sent = raypoints.pack(ctx.store.root, [f"_partial/{key}"])
-    sink = raypoints.level_sink(ctx.store.root)
     with contextlib.ExitStack() as stack:
         span = None
         if cfg.knobs.nodes > 1:  # one server over nodes: a bundle per node, this point's task in bundle 0 (rank 0)
@@ -627,8 +626,9 @@ def _measure(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, c
         else:
             raypoints.check_fits(ctx.runner, gpus, tag)
         data, err, node = raypoints.run(ctx.runner, _point_on_node, (ctx, key, parts, cfg, tag, startup_timeout(ctx),
-                                        sent, sink, span), gpus, tag, slot, on_line=say,
-                                        bundle=spans.in_bundle(span, 0) if span is not None else None)
+                                        sent, span), gpus, tag, slot, on_line=say,
+                                        bundle=spans.in_bundle(span, 0) if span is not None else None,
+                                        on_level=lambda level: raypoints.put_level(ctx.store.root, level))
     where = {"kind": "ray", "address": ctx.runner.address, **node}
     raypoints.unpack(data, ctx.store.root)
     for m in [ctx.store.root / key / MANIFEST, *(p / MANIFEST for p in (ctx.store.root / "_failed").glob(f"{key}-*"))]:
@@ -643,30 +643,30 @@ def _measure(ctx: RunContext, key: str, parts: dict[str, Any], prep: Prepared, c
 
 
 class _MirroredStore(Store):
-    """A Ray node's store for one point: each level it finishes also goes to the driver's store (the sink) at once."""
+    """A Ray node's store for one point: each level it finishes is also put on the driver's queue (tell) at once,
+    which the driver drains into its own store."""
 
-    def __init__(self, root: str | os.PathLike[str], sink: Any) -> None:
+    def __init__(self, root: str | os.PathLike[str], tell: Any) -> None:
         super().__init__(root)
-        self.sink = sink
+        self.tell = tell
 
     def put_level(self, key: str, label: str, tables: dict[str, pd.DataFrame], meta: dict[str, Any]) -> Path:
-        """Store.put_level, then the level sent to the driver's store (waited for: it is kept once this returns)."""
-        import ray
-
+        """Store.put_level, then the level put on the driver's queue (waited for: it is off this node once this
+        returns)."""
         from . import raypoints
 
         final = super().put_level(key, label, tables, meta)
         rel = final.relative_to(self.root).as_posix()
-        ray.get(self.sink.put.remote(key, final.name, raypoints.pack(self.root, [rel])))
+        self.tell.put(raypoints.Level(key, final.name, raypoints.pack(self.root, [rel])))
         return final
 
 
 def _point_on_node(ctx: RunContext, key: str, parts: dict[str, Any], cfg: Config, tag: str,
-                   limit: tuple[float, str], sent: bytes, sink: Any, span: Any,
+                   limit: tuple[float, str], sent: bytes, span: Any,
                    tell: Any) -> tuple[bytes, BaseException | None, dict[str, Any]]:
     """A Ray task (raypoints.run): the point measured on this node into a store of its own, started from the levels
-    the driver had (sent), each level it finishes sent back as it is written (sink) and each line it says as it says
-    it (tell); span: the placement group of a server over several nodes (this task its rank 0). Returns its folders
+    the driver had (sent), each level it finishes and each line it says put on the driver's queue (tell) as they
+    come; span: the placement group of a server over several nodes (this task its rank 0). Returns its folders
     packed, its failure (None where it completed) and the node it ran on."""
     import pickle
     import tempfile
@@ -677,7 +677,7 @@ def _point_on_node(ctx: RunContext, key: str, parts: dict[str, Any], cfg: Config
         tell.put(m)
 
     with tempfile.TemporaryDirectory(prefix="servescope-point-") as d:
-        store = _MirroredStore(d, sink)
+        store = _MirroredStore(d, tell)
         raypoints.unpack(sent, store.root)
         err: BaseException | None = None
         try:

@@ -13,6 +13,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,6 @@ CONNECT_TIMEOUT_S = 5.0
 _JOINING = threading.Lock()  # a repetition's points join from threads of their own: one ray.init
 _JOINED: list[str] = []  # the address this process joined
 _IN_FLIGHT: set[Any] = set()  # the points' tasks running now (cancel_all)
-_SINKS: dict[str, Any] = {}  # store root -> its LevelSink actor
 
 
 def ray_module() -> Any:
@@ -126,33 +126,56 @@ def fitting_nodes(spec: RunnerSpec, gpus: int) -> list[str]:
 
 
 def run(spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ...], gpus: int, where: str,
-        slot: int | None = None, on_line: Callable[[str], None] | None = None, bundle: Any = None) -> Any:
+        slot: int | None = None, on_line: Callable[[str], None] | None = None, bundle: Any = None,
+        on_level: Callable[[Level], None] | None = None) -> Any:
     """fn(*args, tell) as a Ray task with gpus GPUs and spec.cpus_per_point CPUs, never retried (a point is measured
     once per attempt); slot: the task goes to the slot-th fitting node (mod their number) where it is alive, so that
     configurations rotate over nodes from one repetition to the next; bundle: a placement group's scheduling
-    strategy instead (a server over nodes, span.py); tell: a queue whose lines reach on_line here as the task puts
-    them (None without on_line). Its return value, or NodeLostError naming the node and when, where Ray lost it."""
+    strategy instead (a server over nodes, span.py); tell: a queue the task puts lines (to on_line) and finished
+    levels (Level, to on_level) in, which this process drains as they come and once more at the end, whatever
+    happened to the task (None without either). Its return value, or NodeLostError naming the node and when, where
+    Ray lost it."""
     ray = ray_module()
     from ray.util.queue import Queue
 
-    # on this (the driver's) node: a queue Ray placed on the point's node died with it (a CI run read the lost node
-    # as ActorUnavailableError from the queue, not as the point's node lost)
-    tell = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": _here()}) if on_line is not None else None
+    # the queue lives beside the driver (on its node, or on the head for a driver attached through Ray's client): a
+    # queue Ray placed on the point's node died with it (a CI run read the lost node as ActorUnavailableError from
+    # the queue, not as the point's node lost), and what a lost node had put there still reaches the driver's store
+    wanted = on_line is not None or on_level is not None
+    tell = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": _here()}) if wanted else None
     try:
-        return _run(ray, spec, fn, (*args, tell), gpus, where, slot, tell, on_line, bundle)
+        return _run(ray, spec, fn, (*args, tell), gpus, where, slot, tell, on_line, on_level, bundle)
     finally:
         if tell is not None:
-            tell.shutdown()
+            try:
+                _drain(tell, on_line, on_level)
+            finally:
+                tell.shutdown()
 
 
-def _drain(tell: Any, on_line: Callable[[str], None] | None) -> None:
-    if tell is not None and on_line is not None:
-        for line in tell.get_nowait_batch(tell.qsize()):
-            on_line(line)
+@dataclass(frozen=True)
+class Level:
+    """One level a point finished on its node: the pack of its folder (_partial/<key>/levels/<name>)."""
+
+    key: str
+    name: str
+    data: bytes
+
+
+def _drain(tell: Any, on_line: Callable[[str], None] | None, on_level: Callable[[Level], None] | None) -> None:
+    if tell is None:
+        return
+    for item in tell.get_nowait_batch(tell.qsize()):
+        if isinstance(item, Level):
+            if on_level is not None:
+                on_level(item)
+        elif on_line is not None:
+            on_line(item)
 
 
 def _run(ray: Any, spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ...], gpus: int, where: str,
-         slot: int | None, tell: Any, on_line: Callable[[str], None] | None, bundle: Any = None) -> Any:
+         slot: int | None, tell: Any, on_line: Callable[[str], None] | None,
+         on_level: Callable[[Level], None] | None, bundle: Any = None) -> Any:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     fits = fitting_nodes(spec, gpus) if bundle is None else []
@@ -164,9 +187,8 @@ def _run(ray: Any, spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ..
     with _JOINING:
         _IN_FLIGHT.add(ref)
     try:
-        while not ray.wait([ref], timeout=0.5)[0]:  # the point's lines as it says them
-            _drain(tell, on_line)
-        _drain(tell, on_line)
+        while not ray.wait([ref], timeout=0.5)[0]:  # the point's lines as it says them, its levels as it ends them
+            _drain(tell, on_line, on_level)
         return ray.get(ref)
     except lost_errors() as e:
         node = f" {strategy.node_id}" if slot is not None and fits else " of the server's rank 0" if bundle else ""
@@ -193,36 +215,19 @@ def cancel_all() -> int:
     return len(refs)
 
 
-class LevelSink:
-    """A Ray actor on the driver's node that writes each level a point finishes on its node into the driver's
-    store as it is written there, so a node lost mid-point loses only the level in flight (Store.put_level's
-    layout, one rename per level)."""
-
-    def __init__(self, root: str) -> None:
-        self.root = Path(root)
-
-    def put(self, key: str, name: str, data: bytes) -> None:
-        """One finished level (pack of _partial/<key>/levels/<name>) into the store's _partial folder."""
-        levels = self.root / "_partial" / key / "levels"
-        tmp = levels / f".sink-{name}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        unpack(data, tmp)
-        final = levels / name
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp / "_partial" / key / "levels" / name, final)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def level_sink(store_root: Path) -> Any:
-    """The LevelSink of store_root, on this (the driver's) node: one per store and process."""
-    ray = ray_module()
-    root = str(store_root.resolve())
-    with _JOINING:
-        if root not in _SINKS:  # held for the process's life: an actor whose last handle goes is ended by Ray
-            _SINKS[root] = ray.remote(LevelSink).options(num_cpus=0, scheduling_strategy=_here()).remote(root)
-        return _SINKS[root]
+def put_level(store_root: Path, level: Level) -> None:
+    """A level a point finished on its node into this store's _partial folder (Store.put_level's layout, one rename
+    per level), so a node lost mid-point loses only the level in flight."""
+    levels = store_root / "_partial" / level.key / "levels"
+    tmp = levels / f".sent-{level.name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    unpack(level.data, tmp)
+    final = levels / level.name
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp / "_partial" / level.key / "levels" / level.name, final)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _here() -> Any:
