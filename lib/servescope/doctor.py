@@ -75,7 +75,9 @@ def _pins() -> dict[str, str]:
 
     data = tomllib.loads(p.read_text())
     deps = list(data["project"]["dependencies"]) + list(data["project"].get("optional-dependencies", {}).get("dev", []))
-    return dict(re.match(r"([A-Za-z0-9_.\-]+)==(\S+)", d).groups() for d in deps if "==" in d)  # type: ignore[union-attr]
+    # a pin may name extras ('ray[client]==2.60.0'): the package is the name before them
+    return dict(re.match(r"([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==(\S+)", d).groups() for d in deps  # type: ignore[union-attr]
+                if "==" in d)
 
 
 def check_suite_env() -> Check:
