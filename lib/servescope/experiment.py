@@ -657,7 +657,7 @@ class _MirroredStore(Store):
 
         final = super().put_level(key, label, tables, meta)
         rel = final.relative_to(self.root).as_posix()
-        self.tell.put(raypoints.Level(key, final.name, raypoints.pack(self.root, [rel])))
+        self.tell.put(raypoints.Level(rel, raypoints.pack(self.root, [rel])))
         return final
 
 

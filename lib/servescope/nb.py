@@ -171,7 +171,7 @@ def show_measured(res: Results) -> Markdown:
                         + dep)
     if o.points_measured and o.points_failed == o.points_died and not o.points_unmeasured:
         # every failure a configuration that cannot start here: an answer, stated by the findings, not a red block
-        return Markdown(f"{o.summary()[0].upper()}{o.summary()[1:]}; the answer below names the exception, and its "
+        return Markdown(f"{o.summary()}; the answer below names the exception, and its "
                         "server log is kept under the store's `_failed/` folder (table at the end)." + dep)
     none = f"the run's budget (--budget-s) ended before any of the {o.points_planned} points" \
         if res.why_unmeasured() == "budget" else f"none of the {o.points_planned} points is in the store (offline)"

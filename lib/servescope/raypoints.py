@@ -155,10 +155,9 @@ def run(spec: RunnerSpec, fn: Callable[..., Any], args: tuple[Any, ...], gpus: i
 
 @dataclass(frozen=True)
 class Level:
-    """One level a point finished on its node: the pack of its folder (_partial/<key>/levels/<name>)."""
+    """One level a point finished on its node: the pack of its folder, at rel under the store's root."""
 
-    key: str
-    name: str
+    rel: str
     data: bytes
 
 
@@ -216,17 +215,16 @@ def cancel_all() -> int:
 
 
 def put_level(store_root: Path, level: Level) -> None:
-    """A level a point finished on its node into this store's _partial folder (Store.put_level's layout, one rename
+    """A level a point finished on its node into this store, at the same place (Store.put_level's layout, one rename
     per level), so a node lost mid-point loses only the level in flight."""
-    levels = store_root / "_partial" / level.key / "levels"
-    tmp = levels / f".sent-{level.name}"
+    final = store_root / level.rel
+    tmp = final.parent / f".sent-{final.name}"
     if tmp.exists():
         shutil.rmtree(tmp)
     unpack(level.data, tmp)
-    final = levels / level.name
     if final.exists():
         shutil.rmtree(final)
-    os.replace(tmp / "_partial" / level.key / "levels" / level.name, final)
+    os.replace(tmp / level.rel, final)
     shutil.rmtree(tmp, ignore_errors=True)
 
 
