@@ -38,6 +38,9 @@ def cluster():
     """A head that runs no point (no CPUs to give) and two worker nodes of one CPU and one (simulated) GPU each; the
     tests' own modules (the stub engine) importable on every node's workers."""
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    # the head's client server gives a client driver's own server this long to start (30 s by default, which a CI
+    # run beside the vLLM server passed: "Initialization failure from server")
+    os.environ["RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S"] = "180"
     from servescope.server import free_port
 
     # the head also serves Ray's client (a driver on another machine); its runtime-env agent on a port of its own,

@@ -57,8 +57,13 @@ def _join(ray: Any, spec: RunnerSpec) -> None:
         # a point's lines reach the notebook through its queue (run), not as Ray's prefixed log stream
         ray.init(address=spec.address, log_to_driver=False, logging_level="ERROR", configure_logging=False)
     except Exception as e:  # ConnectionError, a timeout, a bad address: all mean no cluster to run on
-        raise SpecError(f"runner: no Ray cluster answers at {spec.address!r} ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}); nothing was launched") from None
+        said = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if spec.address.startswith("ray://"):  # the port answered (_reachable): the head's client server gave up
+            raise SpecError(f"runner: Ray's client at {spec.address!r} took the connection but did not start a server "
+                            f"for this driver ({said}); the head waits RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S (30 s "
+                            "unless set where the head was started) for it, which a loaded head can pass; nothing "
+                            "was launched") from None
+        raise SpecError(f"runner: no Ray cluster answers at {spec.address!r} ({said}); nothing was launched") from None
     _JOINED[:] = [spec.address]
 
 
